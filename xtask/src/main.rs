@@ -1,1 +1,99 @@
-fn main() {}
+//! Project tasks: `cargo xtask <task>`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "nodewarden project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Write charts/nodewarden/crds/*.yaml from the api crate's types.
+    Crdgen,
+    /// Everything CI checks: formatting, clippy, the control plane build, every test.
+    Ci,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = repo_root();
+    match cli.task {
+        Task::Crdgen => crdgen(&root),
+        Task::Ci => ci(&root),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn crdgen(root: &Path) -> Result<()> {
+    let dir = root.join(nodewarden_api::crdgen::CRD_DIR);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let files = nodewarden_api::crdgen::files().context("serializing the CRDs")?;
+    // remove stale files so a renamed kind does not linger
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "yaml")
+            && !files
+                .iter()
+                .any(|(n, _)| path.file_name().is_some_and(|f| f == n.as_str()))
+        {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    for (name, yaml) in files {
+        std::fs::write(dir.join(&name), yaml).with_context(|| format!("writing {name}"))?;
+        println!("wrote {}/{name}", nodewarden_api::crdgen::CRD_DIR);
+    }
+    Ok(())
+}
+
+fn run(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<()> {
+    eprintln!("==> {what}: {program} {}", args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("starting {program}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+fn ci(root: &Path) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    run(root, "format", &cargo, &["fmt", "--all", "--", "--check"])?;
+    run(
+        root,
+        "lint",
+        &cargo,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    run(
+        root,
+        "tests",
+        &cargo,
+        &["test", "--workspace", "--locked", "--no-fail-fast"],
+    )?;
+    Ok(())
+}

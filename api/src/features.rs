@@ -1,0 +1,222 @@
+//! Feature lifecycle (KEP-3920).
+//!
+//! A `Feature` says whether a feature should be on, which fields of which resources it owns,
+//! and (in its status) where the cluster is on the way there. `NodeFeatureReport/<node>` holds
+//! the feature gates the node components of one node run with.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A feature of the cluster, its desired state and the fields it owns.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "nodewarden.io",
+    version = "v1alpha1",
+    kind = "Feature",
+    namespaced,
+    shortname = "feat",
+    category = "nodewarden",
+    status = "FeatureStatus",
+    derive = "PartialEq",
+    doc = "A cluster feature: desired state, owned fields, and the state of its lifecycle.",
+    printcolumn(name = "Desired", type_ = "string", json_path = ".spec.desired"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Uses", type_ = "string", json_path = ".status.usesSummary"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FeatureSpec {
+    /// Whether the feature should be on.
+    pub desired: DesiredState,
+    /// The feature gate's name as components report it; the object's name when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub gate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Stage>,
+    /// Whether the feature is on by default in the components.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<bool>,
+    /// Components that use the feature (kubelet, kube-proxy, ...). Their reports decide when a
+    /// transition is complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<String>,
+    /// Fields the feature owns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<OwnedField>,
+    /// Resources whose objects must be gone before the feature counts as off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wait_for_absence: Vec<ResourceRef>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DesiredState {
+    On,
+    Off,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Stage {
+    Alpha,
+    Beta,
+    GA,
+    Deprecated,
+}
+
+/// A resource, by group, version and plural name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceRef {
+    /// API group; empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    #[schemars(length(min = 1))]
+    pub version: String,
+    /// Plural resource name, e.g. `pods`.
+    #[schemars(length(min = 1))]
+    pub resource: String,
+}
+
+/// A field owned by a feature.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnedField {
+    /// API group; empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    #[schemars(length(min = 1))]
+    pub version: String,
+    /// Plural resource name, e.g. `pods`.
+    #[schemars(length(min = 1))]
+    pub resource: String,
+    /// Dotted field path; `[*]` walks every element of a list, e.g.
+    /// `spec.initContainers[*].restartPolicy`.
+    #[schemars(length(min = 1, max = 1024))]
+    pub path: String,
+    /// What happens to writes that set the field while the feature is off.
+    #[serde(default)]
+    pub on_disable: OnDisable,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum OnDisable {
+    /// Reject writes that set the field.
+    #[default]
+    Deny,
+    /// Admit them with a warning.
+    Warn,
+    /// Reject them, and remove the field from stored objects while turning off.
+    Clear,
+}
+
+/// Where a feature's lifecycle stands.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FeatureStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<FeatureState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When the current or last transition started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transition_time: Option<Time>,
+    /// The tasks of the current transition, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<Task>,
+    /// Per component, how many nodes report the feature enabled or disabled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uses: Vec<ComponentUses>,
+    /// The uses in one line, for `kubectl get features`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses_summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum FeatureState {
+    On,
+    TurningOff,
+    Off,
+    TurningOn,
+}
+
+/// One step of a transition.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    pub name: String,
+    pub state: TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Resume point of a resumable task (e.g. a list continue token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TaskState {
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+/// Reported uses of a feature by one component.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentUses {
+    pub component: String,
+    pub enabled: i32,
+    pub disabled: i32,
+    /// Reports older than the current transition.
+    pub stale: i32,
+}
+
+/// The feature gates the node components of one node run with. The object's name is the
+/// node's name; only that node's agent may write it.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "nodewarden.io",
+    version = "v1alpha1",
+    kind = "NodeFeatureReport",
+    shortname = "nfr",
+    category = "nodewarden",
+    derive = "PartialEq",
+    doc = "Feature gates of the node components of one node, written by the nodewarden agent on that node.",
+    printcolumn(name = "Components", type_ = "string", json_path = ".spec.components[*].name"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFeatureReportSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ComponentReport>,
+}
+
+/// The gates of one component.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentReport {
+    /// `kubelet`, `kube-proxy` or `nodewarden-agent`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_time: Option<Time>,
+    /// Why the component could not be read, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gates: Vec<GateState>,
+}
+
+/// One feature gate as a component reports it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GateState {
+    pub name: String,
+    pub enabled: bool,
+    /// `ALPHA`, `BETA`, `DEPRECATED`, `GA` or empty.
+    #[serde(default)]
+    pub stage: String,
+}

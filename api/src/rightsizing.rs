@@ -1,0 +1,288 @@
+//! Per-node right-sizing of DaemonSet pods (KEP-4943, VPA `scope: node`).
+//!
+//! `DaemonSetAutoscaler` says which DaemonSet to right-size and how; its fields are shaped like
+//! VPA's so users can carry their YAML over. `NodeRecommendation/<node>` holds what the agent on
+//! that node recommends for every autoscaled container running there.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::quantity::{ResourceList, resource_list_schema};
+
+/// Right-size the pods of one DaemonSet, node by node.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "nodewarden.io",
+    version = "v1alpha1",
+    kind = "DaemonSetAutoscaler",
+    namespaced,
+    shortname = "dsa",
+    category = "nodewarden",
+    status = "DaemonSetAutoscalerStatus",
+    derive = "PartialEq",
+    doc = "Right-sizes the pods of one DaemonSet per node, from what the agent measures on each node.",
+    printcolumn(name = "Target", type_ = "string", json_path = ".spec.targetRef.name"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.updatePolicy.updateMode"),
+    printcolumn(
+        name = "Nodes",
+        type_ = "integer",
+        json_path = ".status.nodesWithRecommendation"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonSetAutoscalerSpec {
+    /// The DaemonSet whose pods are right-sized. It lives in the autoscaler's namespace.
+    pub target_ref: TargetRef,
+    /// How far a recommendation reaches. Only `Node` is supported: every node gets its own figures.
+    #[serde(default)]
+    pub scope: Scope,
+    /// When recommendations are applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_policy: Option<UpdatePolicy>,
+    /// Per-container bounds and modes, as in VPA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_policy: Option<ResourcePolicy>,
+    /// What a node without history gets.
+    #[serde(default)]
+    pub cold_start: ColdStart,
+    /// An upper cap on every recommendation besides `maxAllowed`.
+    #[serde(default)]
+    pub ceiling: Ceiling,
+}
+
+/// Reference to the DaemonSet to right-size.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    /// API version of the target; only `apps/v1`.
+    #[serde(default = "apps_v1")]
+    #[schemars(regex(pattern = r"^apps/v1$"))]
+    pub api_version: String,
+    /// Kind of the target; only `DaemonSet`.
+    pub kind: TargetKind,
+    /// Name of the DaemonSet in the autoscaler's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+fn apps_v1() -> String {
+    "apps/v1".to_string()
+}
+
+/// The only kind an autoscaler can target.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum TargetKind {
+    #[default]
+    DaemonSet,
+}
+
+/// Scope of a recommendation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum Scope {
+    /// One recommendation per node.
+    #[default]
+    Node,
+}
+
+/// When recommendations are applied to pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdatePolicy {
+    #[serde(default)]
+    pub update_mode: UpdateMode,
+}
+
+/// As in VPA: `Off` only recommends; `Initial` sets resources when a pod is created;
+/// `Recreate` also evicts pods that are far off; `InPlace` resizes running pods.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum UpdateMode {
+    Off,
+    #[default]
+    Initial,
+    Recreate,
+    InPlace,
+}
+
+/// Per-container policies.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourcePolicy {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub container_policies: Vec<ContainerPolicy>,
+}
+
+/// Policy for one container (or `*` for every container without a policy of its own).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerPolicy {
+    /// Container name, or `*` for the default policy.
+    #[schemars(length(min = 1, max = 63))]
+    pub container_name: String,
+    /// `Off` leaves the container as its template says.
+    #[serde(default)]
+    pub mode: ContainerMode,
+    /// Lower bound of any recommendation for this container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub min_allowed: Option<ResourceList>,
+    /// Upper bound of any recommendation for this container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub max_allowed: Option<ResourceList>,
+    /// Which resources are right-sized; both by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controlled_resources: Option<Vec<ResourceName>>,
+    /// Whether limits follow requests in proportion.
+    #[serde(default)]
+    pub controlled_values: ControlledValues,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum ContainerMode {
+    #[default]
+    Auto,
+    Off,
+}
+
+/// A resource nodewarden can right-size.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum ResourceName {
+    #[serde(rename = "cpu")]
+    Cpu,
+    #[serde(rename = "memory")]
+    Memory,
+}
+
+impl ResourceName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceName::Cpu => "cpu",
+            ResourceName::Memory => "memory",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum ControlledValues {
+    /// Requests follow the recommendation; limits keep their ratio to requests.
+    #[default]
+    RequestsAndLimits,
+    /// Only requests change; a request is never set above the existing limit.
+    RequestsOnly,
+}
+
+/// What a node with no history gets.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum ColdStart {
+    /// The pod keeps its template's requests.
+    #[default]
+    Template,
+    /// The fleet figure: the 90th percentile of the other nodes' targets.
+    Fleet,
+}
+
+/// An upper cap applied after `maxAllowed`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum Ceiling {
+    /// No cap besides `maxAllowed`.
+    #[default]
+    None,
+    /// Never above the template's requests, so node autoscalers that size nodes from the template stay right.
+    Template,
+}
+
+/// Observed state of an autoscaler, kept by the webhook's leader-elected controller.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonSetAutoscalerStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Nodes whose agent published a recommendation for this autoscaler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_with_recommendation: Option<i32>,
+    /// Per container, the 90th percentile of the node targets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fleet: Vec<FleetRecommendation>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The fleet figure of one container.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetRecommendation {
+    pub container_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub target: Option<ResourceList>,
+}
+
+/// What the agent on one node recommends. The object's name is the node's name; only that
+/// node's agent may write it.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "nodewarden.io",
+    version = "v1alpha1",
+    kind = "NodeRecommendation",
+    shortname = "noderec",
+    category = "nodewarden",
+    derive = "PartialEq",
+    doc = "Resource recommendations of one node, written by the nodewarden agent on that node.",
+    printcolumn(
+        name = "Containers",
+        type_ = "string",
+        json_path = ".spec.recommendations[*].containerName"
+    ),
+    printcolumn(name = "Updated", type_ = "date", json_path = ".spec.updateTime"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRecommendationSpec {
+    /// When the agent last published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recommendations: Vec<ContainerRecommendation>,
+}
+
+/// Reference to a `DaemonSetAutoscaler`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalerRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The recommendation for one container of one autoscaled DaemonSet on this node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerRecommendation {
+    pub autoscaler: AutoscalerRef,
+    pub container_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub target: Option<ResourceList>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub lower_bound: Option<ResourceList>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub upper_bound: Option<ResourceList>,
+    /// The target before the autoscaler's min/max policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub uncapped_target: Option<ResourceList>,
+    /// CPU samples behind this recommendation.
+    #[serde(default)]
+    pub sample_count: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_sample_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sample_time: Option<Time>,
+    /// OOM kills seen for this container on this node.
+    #[serde(default)]
+    pub oom_count: i64,
+}
