@@ -19,15 +19,17 @@ use time::format_description::well_known::Rfc3339;
 const EXIT_RENEWAL_DUE: u8 = 1;
 const EXIT_ERROR: u8 = 2;
 
+const AFTER_HELP: &str = "Durations are whole numbers with a unit d, h, m or s (90d, 2160h, 30m), or several of \
+                          them (1h30m).\nEvery flag can also be set through the environment variable shown \
+                          with it.\nExit status: 0 success; 1 `check` found the certificate due for renewal; 2 \
+                          wrong flags or unusable input (unreadable files, invalid certificates or keys).";
+
 /// Generate and check nodewarden's webhook certificates.
 #[derive(Parser, Debug)]
 #[command(
     name = "nodewarden-certs",
     version,
-    after_help = "Durations are whole numbers with a unit d, h, m or s (90d, 2160h, 30m), or several of them \
-                  (1h30m).\nEvery flag can also be set through the environment variable shown with it.\n\
-                  Exit status: 0 success; 1 `check` found the certificate due for renewal; 2 wrong flags or \
-                  unusable input (unreadable files, invalid certificates or keys)."
+    after_help = AFTER_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -42,8 +44,10 @@ enum Command {
     /// <service>.<namespace>.svc.cluster.local plus any --dns-name / --ip-address, from a new CA or from the
     /// one given with --ca-cert/--ca-key. Each file is replaced atomically (temporary file, then rename);
     /// tls.key and ca.key are written with mode 0600.
+    #[command(after_help = AFTER_HELP)]
     Generate(GenerateArgs),
     /// Show a certificate's subject, names and expiry; exit 1 if it is due for renewal.
+    #[command(after_help = AFTER_HELP)]
     Check(CheckArgs),
 }
 
