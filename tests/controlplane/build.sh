@@ -50,7 +50,10 @@ mkdir -p "$cache_root/$key"
 # One build at a time per key: a second caller waits and then finds the result.
 if command -v flock >/dev/null 2>&1; then
     exec 9>"$cache_root/$key/.lock"
-    log "waiting for the build lock" && flock 9
+    if ! flock -n 9; then
+        log "another build of $key is running; waiting for it"
+        flock 9
+    fi
     if complete; then
         echo "$dest"
         exit 0
@@ -59,6 +62,7 @@ fi
 
 tmp="$(mktemp -d "$cache_root/$key/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
+chmod 755 "$tmp"
 
 export CGO_ENABLED="${CGO_ENABLED:-0}"
 # Reproducible builds: no VCS stamping (this folder is inside the nodewarden repo).

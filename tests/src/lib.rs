@@ -1,1 +1,27 @@
-//! placeholder
+//! End-to-end test harness for nodewarden: a real control plane (etcd, kube-apiserver,
+//! kube-controller-manager, built from Go modules by `controlplane/build.sh`) on loopback,
+//! with helpers for what the tests set up in it.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use nodewarden_tests::{ControlPlane, TestEnv};
+//! let env = TestEnv::new("my-test").await?; // shared control plane + a namespace of its own
+//! let nodes = env.create_nodes(3).await?;   // Ready fake Nodes the DaemonSet controller uses
+//! let cp: &ControlPlane = env.cp;
+//! let kubeconfig = cp.kubeconfig_path();     // for helm: cp.helm_path()
+//! # let _ = (nodes, kubeconfig); Ok(()) }
+//! ```
+//!
+//! See `tests/README.md` for how to run the tests and what they need.
+
+pub mod cluster;
+pub mod controlplane;
+pub mod process;
+pub mod webhooks;
+
+pub use cluster::{
+    TestEnv, apply_crds, chart_crd_files, create_namespace, create_ready_node, daemonset_pod_target_node,
+    e2e, read_crds, simple_daemonset, unique_name, wait_for_daemonset_pods,
+};
+pub use controlplane::{Binaries, ControlPlane, Impersonate};
+pub use webhooks::{Hook, LoopbackEndpoint, register_mutating_webhooks, register_validating_webhooks};

@@ -1,0 +1,211 @@
+//! Child processes of a control plane: started with their output in log files, killed when
+//! their owner is dropped, and killed by a watchdog when the test process ends without
+//! dropping them (a shared control plane lives in a `static`, which is never dropped).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+/// Watches the test process and, once it is gone, kills every pid listed in `$2/pids` and,
+/// when asked to, removes the folder. Runs in a process group of its own so a Ctrl-C in the
+/// terminal (sent to the foreground group) does not take it down before it has cleaned up.
+const WATCHDOG: &str = r#"
+parent="$1"; dir="$2"; remove="$3"
+trap '' INT HUP
+while kill -0 "$parent" 2>/dev/null; do sleep 1; done
+if [ -f "$dir/pids" ]; then kill -KILL $(cat "$dir/pids") 2>/dev/null; fi
+if [ "$remove" = remove ]; then rm -rf "$dir"; fi
+"#;
+
+/// One running child with its log file.
+#[derive(Debug)]
+pub struct Supervised {
+    pub name: String,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Supervised {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// The processes of one control plane, in start order.
+#[derive(Debug)]
+pub struct Processes {
+    dir: PathBuf,
+    children: Vec<Supervised>,
+    watchdog: Option<Child>,
+}
+
+impl Processes {
+    /// Starts the watchdog for `dir` (the control plane's temporary folder). When
+    /// `remove_dir_on_exit` is set the watchdog also deletes the folder after the test
+    /// process has gone.
+    pub fn new(dir: &Path, remove_dir_on_exit: bool) -> Result<Self> {
+        let watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("nodewarden-e2e-watchdog")
+            .arg(std::process::id().to_string())
+            .arg(dir)
+            .arg(if remove_dir_on_exit { "remove" } else { "keep" })
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("starting the watchdog shell (sh)")?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            children: Vec::new(),
+            watchdog: Some(watchdog),
+        })
+    }
+
+    /// Starts `program` with `args`, stdout and stderr appended to `<dir>/<name>.log`.
+    pub fn spawn(&mut self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
+        let log = self.dir.join(format!("{name}.log"));
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .current_dir(&self.dir)
+            .process_group(0);
+        // Everything these processes talk to is on loopback; a proxy from the
+        // developer's environment must not get in the way (webhook calls, etcd).
+        for var in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ] {
+            command.env_remove(var);
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let mut pids = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("pids"))?;
+        writeln!(pids, "{}", child.id())?;
+        let pid = child.id();
+        self.children.push(Supervised {
+            name: name.to_string(),
+            log,
+            child,
+        });
+        Ok(pid)
+    }
+
+    /// Fails when a child has exited: a control plane process never should.
+    pub fn check_running(&mut self) -> Result<()> {
+        for c in &mut self.children {
+            if let Some(status) = c.child.try_wait()? {
+                bail!("{} exited ({status}); see {}", c.name, c.log.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// The last `lines` lines of every child's log, headed by its name.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for c in &self.children {
+            out.push_str(&format!("----- {} ({}) -----\n", c.name, c.log.display()));
+            out.push_str(&tail(&c.log, lines));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Kills the children, newest first, and waits for them.
+    pub fn kill_all(&mut self) {
+        for c in self.children.iter_mut().rev() {
+            let _ = c.child.kill();
+            let _ = c.child.wait();
+        }
+        self.children.clear();
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// The last `lines` lines of a text file (reads at most the last 256 KiB).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return format!("(no log at {})\n", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(256 * 1024);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(start)).is_err() || f.read_to_end(&mut buf).is_err() {
+        return format!("(could not read {})\n", path.display());
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    let from = all.len().saturating_sub(lines);
+    let mut out = all[from..].join("\n");
+    out.push('\n');
+    out
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// `n` distinct free ports (held open together while choosing, so they differ).
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("binding 127.0.0.1:0")?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// Writes `contents` to `path` with mode 0600 (keys) or 0644.
+pub fn write_file(path: &Path, contents: &[u8], private: bool) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(if private { 0o600 } else { 0o644 })
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(contents)?;
+    Ok(())
+}
+
+/// Sleeps between polls.
+pub async fn pause() {
+    tokio::time::sleep(Duration::from_millis(250)).await;
+}
