@@ -415,6 +415,12 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    /// Names and process ids of the running processes (etcd, kube-apiserver,
+    /// kube-controller-manager).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.lock_processes().pids()
+    }
+
     /// The last `lines` lines of each process's log.
     pub fn log_tails(&self, lines: usize) -> String {
         self.lock_processes().log_tails(lines)

@@ -30,13 +30,6 @@ pub struct Supervised {
     child: Child,
 }
 
-impl Supervised {
-    /// The child's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
 /// The processes of one control plane, in start order.
 #[derive(Debug)]
 pub struct Processes {
@@ -114,6 +107,14 @@ impl Processes {
             child,
         });
         Ok(pid)
+    }
+
+    /// The children's names and process ids, in start order.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.children
+            .iter()
+            .map(|c| (c.name.clone(), c.child.id()))
+            .collect()
     }
 
     /// Fails when a child has exited: a control plane process never should.
