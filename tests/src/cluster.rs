@@ -440,3 +440,62 @@ pub fn simple_daemonset(name: &str, node_selector: &BTreeMap<String, String>) ->
         },
     }))?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded_daemonset_pod() -> Pod {
+        let text = include_str!("../fixtures/admission/daemonset-pod-create.json");
+        let review: serde_json::Value = serde_json::from_str(text).expect("fixture is JSON");
+        serde_json::from_value(review["request"]["object"].clone()).expect("fixture holds a pod")
+    }
+
+    #[test]
+    fn target_node_of_a_recorded_daemonset_pod_is_its_match_fields_value() {
+        assert_eq!(
+            daemonset_pod_target_node(&recorded_daemonset_pod()).as_deref(),
+            Some("webhook-b8hcd8g-node-1")
+        );
+    }
+
+    #[test]
+    fn node_name_wins_over_affinity() {
+        let mut pod = recorded_daemonset_pod();
+        pod.spec.as_mut().expect("spec").node_name = Some("bound-node".to_string());
+        assert_eq!(daemonset_pod_target_node(&pod).as_deref(), Some("bound-node"));
+    }
+
+    #[test]
+    fn no_single_match_fields_term_means_no_target() {
+        let mut pod = recorded_daemonset_pod();
+        let affinity = pod
+            .spec
+            .as_mut()
+            .and_then(|s| s.affinity.as_mut())
+            .expect("affinity");
+        let required = affinity
+            .node_affinity
+            .as_mut()
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_mut())
+            .expect("required terms");
+        let term = required.node_selector_terms[0].clone();
+        required.node_selector_terms.push(term);
+        assert_eq!(daemonset_pod_target_node(&pod), None);
+        assert_eq!(daemonset_pod_target_node(&Pod::default()), None);
+    }
+
+    #[test]
+    fn unique_names_are_dns_labels_and_differ() {
+        let a = unique_name("Some_Test::Name");
+        let b = unique_name("Some_Test::Name");
+        assert_ne!(a, b);
+        assert!(a.len() <= 63, "{a}");
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+            "{a}"
+        );
+        assert!(a.starts_with("some-test--name-"), "{a}");
+    }
+}

@@ -17,6 +17,7 @@
 pub mod cluster;
 pub mod controlplane;
 pub mod process;
+pub mod recorder;
 pub mod webhooks;
 
 pub use cluster::{
@@ -24,4 +25,5 @@ pub use cluster::{
     e2e, read_crds, simple_daemonset, unique_name, wait_for_daemonset_pods,
 };
 pub use controlplane::{Binaries, ControlPlane, Impersonate};
+pub use recorder::{RecordingWebhook, Responder, allow_all, allow_with_patch};
 pub use webhooks::{Hook, LoopbackEndpoint, register_mutating_webhooks, register_validating_webhooks};

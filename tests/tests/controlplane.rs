@@ -3,8 +3,10 @@
 //! kube-controller-manager built from their Go modules. All tests share one control plane.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, UserInfo};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -12,13 +14,16 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodewarden_tests::{
-    Impersonate, TestEnv, apply_crds, chart_crd_files, e2e, read_crds, simple_daemonset,
+    Hook, Impersonate, RecordingWebhook, Responder, TestEnv, allow_with_patch, apply_crds, chart_crd_files,
+    daemonset_pod_target_node, e2e, read_crds, register_mutating_webhooks, simple_daemonset,
     wait_for_daemonset_pods,
 };
 use serde_json::{Value, json};
 
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+/// Annotation the test webhook adds: the node it read from the pod.
+const SEEN_NODE: &str = "e2e.nodewarden.io/seen-node";
 
 /// The five nodewarden CRDs from the chart are accepted, become Established, and each
 /// stores a full example object unchanged, which the Rust API types read back.
@@ -347,4 +352,90 @@ async fn self_subject(client: &Client) -> Result<UserInfo> {
         .status
         .and_then(|s| s.user_info)
         .ok_or_else(|| anyhow!("SelfSubjectReview without userInfo"))
+}
+
+/// The real API server sends the pods the DaemonSet controller creates to a webhook
+/// registered with a loopback `url` and `caBundle`, before they are bound, with the node in
+/// the `matchFields` term, and applies the JSON Patch the webhook answers with.
+#[tokio::test]
+async fn api_server_sends_daemonset_pods_to_the_webhook_and_applies_its_patch() {
+    e2e("webhook", |env| async move {
+        let nodes = env.create_nodes(2).await?;
+        let responder: Responder = Arc::new(|request: &Value| {
+            let node = request
+                .get("object")
+                .and_then(|o| serde_json::from_value::<Pod>(o.clone()).ok())
+                .and_then(|p| daemonset_pod_target_node(&p));
+            match node {
+                Some(node) => allow_with_patch(&json!([
+                    {"op": "add", "path": "/metadata/annotations", "value": {SEEN_NODE: node}}
+                ])),
+                None => json!({"allowed": true}),
+            }
+        });
+        let hook = RecordingWebhook::start(env.cp, responder).await?;
+        let config = format!("{}-pods", env.id);
+        register_mutating_webhooks(
+            &env.client,
+            &config,
+            &hook.endpoint,
+            &[Hook::new(
+                "pods.e2e.nodewarden.io",
+                "/mutate/pods",
+                "",
+                "v1",
+                &["pods"],
+                &["CREATE"],
+            )
+            .only_namespace(&env.namespace)],
+        )
+        .await?;
+        hook.wait_until_called(env.cp, &env.client, &env.namespace)
+            .await?;
+
+        let ds = simple_daemonset("node-agent", &env.node_selector())?;
+        env.api::<DaemonSet>().create(&PostParams::default(), &ds).await?;
+        let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, "node-agent", &nodes).await?;
+        for (node, pod) in &pods {
+            let seen = pod.annotations().get(SEEN_NODE);
+            ensure!(
+                seen == Some(node),
+                "pod {} for {node} carries {SEEN_NODE}={seen:?}",
+                pod.name_any()
+            );
+        }
+
+        let requests = hook.requests_where(|r| {
+            r.pointer("/object/metadata/ownerReferences/0/kind")
+                .and_then(Value::as_str)
+                == Some("DaemonSet")
+        });
+        ensure!(
+            requests.len() >= nodes.len(),
+            "the webhook saw {} DaemonSet pods",
+            requests.len()
+        );
+        for r in &requests {
+            let user = r.pointer("/userInfo/username").and_then(Value::as_str);
+            ensure!(
+                user == Some("system:serviceaccount:kube-system:daemon-set-controller"),
+                "created by {user:?}"
+            );
+            ensure!(
+                r.pointer("/object/spec/nodeName").is_none(),
+                "pod already bound at admission: {r}"
+            );
+            ensure!(
+                r.get("operation") == Some(&json!("CREATE")),
+                "operation {:?}",
+                r.get("operation")
+            );
+        }
+
+        Api::<MutatingWebhookConfiguration>::all(env.client.clone())
+            .delete(&config, &Default::default())
+            .await?;
+        Ok(())
+    })
+    .await;
 }
