@@ -111,6 +111,7 @@ pub enum UpdateMode {
 #[serde(rename_all = "camelCase")]
 pub struct ResourcePolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub container_policies: Vec<ContainerPolicy>,
 }
 
@@ -205,6 +206,7 @@ pub struct DaemonSetAutoscalerStatus {
     pub nodes_with_recommendation: Option<i32>,
     /// Per container, the 90th percentile of the node targets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub fleet: Vec<FleetRecommendation>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -244,7 +246,10 @@ pub struct NodeRecommendationSpec {
     /// When the agent last published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_time: Option<Time>,
+    /// One entry per (autoscaler, container) on the node. The bound keeps the API server's
+    /// cost estimate of the schema's CEL rules within budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
     pub recommendations: Vec<ContainerRecommendation>,
 }
 

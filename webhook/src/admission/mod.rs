@@ -1,0 +1,284 @@
+//! The generic AdmissionReview pipeline every capability plugs into.
+//!
+//! decode → check the envelope → call the capability's [`Handler`] → echo the uid → encode.
+//! Bad input never panics and never becomes a 5xx: a review whose uid can be read gets HTTP 200
+//! with `allowed: false` and a message; anything else gets a 4xx with a message.
+
+pub mod review;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use tracing::{debug, info, info_span, warn};
+
+use crate::metrics::Metrics;
+pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, ReviewOut, UserInfo};
+
+/// A capability's admission decision: a pure function of the request (and whatever snapshot
+/// of the caches the handler holds).
+pub trait Handler: Send + Sync + 'static {
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse;
+}
+
+impl<F> Handler for F
+where
+    F: Fn(&AdmissionRequest) -> AdmissionResponse + Send + Sync + 'static,
+{
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        self(request)
+    }
+}
+
+/// One admission endpoint.
+#[derive(Clone)]
+pub struct Route {
+    /// URL path, e.g. `/validate/claims`.
+    pub path: &'static str,
+    pub handler: Arc<dyn Handler>,
+}
+
+impl Route {
+    pub fn new(path: &'static str, handler: impl Handler) -> Self {
+        Route {
+            path,
+            handler: Arc::new(handler),
+        }
+    }
+}
+
+/// How a review ended, as counted in metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed,
+    Patched,
+    Denied,
+    /// The review itself was malformed.
+    Invalid,
+    /// The handler failed; the review was answered with `allowed: false`.
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Patched => "patched",
+            Outcome::Denied => "denied",
+            Outcome::Invalid => "invalid",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Who and what a review was about, for spans and logs.
+#[derive(Debug, Default, Clone)]
+pub struct Ident {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub operation: &'static str,
+}
+
+impl Ident {
+    fn of(request: &AdmissionRequest) -> Self {
+        Ident {
+            kind: request.kind.kind.clone(),
+            namespace: request.namespace.clone().unwrap_or_default(),
+            name: request.name.clone().unwrap_or_default(),
+            operation: request.operation.as_str(),
+        }
+    }
+}
+
+/// The result of running the pipeline on one body.
+#[derive(Debug)]
+pub enum Processed {
+    /// An AdmissionReview answer (HTTP 200).
+    Review(Box<ReviewOut>, Outcome, Ident),
+    /// No uid could be read: HTTP 400 with this message.
+    BadRequest(String),
+}
+
+/// Runs the pipeline on one request body. Pure apart from logging.
+pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
+    let review: ReviewIn = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(err) => {
+            let message = format!("malformed AdmissionReview: {err}");
+            return match uid_of(body) {
+                Some(uid) => Processed::Review(
+                    Box::new(ReviewOut::new(deny_invalid(&uid, message))),
+                    Outcome::Invalid,
+                    Ident::default(),
+                ),
+                None => Processed::BadRequest(message),
+            };
+        }
+    };
+    let Some(request) = review.request else {
+        return Processed::BadRequest(
+            "AdmissionReview has no request: expected {\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{...}}".to_string(),
+        );
+    };
+    if request.uid.is_empty() {
+        return Processed::BadRequest("AdmissionReview request has an empty uid".to_string());
+    }
+    if review.api_version != review::API_VERSION || review.kind != review::KIND {
+        let message = format!(
+            "unsupported AdmissionReview version: got apiVersion {:?} kind {:?}, expected {} {}",
+            review.api_version,
+            review.kind,
+            review::API_VERSION,
+            review::KIND
+        );
+        return Processed::Review(
+            Box::new(ReviewOut::new(deny_invalid(&request.uid, message))),
+            Outcome::Invalid,
+            Ident::of(&request),
+        );
+    }
+    let decided = std::panic::catch_unwind(AssertUnwindSafe(|| handler.review(&request)));
+    let (mut response, outcome) = match decided {
+        Ok(response) => {
+            let outcome = if !response.allowed {
+                Outcome::Denied
+            } else if response.patch.is_some() {
+                Outcome::Patched
+            } else {
+                Outcome::Allowed
+            };
+            (response, outcome)
+        }
+        Err(_) => {
+            tracing::error!(uid = %request.uid, "admission handler panicked; answering allowed=false");
+            (
+                AdmissionResponse::deny(
+                    &request.uid,
+                    500,
+                    "InternalError",
+                    "nodewarden could not evaluate this request; see the webhook's logs",
+                ),
+                Outcome::Error,
+            )
+        }
+    };
+    // whatever the handler did, the uid must be the request's
+    let ident = Ident::of(&request);
+    response.uid = request.uid;
+    Processed::Review(Box::new(ReviewOut::new(response)), outcome, ident)
+}
+
+fn deny_invalid(uid: &str, message: String) -> AdmissionResponse {
+    AdmissionResponse::deny(uid, 400, "BadRequest", message)
+}
+
+/// The request uid of a body that is JSON but not a well-formed review, if it has one.
+fn uid_of(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let uid = value.get("request")?.get("uid")?.as_str()?;
+    (!uid.is_empty()).then(|| uid.to_string())
+}
+
+/// The admission router: one POST route per capability, 404 for any other path.
+pub fn router(routes: Vec<Route>, metrics: Arc<Metrics>, max_body_bytes: usize) -> Router {
+    let paths: Arc<Vec<&'static str>> = Arc::new(routes.iter().map(|r| r.path).collect());
+    let mut app = Router::new();
+    for route in routes {
+        let state = RouteState {
+            path: route.path,
+            handler: route.handler,
+            metrics: metrics.clone(),
+        };
+        app = app.route(route.path, post(serve_review).with_state(state));
+    }
+    app.fallback(move |uri: Uri| {
+        let paths = paths.clone();
+        async move {
+            let served = if paths.is_empty() {
+                "none yet".to_string()
+            } else {
+                paths.join(", ")
+            };
+            (
+                StatusCode::NOT_FOUND,
+                format!("no admission handler at {}; served paths: {served}\n", uri.path()),
+            )
+        }
+    })
+    .layer(DefaultBodyLimit::max(max_body_bytes))
+}
+
+#[derive(Clone)]
+struct RouteState {
+    path: &'static str,
+    handler: Arc<dyn Handler>,
+    metrics: Arc<Metrics>,
+}
+
+async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let span = info_span!(
+        "admission",
+        route = state.path,
+        uid = tracing::field::Empty,
+        kind = tracing::field::Empty,
+        namespace = tracing::field::Empty,
+        name = tracing::field::Empty,
+        operation = tracing::field::Empty
+    );
+    let _entered = span.enter();
+    match process(&body, state.handler.as_ref()) {
+        Processed::Review(out, outcome, ident) => {
+            state
+                .metrics
+                .observe_admission(state.path, outcome, started.elapsed());
+            log_outcome(&span, &out, outcome, &ident);
+            match serde_json::to_vec(&*out) {
+                Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+                Err(err) => {
+                    tracing::error!(%err, "encoding the AdmissionReview response failed");
+                    (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "could not encode the response\n",
+                    )
+                        .into_response()
+                }
+            }
+        }
+        Processed::BadRequest(message) => {
+            state
+                .metrics
+                .observe_admission(state.path, Outcome::Invalid, started.elapsed());
+            warn!(%message, "rejected a malformed AdmissionReview");
+            (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
+        }
+    }
+}
+
+fn log_outcome(span: &tracing::Span, out: &ReviewOut, outcome: Outcome, ident: &Ident) {
+    span.record("uid", out.response.uid.as_str());
+    span.record("kind", ident.kind.as_str());
+    span.record("namespace", ident.namespace.as_str());
+    span.record("name", ident.name.as_str());
+    span.record("operation", ident.operation);
+    let message = out
+        .response
+        .status
+        .as_ref()
+        .map(|s| s.message.as_str())
+        .unwrap_or("");
+    match outcome {
+        Outcome::Allowed => debug!("allowed"),
+        Outcome::Patched => info!("patched"),
+        Outcome::Denied => info!(%message, "denied"),
+        Outcome::Invalid => warn!(%message, "invalid review"),
+        Outcome::Error => tracing::error!(%message, "handler error"),
+    }
+}

@@ -1,0 +1,110 @@
+//! Prometheus metrics of the webhook, all prefixed `nodewarden_`, with bounded label sets:
+//! routes come from the registered handlers, outcomes from a fixed list.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::admission::Outcome;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    pub route: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// Latency buckets, in seconds: 50 µs to 2.5 s.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 2.5,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+pub struct Metrics {
+    registry: Registry,
+    admission_requests: Family<AdmissionLabels, Counter>,
+    admission_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    certificate_reloads: Family<ResultLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodewarden");
+        let admission_requests = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "admission_requests",
+            "AdmissionReviews answered, by route and outcome (allowed, patched, denied, invalid, error)",
+            admission_requests.clone(),
+        );
+        let admission_duration =
+            Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        registry.register(
+            "admission_duration_seconds",
+            "Time from receiving an AdmissionReview body to having its answer, by route",
+            admission_duration.clone(),
+        );
+        let certificate_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "certificate_reloads",
+            "Serving certificate reloads, by result (loaded, rejected)",
+            certificate_reloads.clone(),
+        );
+        Metrics {
+            registry,
+            admission_requests,
+            admission_duration,
+            certificate_reloads,
+        }
+    }
+
+    pub fn observe_admission(&self, route: &'static str, outcome: Outcome, took: Duration) {
+        self.admission_requests
+            .get_or_create(&AdmissionLabels {
+                route,
+                outcome: outcome.as_str(),
+            })
+            .inc();
+        self.admission_duration
+            .get_or_create(&RouteLabels { route })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn certificate_reload(&self, loaded: bool) {
+        let result = if loaded { "loaded" } else { "rejected" };
+        self.certificate_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(err) = encode(&mut out, &self.registry) {
+            tracing::error!(%err, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
