@@ -1,0 +1,264 @@
+//! The AdmissionReview pipeline driven through the axum router, without TLS.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use nodewarden_webhook::admission::{self, AdmissionRequest, AdmissionResponse, Route};
+use nodewarden_webhook::metrics::Metrics;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// A DaemonSet pod CREATE as kube-apiserver 1.36 sent it to a webhook (recorded by the e2e harness).
+const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
+const MAX_BODY: usize = 64 * 1024;
+
+/// Denies pods in namespace `forbidden`, patches everything else with one annotation.
+fn test_handler(req: &AdmissionRequest) -> AdmissionResponse {
+    if req.namespace.as_deref() == Some("forbidden") {
+        return AdmissionResponse::deny(&req.uid, 403, "Forbidden", "pods may not be created in forbidden");
+    }
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/metadata/annotations", "value": {"seen-by": "test"}}
+    ]))
+    .expect("patch");
+    AdmissionResponse::allow("handler-may-get-the-uid-wrong")
+        .with_patch(&patch)
+        .expect("encode")
+}
+
+fn app(metrics: Arc<Metrics>) -> axum::Router {
+    let routes = vec![
+        Route::new("/mutate/test", test_handler),
+        Route::new("/panics", |_: &AdmissionRequest| -> AdmissionResponse {
+            panic!("handler bug")
+        }),
+    ];
+    admission::router(routes, metrics, MAX_BODY)
+}
+
+async fn post(path: &str, body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
+    post_with(app(Arc::new(Metrics::new())), path, body).await
+}
+
+async fn post_with(app: axum::Router, path: &str, body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .expect("request");
+    let resp = app.oneshot(req).await.expect("infallible");
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .to_vec();
+    (status, bytes)
+}
+
+fn review() -> Value {
+    serde_json::from_str(POD_REVIEW).expect("fixture parses")
+}
+
+fn uid() -> String {
+    review()["request"]["uid"].as_str().expect("uid").to_string()
+}
+
+#[tokio::test]
+async fn a_review_is_answered_with_its_uid_and_a_base64_json_patch() {
+    let (status, body) = post("/mutate/test", POD_REVIEW).await;
+    assert_eq!(status, StatusCode::OK);
+    let out: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(out["kind"], "AdmissionReview");
+    assert_eq!(
+        out["response"]["uid"],
+        uid().as_str(),
+        "uid echoed even when the handler set another"
+    );
+    assert_eq!(out["response"]["allowed"], true);
+    assert_eq!(out["response"]["patchType"], "JSONPatch");
+    let patch = out["response"]["patch"]
+        .as_str()
+        .expect("patch is a base64 string, not a byte array");
+    let resp: AdmissionResponse = serde_json::from_value(out["response"].clone()).expect("response");
+    let decoded = resp.decoded_patch().expect("decodes");
+    assert_eq!(
+        serde_json::to_value(decoded).expect("json")[0]["value"]["seen-by"],
+        "test"
+    );
+    assert!(!patch.is_empty());
+}
+
+#[tokio::test]
+async fn a_denial_carries_code_and_message() {
+    let mut r = review();
+    r["request"]["namespace"] = json!("forbidden");
+    let (status, body) = post("/mutate/test", r.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let out: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(out["response"]["allowed"], false);
+    assert_eq!(out["response"]["status"]["code"], 403);
+    assert_eq!(
+        out["response"]["status"]["message"],
+        "pods may not be created in forbidden"
+    );
+    assert!(out["response"].get("patch").is_none());
+}
+
+#[tokio::test]
+async fn malformed_json_without_a_readable_uid_is_a_400_with_a_message() {
+    let truncated = &POD_REVIEW[..POD_REVIEW.len() / 2];
+    let (status, body) = post("/mutate/test", truncated.to_string()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let text = String::from_utf8(body).expect("utf8");
+    assert!(text.starts_with("malformed AdmissionReview:"), "{text}");
+}
+
+#[tokio::test]
+async fn a_wrong_shape_with_a_uid_is_denied_with_the_uid() {
+    let mut r = review();
+    r["request"]["operation"] = json!("EXPLODE");
+    let (status, body) = post("/mutate/test", r.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let out: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(out["response"]["uid"], uid().as_str());
+    assert_eq!(out["response"]["allowed"], false);
+    assert_eq!(out["response"]["status"]["code"], 400);
+    let message = out["response"]["status"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("malformed AdmissionReview") && message.contains("EXPLODE"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn another_apiversion_or_kind_is_denied_naming_what_is_expected() {
+    for (field, value) in [
+        ("apiVersion", "admission.k8s.io/v1beta1"),
+        ("kind", "TokenReview"),
+    ] {
+        let mut r = review();
+        r[field] = json!(value);
+        let (status, body) = post("/mutate/test", r.to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        let out: Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(out["response"]["allowed"], false);
+        let message = out["response"]["status"]["message"].as_str().expect("message");
+        assert!(
+            message.contains(value) && message.contains("admission.k8s.io/v1 AdmissionReview"),
+            "{message}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_review_without_request_or_uid_is_a_400() {
+    let (status, body) = post(
+        "/mutate/test",
+        r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&body).contains("has no request"));
+    let mut r = review();
+    r["request"]["uid"] = json!("");
+    let (status, body) = post("/mutate/test", r.to_string()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&body).contains("empty uid"));
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_a_413() {
+    let mut r = review();
+    r["request"]["object"]["metadata"]["annotations"] = json!({"big": "x".repeat(MAX_BODY)});
+    let (status, _) = post("/mutate/test", r.to_string()).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn a_path_without_a_handler_is_a_404_not_an_allow() {
+    let (status, body) = post("/validate/nothing-here", POD_REVIEW).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let text = String::from_utf8(body).expect("utf8");
+    assert!(
+        text.contains("/validate/nothing-here") && text.contains("/mutate/test"),
+        "{text}"
+    );
+    let empty = admission::router(Vec::new(), Arc::new(Metrics::new()), MAX_BODY);
+    let (status, _) = post_with(empty, "/mutate/pods", POD_REVIEW).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_answers_allowed_false_without_internals() {
+    let (status, body) = post("/panics", POD_REVIEW).await;
+    assert_eq!(status, StatusCode::OK);
+    let out: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(out["response"]["allowed"], false);
+    assert_eq!(out["response"]["status"]["code"], 500);
+    let message = out["response"]["status"]["message"].as_str().expect("message");
+    assert!(
+        !message.contains("handler bug"),
+        "no internals in the answer: {message}"
+    );
+}
+
+#[tokio::test]
+async fn outcomes_are_counted_per_route() {
+    let metrics = Arc::new(Metrics::new());
+    let mut denied = review();
+    denied["request"]["namespace"] = json!("forbidden");
+    for body in [
+        POD_REVIEW.to_string(),
+        POD_REVIEW.to_string(),
+        denied.to_string(),
+        "{".to_string(),
+    ] {
+        post_with(app(metrics.clone()), "/mutate/test", body).await;
+    }
+    let text = metrics.encode();
+    for want in [
+        r#"nodewarden_admission_requests_total{route="/mutate/test",outcome="patched"} 2"#,
+        r#"nodewarden_admission_requests_total{route="/mutate/test",outcome="denied"} 1"#,
+        r#"nodewarden_admission_requests_total{route="/mutate/test",outcome="invalid"} 1"#,
+        r#"nodewarden_admission_duration_seconds_count{route="/mutate/test"} 4"#,
+    ] {
+        assert!(text.contains(want), "missing {want} in\n{text}");
+    }
+}
+
+/// Corruptions of a real review: truncations and byte flips. None may panic or produce a 5xx.
+#[tokio::test]
+async fn corrupted_reviews_never_cause_a_5xx() {
+    let bytes = POD_REVIEW.as_bytes();
+    let mut bodies: Vec<Vec<u8>> = (0..bytes.len())
+        .step_by(97)
+        .map(|n| bytes[..n].to_vec())
+        .collect();
+    for (i, pos) in (0..bytes.len()).step_by(61).enumerate() {
+        let mut b = bytes.to_vec();
+        b[pos] = [b'"', b'{', b']', 0xff, b'\\', b'0'][i % 6];
+        bodies.push(b);
+    }
+    bodies.push(Vec::new());
+    bodies.push(b"null".to_vec());
+    bodies.push(b"[]".to_vec());
+    bodies.push(br#"{"request":{"uid":7}}"#.to_vec());
+    let app = app(Arc::new(Metrics::new()));
+    for body in bodies {
+        let (status, answer) = post_with(app.clone(), "/mutate/test", body.clone()).await;
+        assert!(
+            status == StatusCode::OK || status.is_client_error(),
+            "{status} for body starting {:?}",
+            String::from_utf8_lossy(&body[..body.len().min(80)])
+        );
+        if status == StatusCode::OK {
+            let out: Value = serde_json::from_slice(&answer).expect("a 200 is always a review");
+            assert!(out["response"]["uid"].is_string());
+        }
+    }
+}

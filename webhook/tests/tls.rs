@@ -1,0 +1,392 @@
+//! The admission server over real TLS: protocol versions, ALPN, keep-alive, certificate reload
+//! and graceful shutdown. Certificates come from `nodewarden-certs`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use nodewarden_certs::{Ca, CaConfig, IssuedCert, ServingSpec, service_dns_names};
+use nodewarden_webhook::admission::{self, AdmissionRequest, AdmissionResponse, Route};
+use nodewarden_webhook::metrics::Metrics;
+use nodewarden_webhook::server::serve_tls;
+use nodewarden_webhook::tls::{CertReloader, CertResolver, Reload, server_config};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
+const SERVER_NAME: &str = "nodewarden-webhook.nodewarden.svc";
+
+fn ca(name: &str) -> Ca {
+    Ca::generate(&CaConfig {
+        common_name: name.to_string(),
+        validity: Duration::from_secs(3600),
+    })
+    .expect("ca")
+}
+
+fn serving(ca: &Ca, extra: &str) -> IssuedCert {
+    let mut dns_names = service_dns_names("nodewarden-webhook", "nodewarden");
+    dns_names.push(extra.to_string());
+    ca.issue_serving(&ServingSpec {
+        dns_names,
+        ip_addresses: vec![],
+        validity: Duration::from_secs(3600),
+    })
+    .expect("serving cert")
+}
+
+fn slow_or_fast(req: &AdmissionRequest) -> AdmissionResponse {
+    if req.namespace.as_deref() == Some("slow") {
+        std::thread::sleep(Duration::from_millis(800));
+    }
+    AdmissionResponse::allow(&req.uid)
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start(resolver: Arc<CertResolver>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = admission::router(
+        vec![Route::new("/review", slow_or_fast)],
+        Arc::new(Metrics::new()),
+        1 << 20,
+    );
+    let stop = CancellationToken::new();
+    let tls = server_config(resolver).expect("tls config");
+    let task = tokio::spawn(serve_tls(
+        listener,
+        tls,
+        app,
+        stop.clone(),
+        Duration::from_secs(5),
+    ));
+    Server { addr, stop, task }
+}
+
+fn resolver_with(cert: &IssuedCert) -> Arc<CertResolver> {
+    let resolver = Arc::new(CertResolver::default());
+    let ck = nodewarden_webhook::tls::certified_key(
+        cert.cert_pem.as_bytes(),
+        cert.key_pem.as_bytes(),
+        Path::new("tls.crt"),
+        Path::new("tls.key"),
+    )
+    .expect("pair");
+    resolver.set(ck);
+    resolver
+}
+
+struct Client {
+    versions: Vec<&'static rustls::SupportedProtocolVersion>,
+    alpn: Vec<Vec<u8>>,
+    trust: String,
+}
+
+struct Connected {
+    alpn: Option<Vec<u8>>,
+    version: rustls::ProtocolVersion,
+    leaf: CertificateDer<'static>,
+    sender: Sender,
+}
+
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Client {
+    fn new(trust: &str) -> Self {
+        Client {
+            versions: vec![&rustls::version::TLS13, &rustls::version::TLS12],
+            alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            trust: trust.to_string(),
+        }
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> std::io::Result<Connected> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut self.trust.as_bytes()) {
+            roots.add(cert?).map_err(std::io::Error::other)?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&self.versions)
+            .map_err(std::io::Error::other)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = self.alpn.clone();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = TcpStream::connect(addr).await?;
+        let tls = connector
+            .connect(ServerName::try_from(SERVER_NAME).expect("name"), tcp)
+            .await?;
+        let (_, session) = tls.get_ref();
+        let alpn = session.alpn_protocol().map(<[u8]>::to_vec);
+        let version = session.protocol_version().expect("negotiated");
+        let leaf = session.peer_certificates().expect("server cert")[0]
+            .clone()
+            .into_owned();
+        let io = TokioIo::new(tls);
+        let sender = if alpn.as_deref() == Some(b"h2") {
+            let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(conn);
+            Sender::H2(sender)
+        } else {
+            let (sender, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(conn);
+            Sender::H1(sender)
+        };
+        Ok(Connected {
+            alpn,
+            version,
+            leaf,
+            sender,
+        })
+    }
+}
+
+impl Connected {
+    /// Posts a review for `namespace`; returns the HTTP version and the answer's `allowed`.
+    async fn review(&mut self, namespace: &str) -> Result<(http::Version, bool), String> {
+        let mut review: serde_json::Value = serde_json::from_str(POD_REVIEW).expect("fixture");
+        review["request"]["namespace"] = serde_json::json!(namespace);
+        let req = http::Request::post("https://nodewarden-webhook.nodewarden.svc/review")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(review.to_string())))
+            .expect("request");
+        let resp = match &mut self.sender {
+            Sender::H1(s) => s.send_request(req).await,
+            Sender::H2(s) => s.send_request(req).await,
+        }
+        .map_err(|e| e.to_string())?;
+        let version = resp.version();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        let out: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        Ok((version, out["response"]["allowed"].as_bool().unwrap_or(false)))
+    }
+}
+
+fn leaf_der(cert: &IssuedCert) -> CertificateDer<'static> {
+    rustls_pemfile::certs(&mut cert.cert_pem.as_bytes())
+        .next()
+        .expect("one")
+        .expect("pem")
+}
+
+#[tokio::test]
+async fn h2_and_http11_are_negotiated_by_alpn_over_tls13_and_tls12() {
+    let ca = ca("nodewarden-test-ca");
+    let cert = serving(&ca, "a.example");
+    let server = start(resolver_with(&cert)).await;
+
+    let mut h2 = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("connect");
+    assert_eq!(h2.alpn.as_deref(), Some(&b"h2"[..]));
+    assert_eq!(h2.version, rustls::ProtocolVersion::TLSv1_3);
+    assert_eq!(
+        h2.review("default").await.expect("review"),
+        (http::Version::HTTP_2, true)
+    );
+
+    let mut c = Client::new(&ca.cert_pem);
+    c.alpn = vec![b"http/1.1".to_vec()];
+    c.versions = vec![&rustls::version::TLS12];
+    let mut h1 = c.connect(server.addr).await.expect("connect");
+    assert_eq!(h1.alpn.as_deref(), Some(&b"http/1.1"[..]));
+    assert_eq!(h1.version, rustls::ProtocolVersion::TLSv1_2);
+    // keep-alive: several reviews on one connection
+    for _ in 0..3 {
+        assert_eq!(
+            h1.review("default").await.expect("review"),
+            (http::Version::HTTP_11, true)
+        );
+    }
+
+    // a client that offers no ALPN still gets HTTP/1.1
+    let mut c = Client::new(&ca.cert_pem);
+    c.alpn = vec![];
+    let mut plain = c.connect(server.addr).await.expect("connect");
+    assert_eq!(plain.alpn, None);
+    assert_eq!(
+        plain.review("default").await.expect("review"),
+        (http::Version::HTTP_11, true)
+    );
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_client_that_trusts_another_ca_is_refused() {
+    let ca1 = ca("one");
+    let ca2 = ca("two");
+    let server = start(resolver_with(&serving(&ca1, "a.example"))).await;
+    let err = Client::new(&ca2.cert_pem)
+        .connect(server.addr)
+        .await
+        .err()
+        .expect("must fail");
+    assert!(
+        err.to_string().contains("UnknownIssuer") || err.to_string().contains("certificate"),
+        "{err}"
+    );
+    server.stop.cancel();
+}
+
+/// Lays out files as the kubelet does for a mounted Secret: `..<stamp>/` holds the files,
+/// `..data` links to it, `tls.crt`/`tls.key` link through `..data`. A new version is a new
+/// stamped folder and an atomic rename of a fresh `..data` link over the old one.
+fn kubelet_write(dir: &Path, stamp: &str, cert: &str, key: &str) {
+    let versioned = dir.join(format!("..{stamp}"));
+    std::fs::create_dir_all(&versioned).expect("mkdir");
+    std::fs::write(versioned.join("tls.crt"), cert).expect("write");
+    std::fs::write(versioned.join("tls.key"), key).expect("write");
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{stamp}"), &tmp).expect("symlink");
+    std::fs::rename(&tmp, dir.join("..data")).expect("atomic swap");
+    for name in ["tls.crt", "tls.key"] {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).expect("symlink");
+        }
+    }
+}
+
+#[tokio::test]
+async fn certificates_reload_after_a_kubelet_style_symlink_swap_and_bad_pairs_are_ignored() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca = ca("nodewarden-test-ca");
+    let first = serving(&ca, "first.example");
+    let second = serving(&ca, "second.example");
+    kubelet_write(
+        dir.path(),
+        "2026_11_21_07_00_00.1",
+        &first.cert_pem,
+        &first.key_pem,
+    );
+
+    let resolver = Arc::new(CertResolver::default());
+    let metrics = Arc::new(Metrics::new());
+    let reloader = Arc::new(CertReloader::new(
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+        resolver.clone(),
+        metrics.clone(),
+    ));
+    assert_eq!(reloader.check(), Reload::Loaded);
+    let stop_reload = CancellationToken::new();
+    tokio::spawn(
+        reloader
+            .clone()
+            .run(Duration::from_millis(100), stop_reload.clone(), |_| {}),
+    );
+    let server = start(resolver.clone()).await;
+    let client = Client::new(&ca.cert_pem);
+    assert_eq!(
+        client.connect(server.addr).await.expect("connect").leaf,
+        leaf_der(&first)
+    );
+
+    kubelet_write(
+        dir.path(),
+        "2026_11_21_08_00_00.2",
+        &second.cert_pem,
+        &second.key_pem,
+    );
+    let mut served = None;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let leaf = client.connect(server.addr).await.expect("connect").leaf;
+        if leaf == leaf_der(&second) {
+            served = Some(leaf);
+            break;
+        }
+    }
+    assert_eq!(
+        served,
+        Some(leaf_der(&second)),
+        "the new certificate is served without a restart"
+    );
+
+    // a broken new pair (key of another certificate, then garbage) is rejected; the last good pair stays
+    kubelet_write(
+        dir.path(),
+        "2026_11_21_09_00_00.3",
+        &first.cert_pem,
+        &second.key_pem,
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        client.connect(server.addr).await.expect("connect").leaf,
+        leaf_der(&second)
+    );
+    // the last step calls check() itself: stop the background loop so it cannot look first
+    stop_reload.cancel();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    kubelet_write(
+        dir.path(),
+        "2026_11_21_09_30_00.4",
+        "not a certificate",
+        "nor a key",
+    );
+    assert!(matches!(reloader.check(), Reload::Rejected(m) if m.contains("no PEM certificate")));
+    assert_eq!(
+        client.connect(server.addr).await.expect("connect").leaf,
+        leaf_der(&second)
+    );
+    let text = metrics.encode();
+    assert!(
+        text.contains(r#"nodewarden_certificate_reloads_total{result="loaded"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"nodewarden_certificate_reloads_total{result="rejected"} 2"#),
+        "{text}"
+    );
+    server.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_reviews_finish_and_refuses_new_connections() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start(resolver_with(&serving(&ca, "a.example"))).await;
+    let client = Client::new(&ca.cert_pem);
+    let mut conn = client.connect(server.addr).await.expect("connect");
+    let in_flight = tokio::spawn(async move { conn.review("slow").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.stop.cancel();
+    let answer = in_flight.await.expect("join");
+    assert_eq!(
+        answer,
+        Ok((http::Version::HTTP_2, true)),
+        "the in-flight review completes"
+    );
+    tokio::time::timeout(Duration::from_secs(5), server.task)
+        .await
+        .expect("server stops")
+        .expect("join");
+    assert!(
+        client.connect(server.addr).await.is_err(),
+        "no new connections after shutdown"
+    );
+}
