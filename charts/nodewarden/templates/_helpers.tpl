@@ -1,0 +1,185 @@
+{{/* Names ------------------------------------------------------------------------------------ */}}
+
+{{- define "nodewarden.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* `<release>-<chart>`, or the release name alone when it already holds the chart name. Kept to
+     45 characters so that `<fullname>-validating` and the other suffixed names stay within 63. */}}
+{{- define "nodewarden.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "nodewarden.webhook.fullname" -}}
+{{- printf "%s-webhook" (include "nodewarden.fullname" .) -}}
+{{- end -}}
+
+{{- define "nodewarden.agent.fullname" -}}
+{{- printf "%s-agent" (include "nodewarden.fullname" .) -}}
+{{- end -}}
+
+{{- define "nodewarden.mutatingConfigName" -}}
+{{- printf "%s-mutating" (include "nodewarden.fullname" .) -}}
+{{- end -}}
+
+{{- define "nodewarden.validatingConfigName" -}}
+{{- printf "%s-validating" (include "nodewarden.fullname" .) -}}
+{{- end -}}
+
+{{- define "nodewarden.webhook.serviceAccountName" -}}
+{{- if .Values.webhook.serviceAccount.create -}}
+{{- default (include "nodewarden.webhook.fullname" .) .Values.webhook.serviceAccount.name -}}
+{{- else -}}
+{{- required "webhook.serviceAccount.name is required when webhook.serviceAccount.create is false" .Values.webhook.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "nodewarden.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create -}}
+{{- default (include "nodewarden.agent.fullname" .) .Values.agent.serviceAccount.name -}}
+{{- else -}}
+{{- required "agent.serviceAccount.name is required when agent.serviceAccount.create is false" .Values.agent.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the webhook's serving certificate (tls.crt, tls.key). */}}
+{{- define "nodewarden.tlsSecretName" -}}
+{{- if eq .Values.certificates.mode "secret" -}}
+{{- .Values.certificates.secret.name -}}
+{{- else -}}
+{{- printf "%s-webhook-tls" (include "nodewarden.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels -------------------------------------------------------------------------------------- */}}
+
+{{- define "nodewarden.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "nodewarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: nodewarden
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "nodewarden.webhook.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nodewarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "nodewarden.agent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nodewarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "nodewarden.webhook.labels" -}}
+{{ include "nodewarden.labels" . }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "nodewarden.agent.labels" -}}
+{{ include "nodewarden.labels" . }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{/* Images: `repository@digest` when a digest is given, else `repository:tag` (tag defaults to the
+     chart's appVersion). Call with (dict "image" .Values.x.image "root" $). */}}
+{{- define "nodewarden.image" -}}
+{{- $img := .image -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Webhook configurations ------------------------------------------------------------------------ */}}
+
+{{/* Whether each webhook configuration has at least one entry. */}}
+{{- define "nodewarden.mutatingEnabled" -}}
+{{- if .Values.rightsizing.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "nodewarden.validatingEnabled" -}}
+{{- if or .Values.claims.enabled .Values.nodeReports.enabled .Values.features.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Comma-separated names of the webhook configurations this release renders; the webhook keeps their
+     caBundle current in managed mode. */}}
+{{- define "nodewarden.webhookConfigurations" -}}
+{{- $names := list -}}
+{{- if include "nodewarden.mutatingEnabled" . -}}
+{{- $names = append $names (include "nodewarden.mutatingConfigName" .) -}}
+{{- end -}}
+{{- if include "nodewarden.validatingEnabled" . -}}
+{{- $names = append $names (include "nodewarden.validatingConfigName" .) -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/* The caBundle, base64-encoded PEM, in secret mode (accepts PEM or base64 PEM in the value). */}}
+{{- define "nodewarden.caBundle" -}}
+{{- $ca := .Values.certificates.secret.caBundle | trim -}}
+{{- if hasPrefix "-----BEGIN" $ca -}}
+{{- $ca | b64enc -}}
+{{- else -}}
+{{- $ca | replace "\n" "" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Annotations of both webhook configurations. */}}
+{{- define "nodewarden.webhookConfigAnnotations" -}}
+{{- if eq .Values.certificates.mode "certManager" -}}
+annotations:
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "nodewarden.tlsSecretName" .) }}
+{{- end -}}
+{{- end -}}
+
+{{/* clientConfig of one webhook entry. Call with (dict "root" $ "path" "/validate/claims"). */}}
+{{- define "nodewarden.clientConfig" -}}
+{{- $root := .root -}}
+clientConfig:
+  service:
+    name: {{ include "nodewarden.webhook.fullname" $root }}
+    namespace: {{ $root.Release.Namespace }}
+    path: {{ .path }}
+    port: {{ $root.Values.webhook.service.port }}
+  {{- if eq $root.Values.certificates.mode "secret" }}
+  caBundle: {{ include "nodewarden.caBundle" $root }}
+  {{- end }}
+{{- end -}}
+
+{{/* Checks that schema validation cannot express, with messages that say what to set. */}}
+{{- define "nodewarden.validate" -}}
+{{- if eq .Values.certificates.mode "secret" -}}
+{{- if not .Values.certificates.secret.name -}}
+{{- fail "certificates.mode is \"secret\" but certificates.secret.name is empty: set it to an existing kubernetes.io/tls Secret (keys tls.crt, tls.key) in the release namespace, or use certificates.mode=managed" -}}
+{{- end -}}
+{{- $ca := .Values.certificates.secret.caBundle | trim -}}
+{{- if not $ca -}}
+{{- fail "certificates.mode is \"secret\" but certificates.secret.caBundle is empty: set it to the CA certificate (PEM or base64-encoded PEM) that signed the certificate in the Secret, or use certificates.mode=managed" -}}
+{{- end -}}
+{{- if not (hasPrefix "-----BEGIN" $ca) -}}
+{{- if not (hasPrefix "-----BEGIN" (b64dec ($ca | replace "\n" ""))) -}}
+{{- fail "certificates.secret.caBundle is neither a PEM certificate nor base64-encoded PEM: it must start with -----BEGIN CERTIFICATE----- before or after base64 decoding" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.certificates.certManager.issuerRef (ne .Values.certificates.mode "certManager") -}}
+{{- fail "certificates.certManager.issuerRef is set but certificates.mode is not \"certManager\": set certificates.mode=certManager to use it, or remove the issuerRef" -}}
+{{- end -}}
+{{- end -}}
