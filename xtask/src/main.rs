@@ -17,8 +17,24 @@ struct Cli {
 enum Task {
     /// Write charts/nodewarden/crds/*.yaml from the api crate's types.
     Crdgen,
-    /// Everything CI checks: formatting, clippy, the control plane build, every test.
+    /// Everything CI checks: formatting, clippy, every test (the end-to-end tier builds the
+    /// control plane from Go modules on first use and caches it).
     Ci,
+    /// Benchmarks (release builds); figures are recorded in docs/benchmarks.md.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Admission reviews per second and latency of the TLS server, HTTP/2 and HTTP/1.1.
+    Admission {
+        /// Extra arguments for the benchmark (see `-- --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -27,6 +43,23 @@ fn main() -> Result<()> {
     match cli.task {
         Task::Crdgen => crdgen(&root),
         Task::Ci => ci(&root),
+        Task::Bench {
+            which: Bench::Admission { args },
+        } => {
+            let cargo = cargo();
+            let mut argv = vec![
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "nodewarden-webhook",
+                "--example",
+                "admission-bench",
+                "--",
+            ];
+            argv.extend(args.iter().map(String::as_str));
+            run(&root, "admission benchmark", &cargo, &argv)
+        }
     }
 }
 
@@ -72,8 +105,12 @@ fn run(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
+}
+
 fn ci(root: &Path) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let cargo = cargo();
     run(root, "format", &cargo, &["fmt", "--all", "--", "--check"])?;
     run(
         root,
