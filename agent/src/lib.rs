@@ -1,1 +1,200 @@
-//! placeholder
+//! nodewarden-agent: measures the autoscaled DaemonSet containers of one node, recommends
+//! their requests with the VPA estimator, and publishes `NodeRecommendation/<node>`.
+//!
+//! Modules, pure logic apart from I/O:
+//! - [`cgroup`]: finding container cgroups (systemd/cgroupfs, containerd/CRI-O) and reading them,
+//! - [`histogram`]: VPA's decaying exponential histogram,
+//! - [`recommender`]: per-container history and the estimator,
+//! - [`checkpoint`]: the history on disk,
+//! - [`pods`]: watches of this node's pods and of autoscalers, and their join,
+//! - [`publish`]: when and how `NodeRecommendation` is written,
+//! - [`sampler`]: one sample tick tying the above together,
+//! - [`metrics`], [`admin`], [`config`], [`telemetry`].
+
+pub mod admin;
+pub mod cgroup;
+pub mod checkpoint;
+pub mod config;
+pub mod histogram;
+pub mod metrics;
+pub mod pods;
+pub mod publish;
+pub mod recommender;
+pub mod sampler;
+pub mod telemetry;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use kube::Client;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::Loaded;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::sampler::Sampler;
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A token cancelled on SIGTERM or Ctrl-C.
+pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
+    let token = CancellationToken::new();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutting down");
+        t.cancel();
+    });
+    Ok(token)
+}
+
+/// Runs the agent with the in-cluster (or kubeconfig) client until `shutdown`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    cgroup::check_root(&config.cgroup_root)?;
+    let client = Client::try_default()
+        .await
+        .context("building the Kubernetes client (in-cluster service account or kubeconfig)")?;
+    run_with_client(config, client, shutdown).await
+}
+
+/// Loads the checkpoint into `sampler`, logging what happened.
+fn restore(sampler: &mut Sampler, config: &Config) {
+    let now_secs = u64::try_from(now_ms() / 1000).unwrap_or(0);
+    match checkpoint::load(&config.checkpoint_dir, now_secs) {
+        Loaded::Missing => {
+            tracing::info!(dir = %config.checkpoint_dir.display(), "no checkpoint; starting without history")
+        }
+        Loaded::Found(c) => {
+            if c.node != config.node_name {
+                tracing::warn!(checkpoint_node = %c.node, node = %config.node_name, "checkpoint was written on another node; using it anyway");
+            }
+            sampler.restore(&c);
+            tracing::info!(
+                histories = sampler.history_count(),
+                "resumed history from the checkpoint"
+            );
+        }
+        Loaded::MovedAside { moved_to, why } => tracing::warn!(
+            moved_to = %moved_to.display(), why = %why, "checkpoint unusable; moved aside, starting without history"
+        ),
+        Loaded::Unreadable { why } => {
+            tracing::warn!(why = %why, "checkpoint unreadable; starting without history")
+        }
+    }
+}
+
+/// Runs the agent with `client` until `shutdown`: the end-to-end tests call this with a
+/// client made from a node-bound service-account token.
+pub async fn run_with_client(
+    config: Config,
+    client: Client,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    cgroup::check_root(&config.cgroup_root)?;
+    let estimator = config.estimator.estimator()?;
+    if let Err(err) = std::fs::create_dir_all(&config.checkpoint_dir) {
+        tracing::warn!(dir = %config.checkpoint_dir.display(), error = %err, "cannot create the checkpoint folder; history will not survive a restart");
+    }
+    let metrics = Arc::new(Metrics::new());
+    let mut sampler = Sampler::new(
+        config.node_name.clone(),
+        config.cgroup_root.clone(),
+        estimator,
+        config.publish(),
+        metrics.clone(),
+    );
+    restore(&mut sampler, &config);
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let admin_listener = TcpListener::bind(config.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin server to {}", config.admin_addr))?;
+    let stop = shutdown.child_token();
+    let admin_app = admin::router(ready.clone(), metrics.clone());
+    let admin_stop = stop.clone();
+    let admin_task = tokio::spawn(async move {
+        axum::serve(admin_listener, admin_app)
+            .with_graceful_shutdown(admin_stop.cancelled_owned())
+            .await
+    });
+    tracing::info!(node = %config.node_name, admin = %config.admin_addr, cgroup_root = %config.cgroup_root.display(), "nodewarden-agent starting");
+
+    let stores = pods::watch(client.clone(), &config.node_name, stop.clone());
+    let (desired_tx, desired_rx) = watch::channel::<publish::Desired>(None);
+    let publisher = tokio::spawn(publish::run_publisher(
+        client,
+        config.node_name.clone(),
+        desired_rx,
+        metrics.clone(),
+        stop.clone(),
+        publish::backoff(),
+    ));
+
+    tokio::select! {
+        _ = shutdown.cancelled() => {
+            stop.cancel();
+            let _ = admin_task.await;
+            return Ok(());
+        }
+        synced = stores.ready() => if !synced {
+            anyhow::bail!("the pod and autoscaler watches stopped before their first list");
+        }
+    }
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!("caches synced; measuring");
+
+    let mut ticker = tokio::time::interval(config.sample_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_checkpoint = Instant::now();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        let now = now_ms();
+        let (targets, autoscalers) = stores.targets();
+        let tick = sampler.tick(now, &targets, &autoscalers);
+        if let Some((reason, spec)) = tick.publish {
+            tracing::info!(
+                reason = reason.as_str(),
+                containers = spec.recommendations.len(),
+                "publishing NodeRecommendation"
+            );
+            desired_tx.send_replace(Some(Arc::new(spec)));
+        }
+        if last_checkpoint.elapsed() >= config.checkpoint_interval {
+            write_checkpoint(&sampler, &config, &metrics);
+            last_checkpoint = Instant::now();
+        }
+    }
+    write_checkpoint(&sampler, &config, &metrics);
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), publisher).await;
+    let _ = admin_task.await;
+    Ok(())
+}
+
+fn write_checkpoint(sampler: &Sampler, config: &Config, metrics: &Metrics) {
+    match checkpoint::save(&config.checkpoint_dir, &sampler.checkpoint(now_ms())) {
+        Ok(()) => metrics.checkpoint(true),
+        Err(err) => {
+            metrics.checkpoint(false);
+            tracing::warn!(error = %err, "checkpoint not written");
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! Finding and reading container cgroups under a cgroup v2 root.
+//!
+//! Layouts recognised (any prefix before the `kubepods` part, so
+//! `kubelet.slice/kubelet-kubepods.slice/…` works too):
+//!
+//! - systemd driver: `…kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid with _>.slice/<scope>`,
+//!   Guaranteed pods without the QoS level: `…kubepods.slice/kubepods-pod<uid_>.slice/<scope>`;
+//!   scopes `cri-containerd-<id>.scope`, `crio-<id>.scope`, `docker-<id>.scope`
+//!   (`crio-conmon-<id>.scope` is CRI-O's monitor, not a container, and is skipped);
+//! - cgroupfs driver: `…kubepods/<qos>/pod<uid>/<id>` and `…kubepods/pod<uid>/<id>`
+//!   (CRI-O: `crio-<id>`).
+//!
+//! Every container cgroup of a pod is returned, the sandbox (pause) container included; the
+//! join with the pod's `containerStatuses` keeps only real containers.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// How deep below the root a pod cgroup may sit (prefix + kubepods + QoS + pod).
+const MAX_POD_DEPTH: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error(
+        "cgroup root {path} cannot be read: {source} (mount the host's /sys/fs/cgroup there, read-only, \
+         or point --cgroup-root / NODEWARDEN_CGROUP_ROOT at it)"
+    )]
+    RootUnreadable { path: PathBuf, source: io::Error },
+    #[error(
+        "cgroup root {path} is not a cgroup v2 hierarchy: {why}; nodewarden-agent needs cgroup v2 \
+         (the unified hierarchy, with cgroup.controllers at its root), as Kubernetes 1.35 does"
+    )]
+    NotV2 { path: PathBuf, why: String },
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}: {what} (expected {expected})")]
+    Parse {
+        path: PathBuf,
+        what: String,
+        expected: &'static str,
+    },
+}
+
+/// Container runtime, from the cgroup name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Runtime {
+    Containerd,
+    CriO,
+    Docker,
+    /// cgroupfs driver: a bare 64-hex directory.
+    Unknown,
+}
+
+/// One container cgroup found under the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerCgroup {
+    /// Pod UID with dashes, as in `metadata.uid` (or the static pod hash).
+    pub pod_uid: String,
+    /// Container ID without the runtime prefix.
+    pub container_id: String,
+    pub runtime: Runtime,
+    pub path: PathBuf,
+}
+
+/// One reading of a container's cgroup files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// `cpu.stat` `usage_usec`.
+    pub cpu_usage_usec: u64,
+    /// `memory.current`.
+    pub memory_current: u64,
+    /// `memory.stat` `inactive_file`.
+    pub inactive_file: u64,
+    /// `memory.events` `oom_kill`.
+    pub oom_kill: u64,
+}
+
+impl Reading {
+    /// Working set as kubelet computes it: current − inactive_file, never below zero.
+    pub fn working_set(&self) -> u64 {
+        self.memory_current.saturating_sub(self.inactive_file)
+    }
+}
+
+/// Checks that `root` is a readable cgroup v2 hierarchy.
+pub fn check_root(root: &Path) -> Result<(), CgroupError> {
+    let entries = fs::read_dir(root).map_err(|source| CgroupError::RootUnreadable {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    let names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if names.iter().any(|n| n == "cgroup.controllers") {
+        return Ok(());
+    }
+    let v1: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| {
+            matches!(
+                *n,
+                "cpu" | "cpuacct" | "cpu,cpuacct" | "memory" | "pids" | "blkio" | "systemd"
+            )
+        })
+        .collect();
+    let why = if v1.is_empty() {
+        "there is no cgroup.controllers file".to_string()
+    } else {
+        format!(
+            "it looks like cgroup v1 (found per-controller directories {})",
+            v1.join(", ")
+        )
+    };
+    Err(CgroupError::NotV2 {
+        path: root.to_path_buf(),
+        why,
+    })
+}
+
+/// Finds every container cgroup below `root`. Directories that cannot be listed are skipped
+/// (a pod may go away while we walk).
+pub fn discover(root: &Path) -> Vec<ContainerCgroup> {
+    let mut found = Vec::new();
+    walk(root, 0, false, &mut found);
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    found
+}
+
+fn subdirs(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .collect()
+}
+
+fn walk(dir: &Path, depth: usize, under_kubepods: bool, found: &mut Vec<ContainerCgroup>) {
+    if depth > MAX_POD_DEPTH {
+        return;
+    }
+    for (name, path) in subdirs(dir) {
+        let kubepods = under_kubepods || name.contains("kubepods");
+        if kubepods && let Some(uid) = pod_uid_of(&name) {
+            for (cname, cpath) in subdirs(&path) {
+                if let Some((runtime, id)) = container_of(&cname) {
+                    found.push(ContainerCgroup {
+                        pod_uid: uid.clone(),
+                        container_id: id,
+                        runtime,
+                        path: cpath,
+                    });
+                }
+            }
+            continue;
+        }
+        // stop at things that are clearly not on the way to pods
+        if name.ends_with(".scope") {
+            continue;
+        }
+        walk(&path, depth + 1, kubepods, found);
+    }
+}
+
+fn is_uid_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '-' || c == '_'
+}
+
+/// The pod UID of a pod cgroup directory name, with `_` turned back into `-`.
+pub fn pod_uid_of(name: &str) -> Option<String> {
+    let raw = if let Some(stem) = name.strip_suffix(".slice") {
+        // systemd: <prefix>kubepods[-<qos>]-pod<uid_>.slice
+        let (prefix, uid) = stem.rsplit_once("-pod")?;
+        if !prefix.ends_with("kubepods")
+            && !prefix.ends_with("-burstable")
+            && !prefix.ends_with("-besteffort")
+        {
+            return None;
+        }
+        uid
+    } else {
+        // cgroupfs: pod<uid>
+        name.strip_prefix("pod")?
+    };
+    if raw.len() < 8 || !raw.chars().all(is_uid_char) {
+        return None;
+    }
+    Some(raw.replace('_', "-"))
+}
+
+fn is_container_id(s: &str) -> bool {
+    s.len() >= 12 && s.len() <= 128 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// The runtime and container ID of a container cgroup directory name.
+pub fn container_of(name: &str) -> Option<(Runtime, String)> {
+    let (runtime, id) = if let Some(rest) = name.strip_suffix(".scope") {
+        if rest.starts_with("crio-conmon-") {
+            return None;
+        }
+        if let Some(id) = rest.strip_prefix("cri-containerd-") {
+            (Runtime::Containerd, id)
+        } else if let Some(id) = rest.strip_prefix("crio-") {
+            (Runtime::CriO, id)
+        } else if let Some(id) = rest.strip_prefix("docker-") {
+            (Runtime::Docker, id)
+        } else {
+            return None;
+        }
+    } else if name.starts_with("crio-conmon-") {
+        return None;
+    } else if let Some(id) = name.strip_prefix("crio-") {
+        (Runtime::CriO, id)
+    } else {
+        (Runtime::Unknown, name)
+    };
+    is_container_id(id).then(|| (runtime, id.to_string()))
+}
+
+/// Reads the four files the agent needs from one container cgroup.
+pub fn read(dir: &Path) -> Result<Reading, CgroupError> {
+    let cpu_stat = read_file(&dir.join("cpu.stat"))?;
+    let memory_current_path = dir.join("memory.current");
+    let memory_current = read_file(&memory_current_path)?;
+    let memory_stat = read_file(&dir.join("memory.stat"))?;
+    let memory_events = read_file(&dir.join("memory.events"))?;
+    Ok(Reading {
+        cpu_usage_usec: keyed_value(&dir.join("cpu.stat"), &cpu_stat, "usage_usec")?,
+        memory_current: single_value(&memory_current_path, &memory_current)?,
+        inactive_file: keyed_value(&dir.join("memory.stat"), &memory_stat, "inactive_file")?,
+        oom_kill: keyed_value(&dir.join("memory.events"), &memory_events, "oom_kill")?,
+    })
+}
+
+fn read_file(path: &Path) -> Result<String, CgroupError> {
+    fs::read_to_string(path).map_err(|source| CgroupError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The value of `key` in a flat-keyed file (`key value` per line), as the kernel writes
+/// `cpu.stat`, `memory.stat` and `memory.events`.
+pub fn keyed_value(path: &Path, text: &str, key: &str) -> Result<u64, CgroupError> {
+    for line in text.lines() {
+        let mut parts = line.split_ascii_whitespace();
+        if parts.next() == Some(key) {
+            let value = parts.next().unwrap_or("");
+            return value.parse().map_err(|_| CgroupError::Parse {
+                path: path.to_path_buf(),
+                what: format!("{key} has value {value:?}"),
+                expected: "a non-negative integer",
+            });
+        }
+    }
+    Err(CgroupError::Parse {
+        path: path.to_path_buf(),
+        what: format!("no {key} line"),
+        expected: "a line `<key> <value>` as the kernel writes it",
+    })
+}
+
+/// A single-value file such as `memory.current`.
+pub fn single_value(path: &Path, text: &str) -> Result<u64, CgroupError> {
+    let t = text.trim();
+    t.parse().map_err(|_| CgroupError::Parse {
+        path: path.to_path_buf(),
+        what: format!("content {t:?}"),
+        expected: "a non-negative integer",
+    })
+}
+
+/// Where each known container's cgroup is, refreshed by walking the tree only when a wanted
+/// container is missing.
+#[derive(Debug)]
+pub struct Locator {
+    root: PathBuf,
+    by_id: HashMap<String, ContainerCgroup>,
+    /// How many full walks were made (for tests and metrics).
+    pub walks: u64,
+}
+
+impl Locator {
+    pub fn new(root: PathBuf) -> Self {
+        Locator {
+            root,
+            by_id: HashMap::new(),
+            walks: 0,
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The cgroups of `wanted` (pod UID, container ID) pairs that exist; walks the tree again
+    /// when one is not known yet or its directory went away.
+    pub fn locate<'a>(
+        &mut self,
+        wanted: impl Iterator<Item = (&'a str, &'a str)> + Clone,
+    ) -> HashMap<String, PathBuf> {
+        let missing = wanted.clone().any(|(uid, id)| match self.by_id.get(id) {
+            Some(c) => c.pod_uid != uid || !c.path.is_dir(),
+            None => true,
+        });
+        if missing {
+            self.walks += 1;
+            self.by_id = discover(&self.root)
+                .into_iter()
+                .map(|c| (c.container_id.clone(), c))
+                .collect();
+        }
+        wanted
+            .filter_map(|(uid, id)| {
+                self.by_id
+                    .get(id)
+                    .filter(|c| c.pod_uid == uid)
+                    .map(|c| (id.to_string(), c.path.clone()))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_directory_names() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (
+                "kubepods-burstable-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice",
+                Some("1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"),
+            ),
+            (
+                "kubepods-besteffort-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice",
+                Some("1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"),
+            ),
+            (
+                "kubepods-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice",
+                Some("1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"),
+            ),
+            (
+                "kubelet-kubepods-burstable-pod1b2c3d4e_5f60_7182_93a4_b5c6d7e8f901.slice",
+                Some("1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"),
+            ),
+            (
+                "pod1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901",
+                Some("1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"),
+            ),
+            // static pod: the config hash
+            (
+                "pod6f1c0b0a8e2d4c3b9a7f5e4d3c2b1a09",
+                Some("6f1c0b0a8e2d4c3b9a7f5e4d3c2b1a09"),
+            ),
+            ("kubepods-burstable.slice", None),
+            ("kubepods.slice", None),
+            ("system.slice", None),
+            ("podman-1234.slice", None),
+            ("pod", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(pod_uid_of(name).as_deref(), *want, "{name}");
+        }
+    }
+
+    #[test]
+    fn container_directory_names() {
+        let id = "4f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+        let cases: Vec<(String, Option<(Runtime, &str)>)> = vec![
+            (
+                format!("cri-containerd-{id}.scope"),
+                Some((Runtime::Containerd, id)),
+            ),
+            (format!("crio-{id}.scope"), Some((Runtime::CriO, id))),
+            (format!("crio-conmon-{id}.scope"), None),
+            (format!("docker-{id}.scope"), Some((Runtime::Docker, id))),
+            (id.to_string(), Some((Runtime::Unknown, id))),
+            (format!("crio-{id}"), Some((Runtime::CriO, id))),
+            (format!("crio-conmon-{id}"), None),
+            ("container".to_string(), None),
+            ("init.scope".to_string(), None),
+            ("cri-containerd-xyz.scope".to_string(), None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(
+                container_of(&name),
+                want.map(|(r, i)| (r, i.to_string())),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn flat_keyed_files_as_the_kernel_writes_them() {
+        let p = Path::new("cpu.stat");
+        let cpu = "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\nnr_periods 0\n";
+        assert_eq!(keyed_value(p, cpu, "usage_usec").unwrap(), 123456);
+        let err = keyed_value(p, "user_usec 1\n", "usage_usec")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no usage_usec line"), "{err}");
+        let err = keyed_value(p, "usage_usec lots\n", "usage_usec")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("non-negative integer"), "{err}");
+        assert_eq!(single_value(Path::new("memory.current"), "4096\n").unwrap(), 4096);
+        assert!(single_value(Path::new("memory.current"), "max\n").is_err());
+    }
+
+    #[test]
+    fn working_set_never_goes_below_zero() {
+        let r = Reading {
+            cpu_usage_usec: 0,
+            memory_current: 100,
+            inactive_file: 150,
+            oom_kill: 0,
+        };
+        assert_eq!(r.working_set(), 0);
+        let r = Reading {
+            inactive_file: 30,
+            ..r
+        };
+        assert_eq!(r.working_set(), 70);
+    }
+}

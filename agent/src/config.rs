@@ -1,0 +1,294 @@
+//! Flags of `nodewarden-agent`. Every flag also reads an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use nodewarden_api::quantity::parse_milli;
+
+use crate::recommender::{EstimatorConfig, histogram_options};
+use crate::sampler::PublishConfig;
+use crate::telemetry::LogFormat;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "nodewarden-agent",
+    version,
+    about = "nodewarden node agent: measures autoscaled DaemonSet containers on this node and publishes NodeRecommendation/<node>"
+)]
+pub struct Config {
+    /// Name of this node (from the downward API, spec.nodeName).
+    #[arg(long, env = "NODEWARDEN_NODE_NAME")]
+    pub node_name: String,
+
+    /// Root of the node's cgroup v2 hierarchy, as mounted in the agent's container.
+    #[arg(long, env = "NODEWARDEN_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+
+    /// Folder of the checkpoint file (a hostPath, so history survives restarts).
+    #[arg(
+        long,
+        env = "NODEWARDEN_CHECKPOINT_DIR",
+        default_value = "/var/lib/nodewarden"
+    )]
+    pub checkpoint_dir: PathBuf,
+
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics).
+    #[arg(long, env = "NODEWARDEN_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+
+    /// How often the containers are measured.
+    #[arg(long, env = "NODEWARDEN_SAMPLE_INTERVAL", default_value = "10s", value_parser = parse_interval)]
+    pub sample_interval: Duration,
+
+    /// How often the histograms are written to the checkpoint file.
+    #[arg(long, env = "NODEWARDEN_CHECKPOINT_INTERVAL", default_value = "1m", value_parser = parse_interval)]
+    pub checkpoint_interval: Duration,
+
+    /// Without a material change, NodeRecommendation is rewritten this often.
+    #[arg(long, env = "NODEWARDEN_REFRESH_INTERVAL", default_value = "1h", value_parser = parse_interval)]
+    pub refresh_interval: Duration,
+
+    /// A target must move by more than this fraction to be published before the refresh.
+    #[arg(long, env = "NODEWARDEN_CHANGE_THRESHOLD", default_value_t = 0.1, value_parser = parse_fraction)]
+    pub change_threshold: f64,
+
+    /// Log format.
+    #[arg(long, env = "NODEWARDEN_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+
+    /// Log filter, e.g. `info` or `nodewarden_agent=debug,info`.
+    #[arg(long, env = "NODEWARDEN_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    #[command(flatten)]
+    pub estimator: EstimatorFlags,
+}
+
+/// The estimator's constants; defaults are the VPA recommender's.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EstimatorFlags {
+    /// Usage percentile of the target.
+    #[arg(long, env = "NODEWARDEN_TARGET_PERCENTILE", default_value_t = 0.9, value_parser = parse_fraction)]
+    pub target_percentile: f64,
+    /// Usage percentile of the lower bound.
+    #[arg(long, env = "NODEWARDEN_LOWER_BOUND_PERCENTILE", default_value_t = 0.5, value_parser = parse_fraction)]
+    pub lower_bound_percentile: f64,
+    /// Usage percentile of the upper bound.
+    #[arg(long, env = "NODEWARDEN_UPPER_BOUND_PERCENTILE", default_value_t = 0.95, value_parser = parse_fraction)]
+    pub upper_bound_percentile: f64,
+    /// Fraction added to every figure as a safety margin.
+    #[arg(long, env = "NODEWARDEN_SAFETY_MARGIN", default_value_t = 0.15, value_parser = parse_non_negative)]
+    pub safety_margin: f64,
+    /// Upper bound × (1 + multiplier / confidence)^exponent.
+    #[arg(long, env = "NODEWARDEN_UPPER_BOUND_CONFIDENCE_MULTIPLIER", default_value_t = 1.0, value_parser = parse_non_negative)]
+    pub upper_bound_confidence_multiplier: f64,
+    #[arg(
+        long,
+        env = "NODEWARDEN_UPPER_BOUND_CONFIDENCE_EXPONENT",
+        default_value_t = 1.0,
+        allow_hyphen_values = true
+    )]
+    pub upper_bound_confidence_exponent: f64,
+    /// Lower bound × (1 + multiplier / confidence)^exponent.
+    #[arg(long, env = "NODEWARDEN_LOWER_BOUND_CONFIDENCE_MULTIPLIER", default_value_t = 0.001, value_parser = parse_non_negative)]
+    pub lower_bound_confidence_multiplier: f64,
+    #[arg(long, env = "NODEWARDEN_LOWER_BOUND_CONFIDENCE_EXPONENT", default_value_t = -2.0, allow_hyphen_values = true)]
+    pub lower_bound_confidence_exponent: f64,
+    /// CPU samples that count as one day of confidence (VPA: 1440, one a minute).
+    #[arg(long, env = "NODEWARDEN_CONFIDENCE_SAMPLES_PER_DAY", default_value_t = 1440.0, value_parser = parse_positive)]
+    pub confidence_samples_per_day: f64,
+    /// Smallest CPU recommendation per pod, shared among its containers.
+    #[arg(long, env = "NODEWARDEN_POD_MIN_CPU", default_value = "25m", value_parser = parse_quantity)]
+    pub pod_min_cpu: QuantityArg,
+    /// Smallest memory recommendation per pod, shared among its containers.
+    #[arg(long, env = "NODEWARDEN_POD_MIN_MEMORY", default_value = "250Mi", value_parser = parse_quantity)]
+    pub pod_min_memory: QuantityArg,
+    /// After an OOM kill, memory is at least used × this ratio…
+    #[arg(long, env = "NODEWARDEN_OOM_BUMP_RATIO", default_value_t = 1.2, value_parser = parse_positive)]
+    pub oom_bump_ratio: f64,
+    /// …and at least used + this much.
+    #[arg(long, env = "NODEWARDEN_OOM_MIN_BUMP", default_value = "100Mi", value_parser = parse_quantity)]
+    pub oom_min_bump: QuantityArg,
+    /// Weight of a CPU sample is the CPU request in cores, at least this.
+    #[arg(long, env = "NODEWARDEN_CPU_MIN_SAMPLE_WEIGHT", default_value_t = 0.1, value_parser = parse_positive)]
+    pub cpu_min_sample_weight: f64,
+    /// Histogram buckets grow by this fraction.
+    #[arg(long, env = "NODEWARDEN_BUCKET_GROWTH", default_value_t = 0.05, value_parser = parse_positive)]
+    pub bucket_growth: f64,
+    /// CPU samples lose half their weight in this time.
+    #[arg(long, env = "NODEWARDEN_CPU_HALF_LIFE", default_value = "24h", value_parser = parse_interval)]
+    pub cpu_half_life: Duration,
+    /// Memory peaks lose half their weight in this time.
+    #[arg(long, env = "NODEWARDEN_MEMORY_HALF_LIFE", default_value = "24h", value_parser = parse_interval)]
+    pub memory_half_life: Duration,
+    /// One memory peak per interval of this length.
+    #[arg(long, env = "NODEWARDEN_MEMORY_AGGREGATION_INTERVAL", default_value = "24h", value_parser = parse_interval)]
+    pub memory_aggregation_interval: Duration,
+    /// Memory peaks of this many intervals are kept.
+    #[arg(long, env = "NODEWARDEN_MEMORY_AGGREGATION_INTERVAL_COUNT", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub memory_aggregation_interval_count: u16,
+}
+
+/// A quantity flag: the text and its value in milli-units.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuantityArg {
+    pub milli: u128,
+}
+
+fn parse_quantity(s: &str) -> Result<QuantityArg, String> {
+    parse_milli(s)
+        .map(|milli| QuantityArg { milli })
+        .ok_or_else(|| format!("{s:?} is not a Kubernetes quantity (use e.g. 25m, 0.5, 250Mi, 1Gi)"))
+}
+
+/// A duration of at least 100 ms, in humantime syntax (`500ms`, `10s`, `1m`).
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 500ms, 10s, 1m, 24h)"))?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("{s} is too short: at least 100ms"));
+    }
+    Ok(d)
+}
+
+fn parse_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if !v.is_finite() {
+        return Err(format!("{s:?} is not a finite number"));
+    }
+    Ok(v)
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v = parse_f64(s)?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{s} is out of range: between 0 and 1 (e.g. 0.9)"));
+    }
+    Ok(v)
+}
+
+fn parse_non_negative(s: &str) -> Result<f64, String> {
+    let v = parse_f64(s)?;
+    if v < 0.0 {
+        return Err(format!("{s} must not be negative"));
+    }
+    Ok(v)
+}
+
+fn parse_positive(s: &str) -> Result<f64, String> {
+    let v = parse_f64(s)?;
+    if v <= 0.0 {
+        return Err(format!("{s} must be greater than 0"));
+    }
+    Ok(v)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl EstimatorFlags {
+    /// The estimator settings these flags describe.
+    pub fn estimator(&self) -> anyhow::Result<EstimatorConfig> {
+        let (cpu_options, memory_options) = histogram_options(self.bucket_growth, self.cpu_min_sample_weight)
+            .map_err(|e| anyhow::anyhow!("--bucket-growth / --cpu-min-sample-weight: {e}"))?;
+        Ok(EstimatorConfig {
+            target_percentile: self.target_percentile,
+            lower_bound_percentile: self.lower_bound_percentile,
+            upper_bound_percentile: self.upper_bound_percentile,
+            safety_margin: self.safety_margin,
+            upper_confidence_multiplier: self.upper_bound_confidence_multiplier,
+            upper_confidence_exponent: self.upper_bound_confidence_exponent,
+            lower_confidence_multiplier: self.lower_bound_confidence_multiplier,
+            lower_confidence_exponent: self.lower_bound_confidence_exponent,
+            confidence_samples_per_day: self.confidence_samples_per_day,
+            pod_min_cpu_cores: self.pod_min_cpu.milli as f64 / 1000.0,
+            pod_min_memory_bytes: self.pod_min_memory.milli as f64 / 1000.0,
+            oom_bump_ratio: self.oom_bump_ratio,
+            oom_min_bump_bytes: self.oom_min_bump.milli as f64 / 1000.0,
+            min_cpu_sample_weight: self.cpu_min_sample_weight,
+            cpu_half_life_ms: millis(self.cpu_half_life),
+            memory_half_life_ms: millis(self.memory_half_life),
+            memory_interval_ms: millis(self.memory_aggregation_interval),
+            memory_interval_count: usize::from(self.memory_aggregation_interval_count),
+            cpu_options,
+            memory_options,
+        })
+    }
+}
+
+impl Config {
+    pub fn publish(&self) -> PublishConfig {
+        PublishConfig {
+            change_threshold: self.change_threshold,
+            refresh_ms: millis(self.refresh_interval),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_vpa_constants() {
+        let c = Config::try_parse_from(["nodewarden-agent", "--node-name", "x"]).expect("defaults parse");
+        assert_eq!(c.sample_interval, Duration::from_secs(10));
+        assert_eq!(c.refresh_interval, Duration::from_secs(3600));
+        assert_eq!(c.admin_addr.port(), 8080);
+        let e = c.estimator.estimator().unwrap();
+        assert_eq!(e, EstimatorConfig::default());
+    }
+
+    #[test]
+    fn node_name_is_required() {
+        let err = Config::try_parse_from(["nodewarden-agent"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--node-name"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_what_is_accepted() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--sample-interval", "often"], "use e.g."),
+            (&["--sample-interval", "1ms"], "at least 100ms"),
+            (&["--target-percentile", "90"], "between 0 and 1"),
+            (&["--pod-min-memory", "lots"], "not a Kubernetes quantity"),
+            (&["--bucket-growth", "0"], "greater than 0"),
+            (&["--memory-aggregation-interval-count", "0"], "1..=1000"),
+            (&["--log-format", "xml"], "json"),
+        ];
+        for (args, want) in cases {
+            let mut argv = vec!["nodewarden-agent", "--node-name", "x"];
+            argv.extend_from_slice(args);
+            let err = Config::try_parse_from(argv).expect_err("must fail").to_string();
+            assert!(err.contains(want), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn estimator_flags_override_the_constants() {
+        let c = Config::try_parse_from([
+            "nodewarden-agent",
+            "--node-name",
+            "x",
+            "--pod-min-cpu",
+            "50m",
+            "--pod-min-memory",
+            "1Gi",
+            "--lower-bound-confidence-exponent",
+            "-3",
+            "--memory-aggregation-interval",
+            "1h",
+        ])
+        .unwrap();
+        let e = c.estimator.estimator().unwrap();
+        assert!((e.pod_min_cpu_cores - 0.05).abs() < 1e-12);
+        assert_eq!(e.pod_min_memory_bytes, 1024.0 * 1024.0 * 1024.0);
+        assert_eq!(e.lower_confidence_exponent, -3.0);
+        assert_eq!(e.memory_interval_ms, 3_600_000);
+    }
+}

@@ -1,0 +1,275 @@
+//! Prometheus metrics of the agent, prefixed `nodewarden_agent_`.
+//!
+//! Per-container series carry (namespace, autoscaler, container, resource): only the autoscaled
+//! containers on this node, removed when their history goes, so the label sets stay bounded.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::pods::Key;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub namespace: String,
+    pub autoscaler: String,
+    pub container: String,
+    pub resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerLabels {
+    pub namespace: String,
+    pub autoscaler: String,
+    pub container: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// CPU in cores, memory in bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Figures {
+    pub cpu_cores: Option<f64>,
+    pub memory_bytes: Option<f64>,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    usage: Family<ResourceLabels, FloatGauge>,
+    target: Family<ResourceLabels, FloatGauge>,
+    lower: Family<ResourceLabels, FloatGauge>,
+    upper: Family<ResourceLabels, FloatGauge>,
+    samples: Family<ContainerLabels, Gauge>,
+    writes: Counter,
+    write_errors: Counter,
+    publish_decisions: Family<ReasonLabels, Counter>,
+    unreadable: Counter,
+    checkpoint_writes: Counter,
+    checkpoint_errors: Counter,
+    tracked: Gauge,
+}
+
+fn labels(key: &Key, resource: &'static str) -> ResourceLabels {
+    ResourceLabels {
+        namespace: key.autoscaler.namespace.clone(),
+        autoscaler: key.autoscaler.name.clone(),
+        container: key.container.clone(),
+        resource,
+    }
+}
+
+fn container_labels(key: &Key) -> ContainerLabels {
+    ContainerLabels {
+        namespace: key.autoscaler.namespace.clone(),
+        autoscaler: key.autoscaler.name.clone(),
+        container: key.container.clone(),
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodewarden_agent");
+        let usage = Family::<ResourceLabels, FloatGauge>::default();
+        registry.register(
+            "container_usage",
+            "Last measured usage of an autoscaled container: cpu in cores, memory working set in bytes",
+            usage.clone(),
+        );
+        let target = Family::<ResourceLabels, FloatGauge>::default();
+        registry.register(
+            "recommendation_target",
+            "Recommended request (cpu in cores, memory in bytes)",
+            target.clone(),
+        );
+        let lower = Family::<ResourceLabels, FloatGauge>::default();
+        registry.register(
+            "recommendation_lower_bound",
+            "Lower bound of the recommendation (cpu in cores, memory in bytes)",
+            lower.clone(),
+        );
+        let upper = Family::<ResourceLabels, FloatGauge>::default();
+        registry.register(
+            "recommendation_upper_bound",
+            "Upper bound of the recommendation (cpu in cores, memory in bytes); absent until there is confidence",
+            upper.clone(),
+        );
+        let samples = Family::<ContainerLabels, Gauge>::default();
+        registry.register(
+            "samples",
+            "CPU samples behind the recommendation of a container",
+            samples.clone(),
+        );
+        let writes = Counter::default();
+        registry.register(
+            "recommendation_writes",
+            "NodeRecommendation writes that succeeded",
+            writes.clone(),
+        );
+        let write_errors = Counter::default();
+        registry.register(
+            "recommendation_write_errors",
+            "NodeRecommendation writes that failed (each is retried with backoff)",
+            write_errors.clone(),
+        );
+        let publish_decisions = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "publish_decisions",
+            "Why a write was decided: first, containers-changed, target-moved, bound-crossed-request, refresh",
+            publish_decisions.clone(),
+        );
+        let unreadable = Counter::default();
+        registry.register(
+            "unreadable_containers",
+            "Container cgroup readings that failed (missing or malformed files); the other containers go on",
+            unreadable.clone(),
+        );
+        let checkpoint_writes = Counter::default();
+        registry.register(
+            "checkpoint_writes",
+            "Checkpoint files written",
+            checkpoint_writes.clone(),
+        );
+        let checkpoint_errors = Counter::default();
+        registry.register(
+            "checkpoint_write_errors",
+            "Checkpoint writes that failed",
+            checkpoint_errors.clone(),
+        );
+        let tracked = Gauge::default();
+        registry.register(
+            "tracked_containers",
+            "Autoscaled containers running on this node",
+            tracked.clone(),
+        );
+        Metrics {
+            registry,
+            usage,
+            target,
+            lower,
+            upper,
+            samples,
+            writes,
+            write_errors,
+            publish_decisions,
+            unreadable,
+            checkpoint_writes,
+            checkpoint_errors,
+            tracked,
+        }
+    }
+
+    fn set(family: &Family<ResourceLabels, FloatGauge>, key: &Key, f: Option<Figures>) {
+        for (resource, v) in [
+            ("cpu", f.and_then(|f| f.cpu_cores)),
+            ("memory", f.and_then(|f| f.memory_bytes)),
+        ] {
+            let l = labels(key, resource);
+            match v {
+                Some(v) => {
+                    family.get_or_create(&l).set(v);
+                }
+                None => {
+                    family.remove(&l);
+                }
+            }
+        }
+    }
+
+    pub fn usage(&self, key: &Key, cpu_cores: Option<f64>, memory_bytes: f64) {
+        Self::set(
+            &self.usage,
+            key,
+            Some(Figures {
+                cpu_cores,
+                memory_bytes: Some(memory_bytes),
+            }),
+        );
+    }
+
+    pub fn recommendation(
+        &self,
+        key: &Key,
+        target: Figures,
+        lower: Figures,
+        upper: Option<Figures>,
+        samples: u64,
+    ) {
+        Self::set(&self.target, key, Some(target));
+        Self::set(&self.lower, key, Some(lower));
+        Self::set(&self.upper, key, upper);
+        self.samples
+            .get_or_create(&container_labels(key))
+            .set(i64::try_from(samples).unwrap_or(i64::MAX));
+    }
+
+    /// Drops every series of a container whose history is gone.
+    pub fn forget(&self, key: &Key) {
+        for f in [&self.usage, &self.target, &self.lower, &self.upper] {
+            Self::set(f, key, None);
+        }
+        self.samples.remove(&container_labels(key));
+    }
+
+    pub fn tracked(&self, n: usize) {
+        self.tracked.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn write_ok(&self) {
+        self.writes.inc();
+    }
+
+    pub fn write_error(&self) {
+        self.write_errors.inc();
+    }
+
+    pub fn writes(&self) -> u64 {
+        self.writes.get()
+    }
+
+    pub fn decided(&self, reason: &'static str) {
+        self.publish_decisions
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn unreadable_container(&self) {
+        self.unreadable.inc();
+    }
+
+    pub fn unreadable_count(&self) -> u64 {
+        self.unreadable.get()
+    }
+
+    pub fn checkpoint(&self, ok: bool) {
+        if ok {
+            self.checkpoint_writes.inc();
+        } else {
+            self.checkpoint_errors.inc();
+        }
+    }
+
+    /// OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(err) = encode(&mut out, &self.registry) {
+            tracing::error!(%err, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,429 @@
+//! This node's pods and the autoscalers that target their DaemonSets.
+//!
+//! Two reflectors (pods with `spec.nodeName=<node>`, every `DaemonSetAutoscaler`) feed a pure
+//! join, [`targets`]: for each running container of a pod whose controlling owner is a
+//! DaemonSet that an autoscaler targets, where its cgroup is (pod UID, container ID) and what
+//! it requests.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use nodewarden_api::quantity::parse_milli;
+use nodewarden_api::rightsizing::{
+    AutoscalerRef, ContainerMode, ContainerPolicy, DaemonSetAutoscaler, ResourceName,
+};
+use tokio_util::sync::CancellationToken;
+
+/// Annotation on a mirror pod holding the static pod's own UID (the one its cgroup uses).
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// History key: one autoscaler, one container name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub autoscaler: AutoscalerRef,
+    pub container: String,
+}
+
+/// Min/max of a container policy, in millicores and bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Limits {
+    pub min_cpu_milli: Option<f64>,
+    pub max_cpu_milli: Option<f64>,
+    pub min_memory_bytes: Option<f64>,
+    pub max_memory_bytes: Option<f64>,
+}
+
+/// What the autoscaler's policy says about one container.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    pub cpu: bool,
+    pub memory: bool,
+    pub limits: Limits,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            cpu: true,
+            memory: true,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// One running, autoscaled container on this node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    pub key: Key,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    /// UID of the pod cgroup (the static pod's own UID for mirror pods).
+    pub cgroup_uid: String,
+    pub container_id: String,
+    /// Current requests: millicores and bytes.
+    pub cpu_request_milli: Option<u64>,
+    pub memory_request_bytes: Option<u64>,
+    pub containers_per_pod: usize,
+    pub policy: Policy,
+    /// The previous instance of this container was OOM-killed: (its container ID, when).
+    pub last_oom: Option<(String, i64)>,
+}
+
+/// The container ID without its `<runtime>://` prefix.
+pub fn strip_runtime(id: &str) -> &str {
+    id.split_once("://").map_or(id, |(_, rest)| rest)
+}
+
+/// The UID that names the pod's cgroup.
+pub fn cgroup_uid(pod: &Pod) -> Option<String> {
+    if let Some(uid) = pod.annotations().get(MIRROR_ANNOTATION).filter(|s| !s.is_empty()) {
+        return Some(uid.clone());
+    }
+    pod.metadata.uid.clone()
+}
+
+fn daemonset_owner(pod: &Pod) -> Option<&str> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
+        .map(|o| o.name.as_str())
+}
+
+/// The autoscaler for a pod's DaemonSet: the one in the pod's namespace targeting it; with
+/// several, the first by name (so every node picks the same one).
+pub fn autoscaler_for<'a>(
+    namespace: &str,
+    daemonset: &str,
+    autoscalers: &'a [Arc<DaemonSetAutoscaler>],
+) -> Option<&'a DaemonSetAutoscaler> {
+    autoscalers
+        .iter()
+        .filter(|a| a.namespace().as_deref() == Some(namespace) && a.spec.target_ref.name == daemonset)
+        .min_by(|a, b| a.name_any().cmp(&b.name_any()))
+        .map(|a| a.as_ref())
+}
+
+fn policy_for(dsa: &DaemonSetAutoscaler, container: &str) -> Option<Policy> {
+    let policies = dsa
+        .spec
+        .resource_policy
+        .as_ref()
+        .map(|r| r.container_policies.as_slice())
+        .unwrap_or_default();
+    let chosen: Option<&ContainerPolicy> = policies
+        .iter()
+        .find(|p| p.container_name == container)
+        .or_else(|| policies.iter().find(|p| p.container_name == "*"));
+    let Some(p) = chosen else {
+        return Some(Policy::default());
+    };
+    if p.mode == ContainerMode::Off {
+        return None;
+    }
+    let controlled = p.controlled_resources.as_deref();
+    let has = |r: ResourceName| controlled.is_none_or(|c| c.contains(&r));
+    let q = |list: &Option<nodewarden_api::quantity::ResourceList>, name: &str, scale: f64| {
+        list.as_ref()
+            .and_then(|l| l.get(name))
+            .and_then(|q| parse_milli(&q.0))
+            .map(|m| m as f64 / scale)
+    };
+    Some(Policy {
+        cpu: has(ResourceName::Cpu),
+        memory: has(ResourceName::Memory),
+        limits: Limits {
+            min_cpu_milli: q(&p.min_allowed, "cpu", 1.0),
+            max_cpu_milli: q(&p.max_allowed, "cpu", 1.0),
+            min_memory_bytes: q(&p.min_allowed, "memory", 1000.0),
+            max_memory_bytes: q(&p.max_allowed, "memory", 1000.0),
+        },
+    })
+}
+
+fn request_of(c: &Container, name: &str) -> Option<u128> {
+    c.resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get(name))
+        .and_then(|q| parse_milli(&q.0))
+}
+
+fn rfc3339_ms(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
+    i64::try_from(t.0.as_millisecond()).unwrap_or(0)
+}
+
+/// The autoscaled, running containers among `pods`.
+pub fn targets(pods: &[Arc<Pod>], autoscalers: &[Arc<DaemonSetAutoscaler>]) -> Vec<Target> {
+    let mut out = Vec::new();
+    for pod in pods {
+        let Some(ds) = daemonset_owner(pod) else { continue };
+        let ns = pod.namespace().unwrap_or_default();
+        let Some(dsa) = autoscaler_for(&ns, ds, autoscalers) else {
+            continue;
+        };
+        let Some(uid) = cgroup_uid(pod) else { continue };
+        let Some(spec) = pod.spec.as_ref() else { continue };
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or_default();
+        let autoscaler = AutoscalerRef {
+            namespace: ns.clone(),
+            name: dsa.name_any(),
+        };
+        for c in &spec.containers {
+            let Some(policy) = policy_for(dsa, &c.name) else {
+                continue;
+            };
+            let Some(status) = statuses.iter().find(|s| s.name == c.name) else {
+                continue;
+            };
+            let Some(id) = status
+                .container_id
+                .as_deref()
+                .map(strip_runtime)
+                .filter(|s| !s.is_empty())
+            else {
+                continue;
+            };
+            // an in-place resize shows the applied requests in the status
+            let applied = status.resources.as_ref().and_then(|r| r.requests.as_ref());
+            let applied_of = |name: &str| applied.and_then(|r| r.get(name)).and_then(|q| parse_milli(&q.0));
+            let cpu = applied_of("cpu").or_else(|| request_of(c, "cpu"));
+            let memory = applied_of("memory").or_else(|| request_of(c, "memory"));
+            let last_oom = status
+                .last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .filter(|t| t.reason.as_deref() == Some("OOMKilled"))
+                .and_then(|t| {
+                    let id = t.container_id.as_deref().map(strip_runtime)?.to_string();
+                    let at = t.finished_at.as_ref().map(rfc3339_ms)?;
+                    Some((id, at))
+                });
+            out.push(Target {
+                key: Key {
+                    autoscaler: autoscaler.clone(),
+                    container: c.name.clone(),
+                },
+                pod_namespace: ns.clone(),
+                pod_name: pod.name_any(),
+                cgroup_uid: uid.clone(),
+                container_id: id.to_string(),
+                cpu_request_milli: cpu.and_then(|m| u64::try_from(m).ok()),
+                memory_request_bytes: memory.and_then(|m| u64::try_from(m / 1000).ok()),
+                containers_per_pod: spec.containers.len(),
+                policy,
+                last_oom,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    // one pod per DaemonSet per node; should two overlap (a replacement starting), keep one
+    out.dedup_by(|a, b| a.key == b.key);
+    out
+}
+
+/// The autoscalers that still exist, so histories of deleted ones can be dropped.
+pub fn autoscaler_refs(autoscalers: &[Arc<DaemonSetAutoscaler>]) -> BTreeMap<AutoscalerRef, ()> {
+    autoscalers
+        .iter()
+        .map(|a| {
+            (
+                AutoscalerRef {
+                    namespace: a.namespace().unwrap_or_default(),
+                    name: a.name_any(),
+                },
+                (),
+            )
+        })
+        .collect()
+}
+
+/// Reflector stores of this node's pods and of every autoscaler.
+#[derive(Clone)]
+pub struct Stores {
+    pub pods: Store<Pod>,
+    pub autoscalers: Store<DaemonSetAutoscaler>,
+}
+
+impl Stores {
+    /// Waits until both stores have listed once.
+    pub async fn ready(&self) -> bool {
+        self.pods.wait_until_ready().await.is_ok() && self.autoscalers.wait_until_ready().await.is_ok()
+    }
+
+    pub fn targets(&self) -> (Vec<Target>, BTreeMap<AutoscalerRef, ()>) {
+        let autoscalers = self.autoscalers.state();
+        (
+            targets(&self.pods.state(), &autoscalers),
+            autoscaler_refs(&autoscalers),
+        )
+    }
+}
+
+/// Starts the two watches; they retry with kube-runtime's default backoff until `stop`.
+pub fn watch(client: Client, node: &str, stop: CancellationToken) -> Stores {
+    let (pods, pods_writer) = reflector::store();
+    let (autoscalers, dsa_writer) = reflector::store();
+    let pod_api: Api<Pod> = Api::all(client.clone());
+    let pod_cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let pod_stream = reflector::reflector(
+        pods_writer,
+        watcher(pod_api, pod_cfg).modify(|p: &mut Pod| {
+            // the agent never reads these; keep memory small
+            p.managed_fields_mut().clear();
+            p.annotations_mut().retain(|k, _| k == MIRROR_ANNOTATION);
+        }),
+    )
+    .default_backoff();
+    let dsa_api: Api<DaemonSetAutoscaler> = Api::all(client);
+    let dsa_stream =
+        reflector::reflector(dsa_writer, watcher(dsa_api, watcher::Config::default())).default_backoff();
+    spawn_drain("pods", pod_stream, stop.clone());
+    spawn_drain("daemonsetautoscalers", dsa_stream, stop);
+    Stores { pods, autoscalers }
+}
+
+fn spawn_drain<S, T>(what: &'static str, stream: S, stop: CancellationToken)
+where
+    S: futures::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+    T: Send,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                next = stream.next() => match next {
+                    Some(Ok(_)) => {}
+                    Some(Err(err)) => tracing::warn!(watch = what, error = %err, "watch failed; retrying with backoff"),
+                    None => return,
+                },
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Arc<Pod> {
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn dsa(ns: &str, name: &str, ds: &str, policies: serde_json::Value) -> Arc<DaemonSetAutoscaler> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"targetRef": {"kind": "DaemonSet", "name": ds}, "resourcePolicy": {"containerPolicies": policies}}
+            }))
+            .unwrap(),
+        )
+    }
+
+    const ID_APP: &str = "aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111";
+    const ID_SIDE: &str = "bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222";
+
+    fn ds_pod(owner_kind: &str) -> Arc<Pod> {
+        pod(json!({
+            "metadata": {"name": "agent-x1", "namespace": "mon", "uid": "11111111-2222-3333-4444-555555555555",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner_kind, "name": "agent", "uid": "u", "controller": true}]},
+            "spec": {"nodeName": "x", "containers": [
+                {"name": "app", "image": "i", "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}}},
+                {"name": "side", "image": "i"},
+                {"name": "notstarted", "image": "i"}
+            ]},
+            "status": {"containerStatuses": [
+                {"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 1,
+                 "containerID": format!("containerd://{ID_APP}"),
+                 "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                    "containerID": "containerd://cccc", "finishedAt": "2026-11-21T07:00:00Z"}}},
+                {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "containerID": format!("cri-o://{ID_SIDE}")},
+                {"name": "notstarted", "image": "i", "imageID": "", "ready": false, "restartCount": 0}
+            ]}
+        }))
+    }
+
+    #[test]
+    fn joins_daemonset_pods_to_their_autoscaler() {
+        let dsas = vec![dsa("mon", "agent-dsa", "agent", json!([]))];
+        let t = targets(&[ds_pod("DaemonSet")], &dsas);
+        assert_eq!(t.len(), 2, "{t:#?}");
+        let app = &t[0];
+        assert_eq!(app.key.container, "app");
+        assert_eq!(app.key.autoscaler.name, "agent-dsa");
+        assert_eq!(app.cgroup_uid, "11111111-2222-3333-4444-555555555555");
+        assert_eq!(app.container_id, ID_APP);
+        assert_eq!(app.cpu_request_milli, Some(250));
+        assert_eq!(app.memory_request_bytes, Some(128 * 1024 * 1024));
+        assert_eq!(app.containers_per_pod, 3);
+        assert_eq!(app.last_oom.as_ref().map(|(id, _)| id.as_str()), Some("cccc"));
+        let side = &t[1];
+        assert_eq!(side.container_id, ID_SIDE);
+        assert_eq!(side.cpu_request_milli, None);
+    }
+
+    #[test]
+    fn pods_of_other_owners_or_without_autoscaler_are_ignored() {
+        let dsas = vec![dsa("mon", "agent-dsa", "agent", json!([]))];
+        assert!(targets(&[ds_pod("ReplicaSet")], &dsas).is_empty());
+        let elsewhere = vec![dsa("other", "agent-dsa", "agent", json!([]))];
+        assert!(targets(&[ds_pod("DaemonSet")], &elsewhere).is_empty());
+        let other_ds = vec![dsa("mon", "x", "not-agent", json!([]))];
+        assert!(targets(&[ds_pod("DaemonSet")], &other_ds).is_empty());
+    }
+
+    #[test]
+    fn container_policies_switch_off_and_limit() {
+        let dsas = vec![dsa(
+            "mon",
+            "agent-dsa",
+            "agent",
+            json!([
+                {"containerName": "side", "mode": "Off"},
+                {"containerName": "*", "controlledResources": ["memory"], "minAllowed": {"memory": "1Gi"}, "maxAllowed": {"cpu": "2"}}
+            ]),
+        )];
+        let t = targets(&[ds_pod("DaemonSet")], &dsas);
+        assert_eq!(t.len(), 1);
+        assert!(!t[0].policy.cpu && t[0].policy.memory);
+        assert_eq!(
+            t[0].policy.limits.min_memory_bytes,
+            Some(1024.0 * 1024.0 * 1024.0)
+        );
+        assert_eq!(t[0].policy.limits.max_cpu_milli, Some(2000.0));
+    }
+
+    #[test]
+    fn mirror_pods_use_the_static_pod_uid() {
+        let p = pod(json!({"metadata": {"name": "s", "uid": "mirror-uid",
+            "annotations": {MIRROR_ANNOTATION: "6f1c0b0a8e2d4c3b9a7f5e4d3c2b1a09"}}}));
+        assert_eq!(
+            cgroup_uid(&p).as_deref(),
+            Some("6f1c0b0a8e2d4c3b9a7f5e4d3c2b1a09")
+        );
+        assert_eq!(strip_runtime("cri-o://abc"), "abc");
+        assert_eq!(strip_runtime("abc"), "abc");
+    }
+
+    #[test]
+    fn two_autoscalers_for_one_daemonset_pick_the_first_by_name() {
+        let dsas = vec![
+            dsa("mon", "zeta", "agent", json!([])),
+            dsa("mon", "alpha", "agent", json!([])),
+        ];
+        let t = targets(&[ds_pod("DaemonSet")], &dsas);
+        assert!(t.iter().all(|t| t.key.autoscaler.name == "alpha"));
+    }
+}

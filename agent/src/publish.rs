@@ -1,0 +1,479 @@
+//! Publishing `NodeRecommendation/<node>`: when (a pure decision) and how (server-side apply
+//! with field manager `nodewarden-agent`, owner reference to the Node, retried with backoff).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use nodewarden_api::rightsizing::{ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::pods::Key;
+
+/// Field manager of every write.
+pub const FIELD_MANAGER: &str = "nodewarden-agent";
+
+/// One container's published figures, in millicores and bytes, plus the request it had.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub target: Figures,
+    pub lower: Figures,
+    pub upper: Option<Figures>,
+    pub uncapped_target: Figures,
+    /// Current requests (millicores, bytes) of the running container, if known.
+    pub request_cpu_milli: Option<u64>,
+    pub request_memory_bytes: Option<u64>,
+    pub sample_count: u64,
+    pub first_sample_ms: i64,
+    pub last_sample_ms: i64,
+    pub oom_count: u64,
+}
+
+/// Millicores and bytes; `None` for a resource the autoscaler does not control.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Figures {
+    pub cpu_milli: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+pub type Snapshot = BTreeMap<Key, Entry>;
+
+/// Why a write is due.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    First,
+    ContainersChanged,
+    TargetMoved {
+        container: String,
+        resource: &'static str,
+    },
+    BoundCrossedRequest {
+        container: String,
+        resource: &'static str,
+    },
+    Refresh,
+}
+
+impl Reason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::First => "first",
+            Reason::ContainersChanged => "containers-changed",
+            Reason::TargetMoved { .. } => "target-moved",
+            Reason::BoundCrossedRequest { .. } => "bound-crossed-request",
+            Reason::Refresh => "refresh",
+        }
+    }
+}
+
+/// Where a request sits relative to [lower, upper].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Below,
+    Within,
+    Above,
+}
+
+fn side(request: Option<u64>, lower: Option<u64>, upper: Option<Option<u64>>) -> Option<Side> {
+    let r = request?;
+    if lower.is_some_and(|l| r < l) {
+        Some(Side::Below)
+    } else if upper.flatten().is_some_and(|u| r > u) {
+        Some(Side::Above)
+    } else {
+        Some(Side::Within)
+    }
+}
+
+fn moved(old: Option<u64>, new: Option<u64>, threshold: f64) -> bool {
+    match (old, new) {
+        (Some(o), Some(n)) => {
+            let (o, n) = (o as f64, n as f64);
+            if o == 0.0 {
+                n != 0.0
+            } else {
+                ((n - o) / o).abs() > threshold
+            }
+        }
+        (None, None) => false,
+        _ => true,
+    }
+}
+
+/// Whether to write `next`, given what was last written (`prev`, at `prev_ms`).
+///
+/// Material changes: the set of containers changed; a target moved by more than `threshold`
+/// (0.1 = 10 %); or the current request moved to the other side of a bound (lower bound now
+/// above the request, upper bound now below it, or back). Otherwise only once `refresh_ms`
+/// passed since the last write. An empty snapshot is never written first.
+pub fn decide(
+    prev: Option<(&Snapshot, i64)>,
+    next: &Snapshot,
+    now_ms: i64,
+    threshold: f64,
+    refresh_ms: i64,
+) -> Option<Reason> {
+    let Some((prev, prev_ms)) = prev else {
+        return (!next.is_empty()).then_some(Reason::First);
+    };
+    if prev.len() != next.len() || prev.keys().zip(next.keys()).any(|(a, b)| a != b) {
+        return Some(Reason::ContainersChanged);
+    }
+    for (key, n) in next {
+        let Some(p) = prev.get(key) else {
+            return Some(Reason::ContainersChanged);
+        };
+        if moved(p.target.cpu_milli, n.target.cpu_milli, threshold) {
+            return Some(Reason::TargetMoved {
+                container: key.container.clone(),
+                resource: "cpu",
+            });
+        }
+        if moved(p.target.memory_bytes, n.target.memory_bytes, threshold) {
+            return Some(Reason::TargetMoved {
+                container: key.container.clone(),
+                resource: "memory",
+            });
+        }
+        let cpu_before = side(
+            p.request_cpu_milli,
+            p.lower.cpu_milli,
+            p.upper.map(|u| u.cpu_milli),
+        );
+        let cpu_now = side(
+            n.request_cpu_milli,
+            n.lower.cpu_milli,
+            n.upper.map(|u| u.cpu_milli),
+        );
+        if cpu_before.is_some() && cpu_now.is_some() && cpu_before != cpu_now {
+            return Some(Reason::BoundCrossedRequest {
+                container: key.container.clone(),
+                resource: "cpu",
+            });
+        }
+        let mem_before = side(
+            p.request_memory_bytes,
+            p.lower.memory_bytes,
+            p.upper.map(|u| u.memory_bytes),
+        );
+        let mem_now = side(
+            n.request_memory_bytes,
+            n.lower.memory_bytes,
+            n.upper.map(|u| u.memory_bytes),
+        );
+        if mem_before.is_some() && mem_now.is_some() && mem_before != mem_now {
+            return Some(Reason::BoundCrossedRequest {
+                container: key.container.clone(),
+                resource: "memory",
+            });
+        }
+    }
+    (now_ms - prev_ms >= refresh_ms).then_some(Reason::Refresh)
+}
+
+fn list(f: &Figures) -> Option<nodewarden_api::quantity::ResourceList> {
+    let mut m = BTreeMap::new();
+    if let Some(c) = f.cpu_milli {
+        m.insert("cpu".to_string(), Quantity(format!("{c}m")));
+    }
+    if let Some(b) = f.memory_bytes {
+        m.insert("memory".to_string(), Quantity(b.to_string()));
+    }
+    (!m.is_empty()).then_some(m)
+}
+
+fn time(ms: i64) -> Option<Time> {
+    (ms > 0)
+        .then(|| Timestamp::from_millisecond(ms).ok())
+        .flatten()
+        .map(Time)
+}
+
+/// The spec the agent writes for `snapshot`.
+pub fn spec(snapshot: &Snapshot, now_ms: i64) -> NodeRecommendationSpec {
+    NodeRecommendationSpec {
+        update_time: time(now_ms),
+        recommendations: snapshot
+            .iter()
+            .map(|(key, e)| ContainerRecommendation {
+                autoscaler: key.autoscaler.clone(),
+                container_name: key.container.clone(),
+                target: list(&e.target),
+                lower_bound: list(&e.lower),
+                upper_bound: e.upper.as_ref().and_then(list),
+                uncapped_target: list(&e.uncapped_target),
+                sample_count: i64::try_from(e.sample_count).unwrap_or(i64::MAX),
+                first_sample_time: time(e.first_sample_ms),
+                last_sample_time: time(e.last_sample_ms),
+                oom_count: i64::try_from(e.oom_count).unwrap_or(i64::MAX),
+            })
+            .collect(),
+    }
+}
+
+/// The whole object, owned by the Node so that it goes when the node goes.
+pub fn object(node: &str, node_uid: &str, spec: NodeRecommendationSpec) -> NodeRecommendation {
+    let mut obj = NodeRecommendation::new(node, spec);
+    obj.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".to_string(),
+        kind: "Node".to_string(),
+        name: node.to_string(),
+        uid: node_uid.to_string(),
+        ..Default::default()
+    }]);
+    obj
+}
+
+/// What the sampler hands to the publisher: the spec to write, newest wins.
+pub type Desired = Option<Arc<NodeRecommendationSpec>>;
+
+/// Backoff between failed writes: 1 s doubling to 5 min, with jitter, forever.
+pub fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(300))
+        .with_jitter()
+        .without_max_times()
+}
+
+/// Writes every new desired spec; on failure retries with [`backoff`], always with the newest
+/// spec, until it is written or `stop` fires.
+pub async fn run_publisher(
+    client: Client,
+    node: String,
+    mut desired: watch::Receiver<Desired>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+    backoff: ExponentialBuilder,
+) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let recs: Api<NodeRecommendation> = Api::all(client);
+    let mut node_uid: Option<String> = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = desired.changed() => if changed.is_err() { return },
+        }
+        desired.borrow_and_update();
+        let attempt = || async {
+            // always the newest spec, also on a retry
+            let Some(spec) = desired.borrow().clone() else {
+                return Ok::<Option<String>, kube::Error>(None);
+            };
+            let uid = match &node_uid {
+                Some(uid) => uid.clone(),
+                None => nodes.get(&node).await?.metadata.uid.unwrap_or_default(),
+            };
+            let obj = object(&node, &uid, (*spec).clone());
+            recs.patch(
+                &node,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&obj),
+            )
+            .await?;
+            Ok(Some(uid))
+        };
+        let result = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = attempt
+                .retry(backoff)
+                .notify(|err: &kube::Error, after: Duration| {
+                    metrics.write_error();
+                    tracing::warn!(error = %err, retry_in = ?after, "writing NodeRecommendation failed; measuring goes on");
+                }) => r,
+        };
+        match result {
+            Ok(None) => {}
+            Ok(Some(uid)) => {
+                metrics.write_ok();
+                node_uid = Some(uid);
+                tracing::debug!(node = %node, "NodeRecommendation written");
+            }
+            Err(err) => tracing::error!(error = %err, "giving up writing NodeRecommendation"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodewarden_api::rightsizing::AutoscalerRef;
+
+    fn key(c: &str) -> Key {
+        Key {
+            autoscaler: AutoscalerRef {
+                namespace: "mon".into(),
+                name: "agent".into(),
+            },
+            container: c.into(),
+        }
+    }
+
+    fn entry(cpu: u64, mem: u64) -> Entry {
+        Entry {
+            target: Figures {
+                cpu_milli: Some(cpu),
+                memory_bytes: Some(mem),
+            },
+            lower: Figures {
+                cpu_milli: Some(cpu / 2),
+                memory_bytes: Some(mem / 2),
+            },
+            upper: Some(Figures {
+                cpu_milli: Some(cpu * 2),
+                memory_bytes: Some(mem * 2),
+            }),
+            uncapped_target: Figures {
+                cpu_milli: Some(cpu),
+                memory_bytes: Some(mem),
+            },
+            request_cpu_milli: Some(cpu),
+            request_memory_bytes: Some(mem),
+            sample_count: 10,
+            first_sample_ms: 1,
+            last_sample_ms: 2,
+            oom_count: 0,
+        }
+    }
+
+    fn snap(entries: &[(&str, Entry)]) -> Snapshot {
+        entries.iter().map(|(c, e)| (key(c), e.clone())).collect()
+    }
+
+    #[test]
+    fn publish_decision_table() {
+        const HOUR: i64 = 3_600_000;
+        let base = snap(&[("app", entry(100, 1000))]);
+        let with = |f: &dyn Fn(&mut Entry)| {
+            let mut e = entry(100, 1000);
+            f(&mut e);
+            snap(&[("app", e)])
+        };
+        let cases: Vec<(&str, Option<&Snapshot>, Snapshot, i64, Option<&str>)> = vec![
+            ("nothing yet, nothing to say", None, Snapshot::new(), 0, None),
+            ("first figures", None, base.clone(), 0, Some("first")),
+            ("unchanged", Some(&base), base.clone(), 10, None),
+            (
+                "cpu target +10 % exactly",
+                Some(&base),
+                with(&|e| e.target.cpu_milli = Some(110)),
+                10,
+                None,
+            ),
+            (
+                "cpu target +11 %",
+                Some(&base),
+                with(&|e| e.target.cpu_milli = Some(111)),
+                10,
+                Some("target-moved"),
+            ),
+            (
+                "memory target −11 %",
+                Some(&base),
+                with(&|e| e.target.memory_bytes = Some(890)),
+                10,
+                Some("target-moved"),
+            ),
+            (
+                "memory target −5 %",
+                Some(&base),
+                with(&|e| e.target.memory_bytes = Some(950)),
+                10,
+                None,
+            ),
+            (
+                "lower bound rises above the request",
+                Some(&base),
+                with(&|e| e.lower.cpu_milli = Some(101)),
+                10,
+                Some("bound-crossed-request"),
+            ),
+            (
+                "upper bound falls below the memory request",
+                Some(&base),
+                with(&|e| {
+                    e.upper = Some(Figures {
+                        cpu_milli: Some(200),
+                        memory_bytes: Some(999),
+                    })
+                }),
+                10,
+                Some("bound-crossed-request"),
+            ),
+            (
+                "bounds move but the request stays within",
+                Some(&base),
+                with(&|e| e.lower.cpu_milli = Some(90)),
+                10,
+                None,
+            ),
+            (
+                "a resource stops being controlled",
+                Some(&base),
+                with(&|e| e.target.cpu_milli = None),
+                10,
+                Some("target-moved"),
+            ),
+            (
+                "a container appears",
+                Some(&base),
+                snap(&[("app", entry(100, 1000)), ("side", entry(1, 1))]),
+                10,
+                Some("containers-changed"),
+            ),
+            (
+                "all containers gone",
+                Some(&base),
+                Snapshot::new(),
+                10,
+                Some("containers-changed"),
+            ),
+            (
+                "unchanged, refresh due",
+                Some(&base),
+                base.clone(),
+                HOUR,
+                Some("refresh"),
+            ),
+            (
+                "unchanged, refresh not yet due",
+                Some(&base),
+                base.clone(),
+                HOUR - 1,
+                None,
+            ),
+        ];
+        for (name, prev, next, now, want) in cases {
+            let got = decide(prev.map(|p| (p, 0)), &next, now, 0.1, HOUR);
+            assert_eq!(got.as_ref().map(Reason::as_str), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn spec_has_quantities_in_millicores_and_bytes() {
+        let s = spec(&snap(&[("app", entry(25, 262_144_000))]), 1_763_708_400_000);
+        let r = &s.recommendations[0];
+        assert_eq!(r.container_name, "app");
+        assert_eq!(r.target.as_ref().unwrap()["cpu"].0, "25m");
+        assert_eq!(r.target.as_ref().unwrap()["memory"].0, "262144000");
+        assert_eq!(r.upper_bound.as_ref().unwrap()["cpu"].0, "50m");
+        assert_eq!(r.sample_count, 10);
+        assert!(s.update_time.is_some());
+        let obj = object("x", "uid-x", s);
+        let owner = &obj.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Node", "x", "uid-x")
+        );
+        assert_eq!(obj.metadata.name.as_deref(), Some("x"));
+    }
+}

@@ -1,0 +1,398 @@
+//! One sample tick, without I/O towards the API server: read the cgroups of the autoscaled
+//! containers, feed the histories, compute this node's figures and decide whether to publish.
+//!
+//! The run loop in `lib.rs` calls [`Sampler::tick`] every sample interval; the synthetic
+//! benchmark calls it directly.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use nodewarden_api::rightsizing::{AutoscalerRef, NodeRecommendationSpec};
+
+use crate::cgroup::{self, CgroupError, Locator, Reading};
+use crate::checkpoint::{self, Checkpoint};
+use crate::metrics::{self, Metrics};
+use crate::pods::{Key, Policy, Target};
+use crate::publish::{self, Entry, Figures, Reason, Snapshot};
+use crate::recommender::{Estimate, EstimatorConfig, History, Resources};
+
+/// What the sampler remembers about a container between ticks.
+#[derive(Clone, Debug, PartialEq)]
+struct Meta {
+    containers_per_pod: usize,
+    policy: Policy,
+    cpu_request_milli: Option<u64>,
+    memory_request_bytes: Option<u64>,
+}
+
+/// Publish settings.
+#[derive(Clone, Debug)]
+pub struct PublishConfig {
+    /// 0.1: a target must move by more than 10 %.
+    pub change_threshold: f64,
+    pub refresh_ms: i64,
+}
+
+pub struct Sampler {
+    cfg: EstimatorConfig,
+    publish: PublishConfig,
+    node: String,
+    locator: Locator,
+    histories: BTreeMap<Key, History>,
+    meta: HashMap<Key, Meta>,
+    /// Last cpu.stat usage_usec and when, per container ID.
+    cpu_counters: HashMap<String, (u64, i64)>,
+    /// Last memory.events oom_kill, per container ID.
+    oom_counters: HashMap<String, u64>,
+    /// Container IDs whose OOM kill is already in a history.
+    oom_recorded: HashSet<String>,
+    /// Container IDs already warned about (one warning per unreadable container).
+    warned: HashSet<String>,
+    last_published: Option<(Snapshot, i64)>,
+    metrics: Arc<Metrics>,
+}
+
+/// A tick's outcome: the spec to write, if a write is due.
+#[derive(Debug)]
+pub struct Tick {
+    pub tracked: usize,
+    pub publish: Option<(Reason, NodeRecommendationSpec)>,
+}
+
+fn to_figures(r: Resources, policy: &Policy) -> Figures {
+    Figures {
+        cpu_milli: policy.cpu.then(|| ceil_u64(r.cpu_cores * 1000.0)),
+        memory_bytes: policy.memory.then(|| ceil_u64(r.memory_bytes)),
+    }
+}
+
+fn ceil_u64(v: f64) -> u64 {
+    if v.is_finite() && v > 0.0 {
+        // saturating float → int conversion
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = v.ceil() as u64;
+        n
+    } else {
+        0
+    }
+}
+
+fn cap(r: Resources, policy: &Policy) -> Resources {
+    let l = &policy.limits;
+    let clamp = |v: f64, min: Option<f64>, max: Option<f64>| {
+        let v = min.map_or(v, |m| v.max(m));
+        max.map_or(v, |m| v.min(m))
+    };
+    Resources {
+        cpu_cores: clamp(
+            r.cpu_cores,
+            l.min_cpu_milli.map(|m| m / 1000.0),
+            l.max_cpu_milli.map(|m| m / 1000.0),
+        ),
+        memory_bytes: clamp(r.memory_bytes, l.min_memory_bytes, l.max_memory_bytes),
+    }
+}
+
+/// The published entry for one history: the estimate capped by the container policy.
+pub fn entry(
+    estimate: &Estimate,
+    history: &History,
+    policy: &Policy,
+    requests: (Option<u64>, Option<u64>),
+) -> Entry {
+    Entry {
+        target: to_figures(cap(estimate.target, policy), policy),
+        lower: to_figures(cap(estimate.lower_bound, policy), policy),
+        upper: estimate.upper_bound.map(|u| to_figures(cap(u, policy), policy)),
+        uncapped_target: to_figures(estimate.target, policy),
+        request_cpu_milli: requests.0,
+        request_memory_bytes: requests.1,
+        sample_count: history.sample_count,
+        first_sample_ms: history.first_sample_ms,
+        last_sample_ms: history.last_sample_ms,
+        oom_count: history.oom_count,
+    }
+}
+
+impl Sampler {
+    pub fn new(
+        node: String,
+        cgroup_root: PathBuf,
+        cfg: EstimatorConfig,
+        publish: PublishConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Sampler {
+            cfg,
+            publish,
+            node,
+            locator: Locator::new(cgroup_root),
+            histories: BTreeMap::new(),
+            meta: HashMap::new(),
+            cpu_counters: HashMap::new(),
+            oom_counters: HashMap::new(),
+            oom_recorded: HashSet::new(),
+            warned: HashSet::new(),
+            last_published: None,
+            metrics,
+        }
+    }
+
+    /// Resumes the histories of a checkpoint. Entries that do not fit the current estimator
+    /// settings (other bucket layout) are skipped with a warning.
+    pub fn restore(&mut self, checkpoint: &Checkpoint) {
+        for e in &checkpoint.entries {
+            let key = Key {
+                autoscaler: e.autoscaler.clone(),
+                container: e.container.clone(),
+            };
+            match History::from_stored(&e.history, &self.cfg) {
+                Ok(h) => {
+                    self.histories.insert(key.clone(), h);
+                    self.meta.insert(
+                        key,
+                        Meta {
+                            containers_per_pod: e.containers_per_pod.max(1),
+                            policy: Policy::default(),
+                            cpu_request_milli: None,
+                            memory_request_bytes: None,
+                        },
+                    );
+                }
+                Err(err) => tracing::warn!(
+                    namespace = %e.autoscaler.namespace, autoscaler = %e.autoscaler.name, container = %e.container,
+                    error = %err, "checkpointed history does not fit the current settings; starting it afresh"
+                ),
+            }
+        }
+    }
+
+    pub fn checkpoint(&self, now_ms: i64) -> Checkpoint {
+        Checkpoint {
+            version: checkpoint::VERSION,
+            node: self.node.clone(),
+            saved_at_ms: now_ms,
+            entries: self
+                .histories
+                .iter()
+                .map(|(k, h)| checkpoint::Entry {
+                    autoscaler: k.autoscaler.clone(),
+                    container: k.container.clone(),
+                    containers_per_pod: self.meta.get(k).map_or(1, |m| m.containers_per_pod),
+                    history: h.to_stored(),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn history(&self, key: &Key) -> Option<&History> {
+        self.histories.get(key)
+    }
+
+    pub fn history_count(&self) -> usize {
+        self.histories.len()
+    }
+
+    /// The last written snapshot was published: remember it for the next decision.
+    fn published(&mut self, snapshot: Snapshot, now_ms: i64) {
+        self.last_published = Some((snapshot, now_ms));
+    }
+
+    /// Reads the cgroups of `targets` and runs one tick. `autoscalers` are the ones that
+    /// exist; histories of others are dropped.
+    pub fn tick(
+        &mut self,
+        now_ms: i64,
+        targets: &[Target],
+        autoscalers: &BTreeMap<AutoscalerRef, ()>,
+    ) -> Tick {
+        let paths = self.locator.locate(
+            targets
+                .iter()
+                .map(|t| (t.cgroup_uid.as_str(), t.container_id.as_str())),
+        );
+        let readings: HashMap<String, Result<Reading, CgroupError>> = paths
+            .into_iter()
+            .map(|(id, path)| {
+                let r = cgroup::read(&path);
+                (id, r)
+            })
+            .collect();
+        self.observe(now_ms, targets, autoscalers, &readings)
+    }
+
+    /// [`Sampler::tick`] with the readings already taken.
+    pub fn observe(
+        &mut self,
+        now_ms: i64,
+        targets: &[Target],
+        autoscalers: &BTreeMap<AutoscalerRef, ()>,
+        readings: &HashMap<String, Result<Reading, CgroupError>>,
+    ) -> Tick {
+        let cfg = self.cfg.clone();
+        for t in targets {
+            self.meta.insert(
+                t.key.clone(),
+                Meta {
+                    containers_per_pod: t.containers_per_pod.max(1),
+                    policy: t.policy.clone(),
+                    cpu_request_milli: t.cpu_request_milli,
+                    memory_request_bytes: t.memory_request_bytes,
+                },
+            );
+            let reading = match readings.get(&t.container_id) {
+                None => {
+                    tracing::debug!(pod = %t.pod_name, container = %t.key.container, "no cgroup for the container yet");
+                    continue;
+                }
+                Some(Err(err)) => {
+                    self.metrics.unreadable_container();
+                    if self.warned.insert(t.container_id.clone()) {
+                        tracing::warn!(
+                            namespace = %t.pod_namespace, pod = %t.pod_name, container = %t.key.container,
+                            error = %err, "cannot read the container's cgroup; skipping it, the others go on"
+                        );
+                    }
+                    continue;
+                }
+                Some(Ok(r)) => *r,
+            };
+            let history = match self.histories.get_mut(&t.key) {
+                Some(h) => h,
+                None => match History::new(&cfg) {
+                    Ok(h) => self.histories.entry(t.key.clone()).or_insert(h),
+                    Err(err) => {
+                        tracing::error!(error = %err, "invalid estimator settings");
+                        continue;
+                    }
+                },
+            };
+            // CPU: the rate since the last reading of the same container
+            let mut cpu_cores = None;
+            if let Some(&(usec, at)) = self.cpu_counters.get(&t.container_id)
+                && reading.cpu_usage_usec >= usec
+                && now_ms > at
+            {
+                let cores = (reading.cpu_usage_usec - usec) as f64 / ((now_ms - at) as f64 * 1000.0);
+                let request = t.cpu_request_milli.unwrap_or(0) as f64 / 1000.0;
+                history.add_cpu(&cfg, now_ms, cores, request);
+                cpu_cores = Some(cores);
+            }
+            self.cpu_counters
+                .insert(t.container_id.clone(), (reading.cpu_usage_usec, now_ms));
+            // memory: the working set feeds this interval's peak
+            let ws = reading.working_set() as f64;
+            history.add_memory(&cfg, now_ms, ws);
+            // OOM kills seen by the kernel counter of this cgroup
+            let request_mem = t.memory_request_bytes.unwrap_or(0) as f64;
+            if let Some(&before) = self.oom_counters.get(&t.container_id)
+                && reading.oom_kill > before
+            {
+                history.record_oom(&cfg, now_ms, request_mem);
+                history.oom_count += reading.oom_kill - before - 1;
+                self.oom_recorded.insert(t.container_id.clone());
+                tracing::info!(pod = %t.pod_name, container = %t.key.container, "OOM kill seen; memory recommendation bumped");
+            }
+            self.oom_counters.insert(t.container_id.clone(), reading.oom_kill);
+            self.metrics.usage(&t.key, cpu_cores, ws);
+        }
+        // OOM kills of previous instances, from the pod status
+        for t in targets {
+            let Some((id, at)) = &t.last_oom else { continue };
+            if self.oom_recorded.contains(id) {
+                continue;
+            }
+            if let Some(h) = self.histories.get_mut(&t.key)
+                && *at > h.last_oom_ms
+            {
+                h.record_oom(&cfg, *at, t.memory_request_bytes.unwrap_or(0) as f64);
+                tracing::info!(pod = %t.pod_name, container = %t.key.container, "container was OOM-killed; memory recommendation bumped");
+            }
+            self.oom_recorded.insert(id.clone());
+        }
+        // forget what no longer exists
+        let live_ids: HashSet<&str> = targets
+            .iter()
+            .map(|t| t.container_id.as_str())
+            .chain(
+                targets
+                    .iter()
+                    .filter_map(|t| t.last_oom.as_ref().map(|(id, _)| id.as_str())),
+            )
+            .collect();
+        self.cpu_counters.retain(|id, _| live_ids.contains(id.as_str()));
+        self.oom_counters.retain(|id, _| live_ids.contains(id.as_str()));
+        self.oom_recorded.retain(|id| live_ids.contains(id.as_str()));
+        self.warned.retain(|id| live_ids.contains(id.as_str()));
+        let gone: Vec<Key> = self
+            .histories
+            .iter()
+            .filter(|(k, h)| !autoscalers.contains_key(&k.autoscaler) || h.is_expired(&cfg, now_ms))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.histories.remove(&k);
+            self.meta.remove(&k);
+            self.metrics.forget(&k);
+        }
+
+        let snapshot = self.snapshot();
+        let running: BTreeSet<&Key> = targets.iter().map(|t| &t.key).collect();
+        self.metrics.tracked(running.len());
+        let decision = publish::decide(
+            self.last_published.as_ref().map(|(s, at)| (s, *at)),
+            &snapshot,
+            now_ms,
+            self.publish.change_threshold,
+            self.publish.refresh_ms,
+        );
+        let publish = decision.map(|reason| {
+            self.metrics.decided(reason.as_str());
+            let spec = publish::spec(&snapshot, now_ms);
+            self.published(snapshot, now_ms);
+            (reason, spec)
+        });
+        Tick {
+            tracked: running.len(),
+            publish,
+        }
+    }
+
+    /// Current figures of every history with something in it.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut out = Snapshot::new();
+        for (key, h) in &self.histories {
+            if h.is_empty() {
+                continue;
+            }
+            let meta = self.meta.get(key);
+            let cpp = meta.map_or(1, |m| m.containers_per_pod);
+            let default_policy = Policy::default();
+            let policy = meta.map_or(&default_policy, |m| &m.policy);
+            let est = h.estimate(&self.cfg, cpp);
+            let e = entry(
+                &est,
+                h,
+                policy,
+                (
+                    meta.and_then(|m| m.cpu_request_milli),
+                    meta.and_then(|m| m.memory_request_bytes),
+                ),
+            );
+            let as_metric = |f: &Figures| metrics::Figures {
+                cpu_cores: f.cpu_milli.map(|m| m as f64 / 1000.0),
+                memory_bytes: f.memory_bytes.map(|b| b as f64),
+            };
+            self.metrics.recommendation(
+                key,
+                as_metric(&e.target),
+                as_metric(&e.lower),
+                e.upper.as_ref().map(as_metric),
+                h.sample_count,
+            );
+            out.insert(key.clone(), e);
+        }
+        out
+    }
+}
