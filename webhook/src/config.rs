@@ -4,8 +4,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{ArgAction, Parser};
 
+use crate::admission::claims::{ClaimsPolicy, Principals, ServiceAccountName};
 use crate::telemetry::LogFormat;
 
 #[derive(Parser, Debug, Clone)]
@@ -64,6 +65,80 @@ pub struct Config {
     /// Log filter, e.g. `info` or `nodewarden_webhook=debug,info`.
     #[arg(long, env = "NODEWARDEN_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Kubeconfig file to reach the API server; without it, the in-cluster service account
+    /// (or `$KUBECONFIG`, or `~/.kube/config`) is used.
+    #[arg(long, env = "NODEWARDEN_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Namespace of the webhook's own objects (the controllers' Lease); defaults to the
+    /// namespace of the service account or kubeconfig context.
+    #[arg(long, env = "NODEWARDEN_POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// This replica's name in leader election; defaults to the host name.
+    #[arg(long, env = "NODEWARDEN_POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// Users allowed to write reserved claims (`*.k8s.io`, `*.kubernetes.io`), comma-separated.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_USERS", value_delimiter = ',')]
+    pub claims_allowed_users: Vec<String>,
+
+    /// Groups allowed to write reserved claims, comma-separated.
+    #[arg(
+        long,
+        env = "NODEWARDEN_CLAIMS_ALLOWED_GROUPS",
+        value_delimiter = ',',
+        default_value = "system:masters"
+    )]
+    pub claims_allowed_groups: Vec<String>,
+
+    /// Service accounts allowed to write reserved claims, comma-separated, each
+    /// `namespace:name` or `system:serviceaccount:namespace:name`.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS", value_delimiter = ',', value_parser = parse_service_account)]
+    pub claims_allowed_service_accounts: Vec<Option<ServiceAccountName>>,
+
+    /// Accept an RFC 1123 DNS subdomain (under 128 characters) as the value of
+    /// `cluster.clusterset.k8s.io`, as the published standard permits; otherwise it must be a
+    /// DNS label like `id.k8s.io`.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_ID_SUBDOMAIN", action = ArgAction::Set, default_value_t = false)]
+    pub claims_id_subdomain: bool,
+
+    /// How often to look for claim APIs (about.k8s.io ClusterProperty, Open Cluster Management
+    /// ClusterClaim) installed after start-up.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_DISCOVERY_INTERVAL", default_value = "1m", value_parser = parse_interval)]
+    pub claims_discovery_interval: Duration,
+
+    /// Let the leader create `id.k8s.io` with the kube-system namespace UID when no ID claim
+    /// exists (never overwrites one).
+    #[arg(long, env = "NODEWARDEN_CLAIMS_INITIALIZE_ID", action = ArgAction::Set, default_value_t = false)]
+    pub claims_initialize_id: bool,
+
+    /// How often the ID initializer checks that an ID claim exists.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_INITIALIZE_INTERVAL", default_value = "1m", value_parser = parse_interval)]
+    pub claims_initialize_interval: Duration,
+}
+
+impl Config {
+    /// The claims guard's settings from the flags.
+    pub fn claims_policy(&self) -> ClaimsPolicy {
+        ClaimsPolicy {
+            principals: Principals::new(
+                self.claims_allowed_users.iter().cloned(),
+                self.claims_allowed_groups.iter().cloned(),
+                self.claims_allowed_service_accounts.iter().flatten().cloned(),
+            ),
+            id_subdomain: self.claims_id_subdomain,
+        }
+    }
+}
+
+/// A service account, or nothing for an empty entry (an empty list in an environment variable).
+fn parse_service_account(s: &str) -> Result<Option<ServiceAccountName>, String> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    s.parse().map(Some)
 }
 
 /// A duration of at least 100 ms, in humantime syntax (`500ms`, `10s`, `1m`).
@@ -88,6 +163,55 @@ mod tests {
     }
 
     #[test]
+    fn claims_flags_build_the_policy() {
+        use crate::admission::UserInfo;
+        let c = Config::try_parse_from([
+            "nodewarden-webhook",
+            "--claims-allowed-users",
+            "alice,,bob",
+            "--claims-allowed-service-accounts",
+            "nodewarden:nodewarden-webhook,system:serviceaccount:mcs:agent",
+            "--claims-id-subdomain",
+            "true",
+        ])
+        .expect("parses");
+        let policy = c.claims_policy();
+        assert!(policy.id_subdomain);
+        let user = |name: &str, groups: &[&str]| UserInfo {
+            username: name.to_string(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..Default::default()
+        };
+        assert!(policy.principals.allows(&user("bob", &[])));
+        assert!(policy.principals.allows(&user("carol", &["system:masters"])));
+        assert!(
+            policy
+                .principals
+                .allows(&user("system:serviceaccount:nodewarden:nodewarden-webhook", &[]))
+        );
+        assert!(
+            policy
+                .principals
+                .allows(&user("system:serviceaccount:mcs:agent", &[]))
+        );
+        assert!(
+            !policy
+                .principals
+                .allows(&user("system:serviceaccount:mcs:other", &[]))
+        );
+        assert!(!policy.principals.allows(&user("", &[])));
+
+        let defaults = Config::try_parse_from(["nodewarden-webhook"]).expect("defaults parse");
+        assert!(!defaults.claims_id_subdomain && !defaults.claims_initialize_id);
+        assert!(
+            !defaults
+                .claims_policy()
+                .principals
+                .allows(&user("alice", &["developers"]))
+        );
+    }
+
+    #[test]
     fn bad_values_are_rejected_with_what_is_accepted() {
         let cases: &[(&[&str], &str)] = &[
             (&["--listen-addr", "8443"], "invalid socket address"),
@@ -95,6 +219,16 @@ mod tests {
             (&["--cert-reload-interval", "1ms"], "at least 100ms"),
             (&["--max-body-bytes", "10"], "1024"),
             (&["--log-format", "xml"], "json"),
+            (
+                &["--claims-allowed-service-accounts", "nodewarden"],
+                "<namespace>:<name>",
+            ),
+            (
+                &["--claims-allowed-service-accounts", "Bad_NS:sa"],
+                "namespace contains 'B'",
+            ),
+            (&["--claims-id-subdomain", "maybe"], "true"),
+            (&["--claims-discovery-interval", "5ms"], "at least 100ms"),
         ];
         for (args, want) in cases {
             let mut argv = vec!["nodewarden-webhook"];

@@ -5,21 +5,28 @@
 
 pub mod admin;
 pub mod admission;
+pub mod caches;
 pub mod config;
+pub mod controllers;
 pub mod metrics;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
+use backon::BackoffBuilder;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Readiness;
 use crate::admission::Route;
+use crate::admission::claims::ClaimsGuard;
+use crate::caches::{Caches, CachesOptions};
 use crate::config::Config;
+use crate::controllers::ControllerOptions;
 use crate::metrics::Metrics;
 use crate::tls::{CertReloader, CertResolver, Reload};
 
@@ -28,10 +35,104 @@ pub const READY_CERTIFICATES: &str = "certificates";
 /// Readiness condition: the process is not shutting down.
 pub const READY_NOT_TERMINATING: &str = "not-terminating";
 
-/// The admission routes of every capability. Capabilities add theirs as they land; a path
-/// without a handler answers 404.
-pub fn routes() -> Vec<Route> {
-    Vec::new()
+/// Readiness condition: the watch caches have synced.
+pub const READY_CACHES: &str = "caches";
+
+/// The admission handlers of every capability. Capabilities add theirs as they land.
+pub struct Handlers {
+    pub claims: Arc<ClaimsGuard>,
+}
+
+/// The admission routes of every capability; a path without a handler answers 404.
+pub fn routes(handlers: &Handlers) -> Vec<Route> {
+    vec![Route {
+        path: admission::claims::ROUTE,
+        handler: handlers.claims.clone(),
+    }]
+}
+
+/// Delays between retries of API server calls: exponential from 500 ms to 30 s, with jitter,
+/// without end.
+pub(crate) fn retry_backoff() -> impl Iterator<Item = Duration> + Send {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// A client for the API server from `--kubeconfig`, else in-cluster or `$KUBECONFIG`.
+/// Nothing is sent to the API server yet.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "finding API server credentials (in-cluster service account, $KUBECONFIG or ~/.kube/config)",
+        )?,
+    };
+    kube::Client::try_from(config).context("building the API server client")
+}
+
+/// Everything that talks to the API server: the client (retried until it can be built), the
+/// caches (readiness follows their sync), the controllers. Returns after `shutdown`.
+async fn run_kube(
+    config: Config,
+    caches: Arc<Caches>,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = retry_backoff();
+    let client = loop {
+        match kube_client(config.kubeconfig.as_deref()).await {
+            Ok(client) => break client,
+            Err(err) => {
+                let wait = backoff.next().unwrap_or(Duration::from_secs(30));
+                tracing::error!(error = format!("{err:#}"), retry_in = ?wait, "no API server client; not ready");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    };
+    let synced = caches.synced();
+    let caches_task = tokio::spawn(caches.run(client.clone(), shutdown.clone()));
+    let ready = readiness.clone();
+    let stop = shutdown.clone();
+    let readiness_task = tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = synced => ready.set(READY_CACHES, true),
+        }
+    });
+    let options = ControllerOptions {
+        namespace: config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string()),
+        identity: config.pod_name.clone().unwrap_or_else(host_name),
+        initialize_id: config.claims_initialize_id,
+        initialize_interval: config.claims_initialize_interval,
+    };
+    let controllers_task = tokio::spawn(controllers::run(client, options, shutdown.clone()));
+    let _ = tokio::join!(caches_task, readiness_task, controllers_task);
+}
+
+/// The host name (a pod's name, in a cluster), or a made-up unique name.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("nodewarden-webhook-{}", std::process::id()))
 }
 
 /// Runs the webhook until `shutdown` is cancelled, then shuts down gracefully.
@@ -39,7 +140,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let metrics = Arc::new(Metrics::new());
     let readiness = Arc::new(Readiness::default());
     readiness.require(READY_CERTIFICATES);
+    readiness.require(READY_CACHES);
     readiness.set(READY_NOT_TERMINATING, true);
+
+    let caches = Caches::new(CachesOptions {
+        discovery_interval: config.claims_discovery_interval,
+    });
+    let handlers = Handlers {
+        claims: Arc::new(ClaimsGuard::new(
+            config.claims_policy(),
+            caches.claims(),
+            metrics.clone(),
+        )),
+    };
 
     let resolver = Arc::new(CertResolver::default());
     let reloader = Arc::new(CertReloader::new(
@@ -79,8 +192,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .await
     });
 
+    let stop_kube = CancellationToken::new();
+    let kube_task = tokio::spawn(run_kube(
+        config.clone(),
+        caches,
+        readiness.clone(),
+        stop_kube.clone(),
+    ));
+
     let max_body = usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX);
-    let app = admission::router(routes(), metrics.clone(), max_body);
+    let app = admission::router(routes(&handlers), metrics.clone(), max_body);
     let stop_serving = CancellationToken::new();
     let serve_task = tokio::spawn(server::serve_tls(
         listener,
@@ -96,6 +217,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tokio::time::sleep(config.shutdown_delay).await;
     stop_serving.cancel();
     serve_task.await.context("admission server task")?;
+    stop_kube.cancel();
+    let _ = kube_task.await;
     stop_reloading.cancel();
     stop_admin.cancel();
     let _ = reload_task.await;

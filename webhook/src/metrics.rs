@@ -19,6 +19,14 @@ pub struct AdmissionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimDecisionLabels {
+    /// One of the claims guard's rule names (`admission::claims::Rule`).
+    pub rule: &'static str,
+    /// `allowed` or `denied`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: &'static str,
 }
@@ -42,6 +50,7 @@ pub struct Metrics {
     admission_requests: Family<AdmissionLabels, Counter>,
     admission_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     certificate_reloads: Family<ResultLabels, Counter>,
+    claims_decisions: Family<ClaimDecisionLabels, Counter>,
 }
 
 impl Metrics {
@@ -66,11 +75,18 @@ impl Metrics {
             "Serving certificate reloads, by result (loaded, rejected)",
             certificate_reloads.clone(),
         );
+        let claims_decisions = Family::<ClaimDecisionLabels, Counter>::default();
+        registry.register(
+            "claims_decisions",
+            "ClusterClaim guard decisions, by rule and outcome (allowed, denied)",
+            claims_decisions.clone(),
+        );
         Metrics {
             registry,
             admission_requests,
             admission_duration,
             certificate_reloads,
+            claims_decisions,
         }
     }
 
@@ -90,6 +106,14 @@ impl Metrics {
         let result = if loaded { "loaded" } else { "rejected" };
         self.certificate_reloads
             .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Counts one decision of the claims guard; `rule` comes from its fixed list of rule names.
+    pub fn claims_decision(&self, rule: &'static str, allowed: bool) {
+        let outcome = if allowed { "allowed" } else { "denied" };
+        self.claims_decisions
+            .get_or_create(&ClaimDecisionLabels { rule, outcome })
             .inc();
     }
 

@@ -4,6 +4,7 @@
 //! Bad input never panics and never becomes a 5xx: a review whose uid can be read gets HTTP 200
 //! with `allowed: false` and a message; anything else gets a 4xx with a message.
 
+pub mod claims;
 pub mod review;
 
 use std::panic::AssertUnwindSafe;
