@@ -44,7 +44,7 @@ pub enum CgroupError {
 }
 
 /// Container runtime, from the cgroup name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Runtime {
     Containerd,
     CriO,

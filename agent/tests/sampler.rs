@@ -1,0 +1,284 @@
+//! Sample ticks against fixture cgroup trees: the join keeps real containers only, CPU rates
+//! come from counter deltas, OOM kills bump memory, unreadable containers are skipped, and a
+//! restart from the checkpoint resumes the figures.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_agent::metrics::Metrics;
+use nodewarden_agent::pods::{self, Key, Target};
+use nodewarden_agent::publish::Snapshot;
+use nodewarden_agent::recommender::{EstimatorConfig, MIB};
+use nodewarden_agent::sampler::{PublishConfig, Sampler};
+use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler};
+use serde_json::json;
+
+const T0: i64 = 1_763_700_000_000;
+
+fn hex(s: &str) -> String {
+    s.repeat(64)[..64].to_string()
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+fn fixture_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cgroup");
+    copy_tree(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name),
+        &root,
+    );
+    (dir, root)
+}
+
+fn dsa() -> Arc<DaemonSetAutoscaler> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+            "metadata": {"name": "agent", "namespace": "mon"},
+            "spec": {"targetRef": {"kind": "DaemonSet", "name": "agent"}}
+        }))
+        .unwrap(),
+    )
+}
+
+/// A DaemonSet pod with the given (container name, container ID) pairs; the sandbox's ID is
+/// never among them, as in a real pod status.
+fn pod(uid: &str, containers: &[(&str, String)]) -> Arc<Pod> {
+    let specs: Vec<_> = containers
+        .iter()
+        .map(|(n, _)| json!({"name": n, "image": "i", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}))
+        .collect();
+    let statuses: Vec<_> = containers
+        .iter()
+        .map(|(n, id)| {
+            json!({"name": n, "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                             "containerID": format!("containerd://{id}")})
+        })
+        .collect();
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": "agent-abcde", "namespace": "mon", "uid": uid,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "d", "controller": true}]},
+            "spec": {"nodeName": "x", "containers": specs},
+            "status": {"containerStatuses": statuses}
+        }))
+        .unwrap(),
+    )
+}
+
+fn alive() -> BTreeMap<AutoscalerRef, ()> {
+    pods::autoscaler_refs(&[dsa()])
+}
+
+fn sampler(root: &Path, metrics: Arc<Metrics>) -> Sampler {
+    Sampler::new(
+        "x".into(),
+        root.to_path_buf(),
+        EstimatorConfig::default(),
+        PublishConfig {
+            change_threshold: 0.1,
+            refresh_ms: 3_600_000,
+        },
+        metrics,
+    )
+}
+
+fn key(c: &str) -> Key {
+    Key {
+        autoscaler: AutoscalerRef {
+            namespace: "mon".into(),
+            name: "agent".into(),
+        },
+        container: c.into(),
+    }
+}
+
+/// Upper edge of the default-layout bucket holding `v`, by hand.
+fn edge(first: f64, v: f64) -> f64 {
+    let n = ((v * 0.05 / first + 1.0).ln() / 1.05f64.ln()).floor();
+    first * (1.05f64.powf(n + 1.0) - 1.0) / 0.05
+}
+
+fn scope(root: &Path, pod_uid_: &str, id: &str) -> PathBuf {
+    root.join("kubepods.slice/kubepods-burstable.slice")
+        .join(format!("kubepods-burstable-pod{pod_uid_}.slice"))
+        .join(format!("cri-containerd-{id}.scope"))
+}
+
+fn set_usage(scope: &Path, usec: u64) {
+    fs::write(
+        scope.join("cpu.stat"),
+        format!("usage_usec {usec}\nuser_usec {usec}\nsystem_usec 0\n"),
+    )
+    .unwrap();
+}
+
+fn targets(p: &Arc<Pod>) -> Vec<Target> {
+    pods::targets(std::slice::from_ref(p), &[dsa()])
+}
+
+#[test]
+fn ticks_measure_recommend_and_publish_on_material_change() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let metrics = Arc::new(Metrics::new());
+    let mut s = sampler(&root, metrics.clone());
+    let p = pod(
+        "0a1b2c3d-0000-4000-8000-000000000001",
+        &[("app", hex("a1")), ("side", hex("b2"))],
+    );
+    let t = targets(&p);
+    assert_eq!(t.len(), 2);
+
+    // first tick: memory only (a CPU rate needs two readings); figures are new, so publish
+    let first = s.tick(T0, &t, &alive());
+    assert_eq!(first.tracked, 2);
+    let (reason, spec) = first.publish.expect("first figures are published");
+    assert_eq!(reason.as_str(), "first");
+    assert_eq!(spec.recommendations.len(), 2);
+    assert_eq!(s.history_count(), 2, "the sandbox container is not measured");
+
+    // 10 s later the app used 5 s of CPU: 0.5 core
+    let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));
+    set_usage(&app, 12_500_000 + 5_000_000);
+    let second = s.tick(T0 + 10_000, &t, &alive());
+    let (reason, _) = second.publish.expect("CPU target moved from the floor");
+    assert_eq!(reason.as_str(), "target-moved");
+    let snap: Snapshot = s.snapshot();
+    let e = &snap[&key("app")];
+    let cpu = (edge(0.01, 0.5) * 1.15 * 1000.0).ceil() as u64;
+    assert_eq!(e.target.cpu_milli, Some(cpu));
+    // working set 300 MiB − 50 MiB inactive_file = 250 MiB
+    let mem = (edge(1e7, 250.0 * MIB) * 1.15).ceil() as u64;
+    assert_eq!(e.target.memory_bytes, Some(mem));
+    assert_eq!(e.sample_count, 1);
+    assert_eq!(e.request_cpu_milli, Some(100));
+
+    // same usage rate again: nothing material, no write
+    set_usage(&app, 12_500_000 + 10_000_000);
+    assert!(s.tick(T0 + 20_000, &t, &alive()).publish.is_none());
+
+    // the sidecar is OOM-killed (counter 2 → 3): memory goes to at least request 64 Mi + 100 Mi
+    let side = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("b2"));
+    let events = fs::read_to_string(side.join("memory.events")).unwrap();
+    fs::write(
+        side.join("memory.events"),
+        events.replace("oom_kill 2", "oom_kill 3"),
+    )
+    .unwrap();
+    let tick = s.tick(T0 + 30_000, &t, &alive());
+    assert!(tick.publish.is_some());
+    let snap = s.snapshot();
+    let e = &snap[&key("side")];
+    assert_eq!(e.oom_count, 1);
+    let bumped = (edge(1e7, 164.0 * MIB) * 1.15).ceil() as u64;
+    assert_eq!(e.target.memory_bytes, Some(bumped));
+    let text = metrics.encode();
+    assert!(text.contains("nodewarden_agent_recommendation_target{namespace=\"mon\",autoscaler=\"agent\",container=\"side\",resource=\"memory\"}"), "{text}");
+    assert!(
+        text.contains("nodewarden_agent_samples{namespace=\"mon\",autoscaler=\"agent\",container=\"app\"} 3"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_restart_resumes_history_from_the_checkpoint() {
+    let (tmp, root) = fixture_copy("systemd-containerd");
+    let p = pod(
+        "0a1b2c3d-0000-4000-8000-000000000001",
+        &[("app", hex("a1")), ("side", hex("b2"))],
+    );
+    let t = targets(&p);
+    let mut s = sampler(&root, Arc::new(Metrics::new()));
+    let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));
+    for i in 0..5u64 {
+        set_usage(&app, 12_500_000 + i * 3_000_000);
+        s.tick(T0 + i as i64 * 10_000, &t, &alive());
+    }
+    let before = s.snapshot();
+    let dir = tmp.path().join("checkpoint");
+    fs::create_dir_all(&dir).unwrap();
+    nodewarden_agent::checkpoint::save(&dir, &s.checkpoint(T0 + 50_000)).unwrap();
+
+    let mut restarted = sampler(&root, Arc::new(Metrics::new()));
+    match nodewarden_agent::checkpoint::load(&dir, 1) {
+        nodewarden_agent::checkpoint::Loaded::Found(c) => restarted.restore(&c),
+        other => panic!("{other:?}"),
+    }
+    let mut after = restarted.snapshot();
+    // requests are learnt again from the pods on the first tick; the figures are the same
+    for (k, e) in after.iter_mut() {
+        e.request_cpu_milli = before[k].request_cpu_milli;
+        e.request_memory_bytes = before[k].request_memory_bytes;
+    }
+    assert_eq!(after, before);
+    assert_eq!(after[&key("app")].sample_count, 4);
+    // and measuring goes on from there
+    set_usage(&app, 12_500_000 + 5 * 3_000_000);
+    restarted.tick(T0 + 60_000, &t, &alive());
+    set_usage(&app, 12_500_000 + 6 * 3_000_000);
+    restarted.tick(T0 + 70_000, &t, &alive());
+    assert_eq!(restarted.snapshot()[&key("app")].sample_count, 5);
+}
+
+#[test]
+fn an_unreadable_container_is_counted_and_the_others_go_on() {
+    let (_tmp, root) = fixture_copy("unreadable");
+    let metrics = Arc::new(Metrics::new());
+    let mut s = sampler(&root, metrics.clone());
+    let p = pod(
+        "0a1b2c3d-0000-4000-8000-000000000009",
+        &[("good", hex("1e")), ("dir", hex("2f")), ("missing", hex("3a"))],
+    );
+    let t = targets(&p);
+    s.tick(T0, &t, &alive());
+    assert_eq!(metrics.unreadable_count(), 2);
+    assert!(s.history(&key("good")).is_some());
+    assert!(s.history(&key("dir")).is_none());
+    assert!(s.history(&key("missing")).is_none());
+    assert!(
+        metrics
+            .encode()
+            .contains("nodewarden_agent_unreadable_containers_total 2")
+    );
+}
+
+#[test]
+fn deleting_the_autoscaler_drops_its_history_and_empties_the_publication() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let mut s = sampler(&root, Arc::new(Metrics::new()));
+    let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
+    assert!(s.tick(T0, &targets(&p), &alive()).publish.is_some());
+    let tick = s.tick(T0 + 10_000, &[], &BTreeMap::new());
+    let (reason, spec) = tick.publish.expect("the entries must be withdrawn");
+    assert_eq!(reason.as_str(), "containers-changed");
+    assert!(spec.recommendations.is_empty());
+    assert_eq!(s.history_count(), 0);
+}
+
+#[test]
+fn a_pod_going_away_keeps_its_recommendation_for_the_replacement() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let mut s = sampler(&root, Arc::new(Metrics::new()));
+    let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
+    s.tick(T0, &targets(&p), &alive());
+    // pod deleted, autoscaler still there: the webhook needs the figures for the new pod
+    assert!(s.tick(T0 + 10_000, &[], &alive()).publish.is_none());
+    assert!(s.snapshot().contains_key(&key("app")));
+}
