@@ -120,6 +120,16 @@ pub struct Config {
 }
 
 impl Config {
+    /// Parses flags from `args` (the first is the program name), for tools and tests that run
+    /// the webhook in-process.
+    pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        <Self as Parser>::try_parse_from(args)
+    }
+
     /// The claims guard's settings from the flags.
     pub fn claims_policy(&self) -> ClaimsPolicy {
         ClaimsPolicy {

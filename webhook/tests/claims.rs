@@ -452,7 +452,16 @@ fn objects_on_their_way_out_count_as_maybe_present() {
     // ... and an ID on its way out does not let a clusterset in
     let view = StaticView::empty().with_presence(Shape::Nodewarden, ID, Presence::UNCERTAIN);
     let r = request(&review(Shape::Nodewarden, "CREATE", SET, Some("s"), None, ADMIN));
-    assert_eq!(decide(&r, &policy(false), &view).rule, Rule::ClustersetRequiresId);
+    let d = decide(&r, &policy(false), &view);
+    assert_eq!(d.rule, Rule::ClustersetRequiresId);
+    assert!(
+        d.message.ends_with(
+            "cannot be created yet: ClusterClaim \"id.k8s.io\" was written moments ago or is being deleted, \
+             and nodewarden has not seen it settle; retry shortly"
+        ),
+        "{}",
+        d.message
+    );
 }
 
 #[test]
@@ -643,6 +652,16 @@ fn the_guard_remembers_its_own_writes_until_the_cache_shows_them() {
         guard
             .decide_at(&delete_id, now + RECENT_WRITE_TTL + Duration::from_secs(1))
             .allowed
+    );
+
+    // an admitted ID create is not yet proof that the ID exists: joining waits for the cache
+    let (guard, _) = make_guard(StaticView::empty());
+    let create_id = request(&review(Shape::Nodewarden, "CREATE", ID, Some("a"), None, ADMIN));
+    assert!(guard.decide_at(&create_id, now).allowed);
+    let d = guard.decide_at(&join, now + Duration::from_millis(5));
+    assert!(
+        d.rule == Rule::ClustersetRequiresId && d.message.contains("retry shortly"),
+        "{d:?}"
     );
 
     // an admitted ID delete stops a clusterset create that the stale cache would allow

@@ -728,11 +728,27 @@ impl Claim<'_> {
         match self.op {
             Operation::Create => {
                 let mut any_id = false;
+                let mut in_flux = None;
                 for id in ID_CLAIMS {
                     let Some(presence) = view.presence(self.shape, id) else {
                         return self.not_synced();
                     };
                     any_id |= presence.surely_exists;
+                    if presence.may_exist && !presence.surely_exists {
+                        in_flux.get_or_insert(id);
+                    }
+                }
+                if let (false, Some(id)) = (any_id, in_flux) {
+                    return Decision::forbid(
+                        Rule::ClustersetRequiresId,
+                        format!(
+                            "{} (value {}) cannot be created yet: {} {id:?} was written moments ago or is being \
+                             deleted, and nodewarden has not seen it settle; retry shortly",
+                            self.what(),
+                            self.new_value.map(quote).unwrap_or_default(),
+                            self.shape.kind()
+                        ),
+                    );
                 }
                 if !any_id {
                     return Decision::forbid(

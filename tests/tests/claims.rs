@@ -1,0 +1,637 @@
+//! End-to-end: the ClusterClaim guard (KEP-2149) on the real control plane.
+//!
+//! The webhook runs in this process through `nodewarden_webhook::run` with real flags, a
+//! serving certificate from the cluster CA and the admin kubeconfig; kube-apiserver calls it for
+//! nodewarden.io ClusterClaims and about.k8s.io ClusterProperties. Claims are cluster-scoped
+//! singletons, so every scenario runs in order inside one test (this binary has the control
+//! plane to itself).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use nodewarden_api::{ClusterClaim, ClusterClaimSpec};
+use nodewarden_tests::process::{free_ports, write_file};
+use nodewarden_tests::{
+    ControlPlane, Hook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, e2e, read_crds,
+    register_validating_webhooks,
+};
+use nodewarden_webhook::config::Config;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const WEBHOOK: &str = "claims.nodewarden.io";
+const DENIED: &str = "admission webhook \"claims.nodewarden.io\" denied the request: ";
+const WRITER_SA: &str = "claims-writer";
+const EDITORS: &str = "e2e:claims-editors";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_guard_end_to_end() {
+    e2e("claims", |env| async move {
+        install_crds(&env).await?;
+        grant_claim_writes(&env).await?;
+        let ports = free_ports(2)?;
+        let (listen_port, admin_port) = (ports[0], ports[1]);
+        let cert_dir = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+
+        let webhook = Webhook::start(
+            &env,
+            cert_dir.path(),
+            listen_port,
+            admin_port,
+            "e2e-webhook-a",
+            &[],
+        )
+        .await?;
+        register(&env, listen_port).await?;
+        let clients = Clients::new(&env).await?;
+        wait_until_guarded(&env, &clients).await?;
+
+        ownership_and_format(&clients)
+            .await
+            .context("reserved names and ID format")?;
+        lifespan(&clients)
+            .await
+            .context("ClusterSet membership and delete ordering")?;
+        cluster_properties(&clients)
+            .await
+            .context("about.k8s.io ClusterProperty")?;
+        webhook.stop().await?;
+
+        let webhook = Webhook::start(
+            &env,
+            cert_dir.path(),
+            listen_port,
+            admin_port,
+            "e2e-webhook-b",
+            &[
+                "--claims-initialize-id=true",
+                "--claims-initialize-interval=500ms",
+            ],
+        )
+        .await?;
+        initializer(&env, &clients).await.context("ID initializer")?;
+        webhook.stop().await?;
+        let lease: Lease = Api::namespaced(env.client.clone(), &env.namespace)
+            .get("nodewarden-controllers")
+            .await?;
+        let holder = lease.spec.and_then(|s| s.holder_identity);
+        ensure!(
+            holder.is_none(),
+            "a stopped webhook should release the Lease, holder is {holder:?}"
+        );
+        Ok(())
+    })
+    .await;
+}
+
+/// The three kinds of caller.
+struct Clients {
+    /// `system:masters`.
+    admin: Client,
+    /// A service account listed in `--claims-allowed-service-accounts`.
+    writer: Client,
+    /// A user with RBAC rights on claims, but not allowed reserved names.
+    jane: Client,
+}
+
+impl Clients {
+    async fn new(env: &TestEnv) -> Result<Self> {
+        let token = env
+            .cp
+            .service_account_token(&env.namespace, WRITER_SA, None)
+            .await?;
+        Ok(Clients {
+            admin: env.cp.admin_client().await?,
+            writer: env.cp.client_with_token(&token).await?,
+            jane: env.cp.client_as_user("jane", &[EDITORS]).await?,
+        })
+    }
+}
+
+fn claims(client: &Client) -> Api<ClusterClaim> {
+    Api::all(client.clone())
+}
+
+fn claim(name: &str, value: &str) -> ClusterClaim {
+    ClusterClaim::new(
+        name,
+        ClusterClaimSpec {
+            value: value.to_string(),
+        },
+    )
+}
+
+async fn create(client: &Client, name: &str, value: &str) -> kube::Result<ClusterClaim> {
+    claims(client)
+        .create(&PostParams::default(), &claim(name, value))
+        .await
+}
+
+/// Changes the value with a merge patch (the API server sends an UPDATE review).
+async fn set_value(client: &Client, name: &str, value: &str) -> kube::Result<ClusterClaim> {
+    claims(client)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": value}})),
+        )
+        .await
+}
+
+async fn delete(client: &Client, name: &str) -> kube::Result<()> {
+    claims(client)
+        .delete(name, &DeleteParams::default())
+        .await
+        .map(|_| ())
+}
+
+/// The status code and message of a refused write; an error if the write went through.
+fn refused<T>(what: &str, result: kube::Result<T>) -> Result<(u16, String)> {
+    match result {
+        Ok(_) => bail!("{what}: expected a denial, but the API server accepted the write"),
+        Err(kube::Error::Api(status)) => Ok((status.code, status.message)),
+        Err(other) => Err(anyhow!(other).context(format!("{what}: expected an admission denial"))),
+    }
+}
+
+fn expect_denied<T>(what: &str, result: kube::Result<T>, message: &str) -> Result<()> {
+    let (code, got) = refused(what, result)?;
+    let want = format!("{DENIED}{message}");
+    ensure!(
+        code == 403 && got == want,
+        "{what}:\n  got  {code} {got}\n  want 403 {want}"
+    );
+    Ok(())
+}
+
+async fn value_of(client: &Client, name: &str) -> Result<Option<String>> {
+    Ok(claims(client).get_opt(name).await?.map(|c| c.spec.value))
+}
+
+async fn ownership_and_format(c: &Clients) -> Result<()> {
+    // custom names are free for anyone with RBAC rights
+    create(&c.jane, "region.example.com", "eu-west-1")
+        .await
+        .context("jane creates a custom claim")?;
+    set_value(&c.jane, "region.example.com", "eu-west-2")
+        .await
+        .context("jane updates it")?;
+    delete(&c.jane, "region.example.com")
+        .await
+        .context("jane deletes it")?;
+
+    expect_denied(
+        "jane creates id.k8s.io",
+        create(&c.jane, "id.k8s.io", "cluster-a").await,
+        "reserved-name: ClusterClaim \"id.k8s.io\" is reserved (names ending in .k8s.io or .kubernetes.io); \
+         \"jane\" may not create it: only the users, groups and service accounts allowed by the nodewarden configuration may",
+    )?;
+    expect_denied(
+        "admin creates id.k8s.io with a bad value",
+        create(&c.admin, "id.k8s.io", "Cluster_A").await,
+        "id-format: ClusterClaim \"id.k8s.io\": spec.value \"Cluster_A\" contains 'C'; only lowercase letters, \
+         digits and '-' are allowed; the cluster ID must be an RFC 1123 DNS label: at most 63 lowercase letters, \
+         digits or '-', starting and ending with a letter or digit",
+    )?;
+    create(&c.admin, "id.k8s.io", "cluster-a")
+        .await
+        .context("admin creates id.k8s.io")?;
+    // another reserved name, by the allowed service account
+    create(&c.writer, "platform.k8s.io", "kind")
+        .await
+        .context("the allowed service account writes a reserved name")?;
+    expect_denied(
+        "jane deletes platform.k8s.io",
+        delete(&c.jane, "platform.k8s.io").await,
+        "reserved-name: ClusterClaim \"platform.k8s.io\" is reserved (names ending in .k8s.io or .kubernetes.io); \
+         \"jane\" may not delete it: only the users, groups and service accounts allowed by the nodewarden configuration may",
+    )?;
+    delete(&c.writer, "platform.k8s.io")
+        .await
+        .context("the allowed service account deletes it")?;
+    Ok(())
+}
+
+async fn lifespan(c: &Clients) -> Result<()> {
+    after_cache_settles("joining a ClusterSet", "clusterset-requires-id", || {
+        create(&c.writer, "clusterset.k8s.io", "set-1")
+    })
+    .await?;
+    expect_denied(
+        "admin changes the ID while a member",
+        set_value(&c.admin, "id.k8s.io", "cluster-b").await,
+        "id-lifespan: ClusterClaim \"id.k8s.io\" cannot change from \"cluster-a\" to \"cluster-b\" while ClusterClaim \
+         \"clusterset.k8s.io\" exists (the cluster is a ClusterSet member); delete clusterset.k8s.io first to leave the ClusterSet",
+    )?;
+    expect_denied(
+        "admin deletes the ID while a member",
+        delete(&c.admin, "id.k8s.io").await,
+        "id-lifespan: ClusterClaim \"id.k8s.io\" cannot be deleted while ClusterClaim \"clusterset.k8s.io\" exists \
+         (the cluster is a ClusterSet member); delete clusterset.k8s.io first to leave the ClusterSet",
+    )?;
+    expect_denied(
+        "the service account moves to another ClusterSet in place",
+        set_value(&c.writer, "clusterset.k8s.io", "set-2").await,
+        "clusterset-immutable: ClusterClaim \"clusterset.k8s.io\" cannot change from \"set-1\" to \"set-2\"; \
+         to move to another ClusterSet, delete it and create it again",
+    )?;
+    expect_denied(
+        "jane makes the cluster leave",
+        delete(&c.jane, "clusterset.k8s.io").await,
+        "reserved-name: ClusterClaim \"clusterset.k8s.io\" is reserved (names ending in .k8s.io or .kubernetes.io); \
+         \"jane\" may not delete it: only the users, groups and service accounts allowed by the nodewarden configuration may",
+    )?;
+    ensure!(
+        value_of(&c.admin, "id.k8s.io").await?.as_deref() == Some("cluster-a"),
+        "the ID changed"
+    );
+    ensure!(
+        value_of(&c.admin, "clusterset.k8s.io").await?.as_deref() == Some("set-1"),
+        "the membership changed"
+    );
+
+    // leaving: clusterset first, then the ID may go
+    delete(&c.writer, "clusterset.k8s.io")
+        .await
+        .context("leaving the ClusterSet")?;
+    after_cache_settles("deleting id.k8s.io after leaving", "id-lifespan", || {
+        delete(&c.admin, "id.k8s.io")
+    })
+    .await?;
+    expect_denied(
+        "joining without an ID",
+        create(&c.writer, "clusterset.k8s.io", "set-1").await,
+        "clusterset-requires-id: ClusterClaim \"clusterset.k8s.io\" (value \"set-1\") cannot be created while no ID \
+         claim exists; create ClusterClaim \"id.k8s.io\" or \"cluster.clusterset.k8s.io\" first",
+    )?;
+    // the standard's name for the ID is as good as the proposal's
+    create(&c.admin, "cluster.clusterset.k8s.io", "cluster-c").await?;
+    after_cache_settles(
+        "joining with cluster.clusterset.k8s.io",
+        "clusterset-requires-id",
+        || create(&c.writer, "clusterset.k8s.io", "set-9"),
+    )
+    .await?;
+    expect_denied(
+        "deleting cluster.clusterset.k8s.io while a member",
+        delete(&c.admin, "cluster.clusterset.k8s.io").await,
+        "id-lifespan: ClusterClaim \"cluster.clusterset.k8s.io\" cannot be deleted while ClusterClaim \
+         \"clusterset.k8s.io\" exists (the cluster is a ClusterSet member); delete clusterset.k8s.io first to leave the ClusterSet",
+    )?;
+    delete(&c.writer, "clusterset.k8s.io").await?;
+    after_cache_settles(
+        "deleting cluster.clusterset.k8s.io after leaving",
+        "id-lifespan",
+        || delete(&c.admin, "cluster.clusterset.k8s.io"),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs a write that depends on another claim written just before. The webhook's cache shows
+/// that write a moment later (the lag docs/claims.md describes); until then the guard errs on
+/// the side of keeping the ID, so the write is retried while, and only while, it is refused by
+/// `rule`, for at most 10 s.
+async fn after_cache_settles<T, F, Fut>(what: &str, rule: &str, mut write: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let started = Instant::now();
+    let mut refusals = 0;
+    loop {
+        match write().await {
+            Ok(v) => {
+                if refusals > 0 {
+                    eprintln!(
+                        "{what}: went through after {:?} ({refusals} refusals by {rule})",
+                        started.elapsed()
+                    );
+                }
+                return Ok(v);
+            }
+            Err(kube::Error::Api(s))
+                if s.message.starts_with(&format!("{DENIED}{rule}: "))
+                    && started.elapsed() < Duration::from_secs(10) =>
+            {
+                refusals += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(anyhow!(e).context(what.to_string())),
+        }
+    }
+}
+
+fn properties(client: &Client, version: &str) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "about.k8s.io".to_string(),
+        version: version.to_string(),
+        api_version: format!("about.k8s.io/{version}"),
+        kind: "ClusterProperty".to_string(),
+        plural: "clusterproperties".to_string(),
+    };
+    Api::all_with(client.clone(), &resource)
+}
+
+fn property(version: &str, name: &str, value: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": format!("about.k8s.io/{version}"),
+        "kind": "ClusterProperty",
+        "metadata": {"name": name},
+        "spec": {"value": value},
+    }))?)
+}
+
+async fn cluster_properties(c: &Clients) -> Result<()> {
+    let pp = PostParams::default();
+    // the CRD has no maximum length; the guard's size rule applies
+    let big = "v".repeat(128 * 1024 + 1);
+    expect_denied(
+        "jane writes a ClusterProperty over 128 KiB",
+        properties(&c.jane, "v1beta1")
+            .create(&pp, &property("v1beta1", "blob.example.com", &big)?)
+            .await,
+        &format!(
+            "value-size: ClusterProperty \"blob.example.com\": spec.value \"{}\"… (131073 bytes) is too long; \
+             a claim value must be 1 to 131072 bytes",
+            "v".repeat(64)
+        ),
+    )?;
+    properties(&c.jane, "v1alpha1")
+        .create(&pp, &property("v1alpha1", "blob.example.com", &"v".repeat(1024))?)
+        .await
+        .context("a 1 KiB ClusterProperty through v1alpha1")?;
+    // each API is a set of claims of its own: a ClusterClaim ID does not count for ClusterProperties
+    create(&c.admin, "id.k8s.io", "cluster-a").await?;
+    expect_denied(
+        "ClusterProperty clusterset without a ClusterProperty ID",
+        properties(&c.admin, "v1beta1")
+            .create(&pp, &property("v1beta1", "clusterset.k8s.io", "set-1")?)
+            .await,
+        "clusterset-requires-id: ClusterProperty \"clusterset.k8s.io\" (value \"set-1\") cannot be created while no \
+         ID claim exists; create ClusterProperty \"id.k8s.io\" or \"cluster.clusterset.k8s.io\" first",
+    )?;
+    properties(&c.admin, "v1beta1")
+        .create(
+            &pp,
+            &property("v1beta1", "cluster.clusterset.k8s.io", "cluster-a")?,
+        )
+        .await?;
+    let join = property("v1beta1", "clusterset.k8s.io", "set-1")?;
+    let writer = properties(&c.writer, "v1beta1");
+    after_cache_settles(
+        "ClusterProperty clusterset after its ID",
+        "clusterset-requires-id",
+        || writer.create(&pp, &join),
+    )
+    .await?;
+    expect_denied(
+        "deleting the ClusterProperty ID while a member",
+        properties(&c.admin, "v1alpha1")
+            .delete("cluster.clusterset.k8s.io", &DeleteParams::default())
+            .await,
+        "id-lifespan: ClusterProperty \"cluster.clusterset.k8s.io\" cannot be deleted while ClusterProperty \
+         \"clusterset.k8s.io\" exists (the cluster is a ClusterSet member); delete clusterset.k8s.io first to leave the ClusterSet",
+    )?;
+    // clean up for the initializer: no nodewarden ID claim left
+    delete(&c.admin, "id.k8s.io")
+        .await
+        .context("removing id.k8s.io")?;
+    Ok(())
+}
+
+async fn initializer(env: &TestEnv, c: &Clients) -> Result<()> {
+    let uid = Api::<Namespace>::all(c.admin.clone())
+        .get("kube-system")
+        .await?
+        .metadata
+        .uid
+        .ok_or_else(|| anyhow!("kube-system has no uid"))?;
+    let created = poll_value(env.cp, &c.admin, "id.k8s.io", |v| v.is_some()).await?;
+    ensure!(
+        created.as_deref() == Some(uid.as_str()),
+        "initializer wrote {created:?}, want the kube-system UID {uid}"
+    );
+    let lease: Lease = Api::namespaced(c.admin.clone(), &env.namespace)
+        .get("nodewarden-controllers")
+        .await?;
+    let holder = lease.spec.and_then(|s| s.holder_identity);
+    ensure!(
+        holder.as_deref() == Some("e2e-webhook-b"),
+        "Lease holder is {holder:?}"
+    );
+
+    // an ID someone set is left alone
+    set_value(&c.admin, "id.k8s.io", "custom-id").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = value_of(&c.admin, "id.k8s.io").await?;
+    ensure!(
+        kept.as_deref() == Some("custom-id"),
+        "the initializer overwrote the ID: {kept:?}"
+    );
+
+    // cluster.clusterset.k8s.io is an ID claim too: no id.k8s.io is added next to it
+    create(&c.admin, "cluster.clusterset.k8s.io", "custom-id").await?;
+    delete(&c.admin, "id.k8s.io").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let added = value_of(&c.admin, "id.k8s.io").await?;
+    ensure!(
+        added.is_none(),
+        "the initializer created id.k8s.io = {added:?} although cluster.clusterset.k8s.io exists"
+    );
+
+    // with no ID claim at all, it is back within moments
+    delete(&c.admin, "cluster.clusterset.k8s.io").await?;
+    let again = poll_value(env.cp, &c.admin, "id.k8s.io", |v| v.is_some()).await?;
+    ensure!(
+        again.as_deref() == Some(uid.as_str()),
+        "re-created {again:?}, want {uid}"
+    );
+    Ok(())
+}
+
+async fn poll_value(
+    cp: &ControlPlane,
+    client: &Client,
+    name: &str,
+    done: impl Fn(&Option<String>) -> bool,
+) -> Result<Option<String>> {
+    cp.poll(&format!("ClusterClaim {name}"), || async {
+        let v = value_of(client, name).await?;
+        Ok(done(&v).then_some(v))
+    })
+    .await
+}
+
+/// nodewarden's CRDs from the chart and the about-api ClusterProperty fixture.
+async fn install_crds(env: &TestEnv) -> Result<()> {
+    let mut files = chart_crd_files()?;
+    files.push(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/crds/about.k8s.io_clusterproperties.yaml"),
+    );
+    apply_crds(env.cp, &env.client, &read_crds(&files)?).await?;
+    Ok(())
+}
+
+/// RBAC for the writer service account and jane's group on both claim APIs, so that what
+/// refuses them is the guard, not RBAC.
+async fn grant_claim_writes(env: &TestEnv) -> Result<()> {
+    let pp = PostParams::default();
+    Api::<ServiceAccount>::namespaced(env.client.clone(), &env.namespace)
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": WRITER_SA}}))?,
+        )
+        .await?;
+    let role = format!("{}-claims-editor", env.id);
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": role},
+                "rules": [{
+                    "apiGroups": ["nodewarden.io", "about.k8s.io"],
+                    "resources": ["clusterclaims", "clusterproperties"],
+                    "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                }],
+            }))?,
+        )
+        .await?;
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": WRITER_SA, "namespace": env.namespace},
+                    {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": EDITORS},
+                ],
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// The validating webhook for both claim APIs, as the chart registers it.
+async fn register(env: &TestEnv, port: u16) -> Result<()> {
+    let mut hook = Hook::new(
+        WEBHOOK,
+        "/validate/claims",
+        "nodewarden.io",
+        "v1alpha1",
+        &["clusterclaims"],
+        &["CREATE", "UPDATE", "DELETE"],
+    );
+    hook.timeout_seconds = 5;
+    let about = Hook::new(
+        WEBHOOK,
+        "/validate/claims",
+        "about.k8s.io",
+        "*",
+        &["clusterproperties"],
+        &["CREATE", "UPDATE", "DELETE"],
+    );
+    hook.rules.extend(about.rules);
+    let endpoint = LoopbackEndpoint {
+        port,
+        ca_pem: env.cp.ca_pem().to_string(),
+    };
+    register_validating_webhooks(&env.client, &format!("{}-claims", env.id), &endpoint, &[hook]).await?;
+    Ok(())
+}
+
+/// Waits until the API server calls the webhook: a reserved write by jane is refused by it.
+async fn wait_until_guarded(env: &TestEnv, c: &Clients) -> Result<()> {
+    env.cp
+        .poll("the claims webhook to be called", || async {
+            match create(&c.jane, "probe.k8s.io", "x").await {
+                Err(kube::Error::Api(s)) if s.message.starts_with(DENIED) => Ok(Some(())),
+                Ok(_) => {
+                    delete(&c.admin, "probe.k8s.io").await?;
+                    Ok(None)
+                }
+                Err(_) => Ok(None),
+            }
+        })
+        .await
+}
+
+/// `nodewarden_webhook::run` in this process.
+struct Webhook {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Webhook {
+    async fn start(
+        env: &TestEnv,
+        cert_dir: &Path,
+        listen_port: u16,
+        admin_port: u16,
+        pod_name: &str,
+        extra: &[&str],
+    ) -> Result<Self> {
+        let mut args = vec![
+            "nodewarden-webhook".to_string(),
+            format!("--listen-addr=127.0.0.1:{listen_port}"),
+            format!("--admin-addr=127.0.0.1:{admin_port}"),
+            format!("--tls-cert-file={}", cert_dir.join("tls.crt").display()),
+            format!("--tls-key-file={}", cert_dir.join("tls.key").display()),
+            format!("--kubeconfig={}", env.cp.kubeconfig_path().display()),
+            format!("--namespace={}", env.namespace),
+            format!("--pod-name={pod_name}"),
+            format!("--claims-allowed-service-accounts={}:{WRITER_SA}", env.namespace),
+            "--shutdown-grace=2s".to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let config = Config::from_args(&args).map_err(|e| anyhow!("webhook flags: {e}"))?;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(nodewarden_webhook::run(config, shutdown.clone()));
+        let webhook = Webhook { shutdown, task };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match readyz(admin_port).await {
+                Ok((200, _)) => return Ok(webhook),
+                Ok((_, body)) if Instant::now() > deadline => bail!("webhook not ready after 60 s: {body}"),
+                Err(e) if Instant::now() > deadline => return Err(e.context("webhook admin port")),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+            if webhook.task.is_finished() {
+                bail!("the webhook exited while starting");
+            }
+        }
+    }
+
+    async fn stop(self) -> Result<()> {
+        self.shutdown.cancel();
+        self.task.await.context("webhook task")?.context("webhook run")
+    }
+}
+
+/// Status and body of `GET /readyz` on the admin port.
+async fn readyz(port: u16) -> Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("not an HTTP answer: {answer:?}"))?;
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    Ok((status, body))
+}
