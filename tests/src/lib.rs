@@ -16,6 +16,7 @@
 
 pub mod cluster;
 pub mod controlplane;
+pub mod helm;
 pub mod process;
 pub mod recorder;
 pub mod webhooks;

@@ -1,0 +1,1185 @@
+//! The Helm chart `charts/nodewarden`: it lints, renders what a platform team relies on for default
+//! and non-default values, refuses bad values with a message naming the problem, and installs into a
+//! real control plane (of its own: the validating webhooks it installs have failurePolicy Fail and
+//! would break other tests sharing one) and uninstalls cleanly.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use base64::Engine;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use nodewarden_tests::helm::{Helm, Rendered, chart_dir, helm_fixture};
+use nodewarden_tests::{ControlPlane, create_ready_node, wait_for_daemonset_pods};
+use serde_json::{Value, json};
+
+const NS: &str = "nodewarden";
+const RELEASE: &str = "nodewarden";
+const FIXTURES: [&str; 3] = ["cert-manager.yaml", "secret-mode.yaml", "everything-on.yaml"];
+
+// ---- lint --------------------------------------------------------------------------------------
+
+/// `helm lint --strict` passes with the default values and with each fixture values file.
+#[tokio::test]
+async fn lint_passes_strict_for_default_and_fixture_values() -> Result<()> {
+    let helm = Helm::locate().await?;
+    let chart = chart_dir().display().to_string();
+    let mut runs: Vec<Vec<String>> = vec![vec![]];
+    for f in FIXTURES {
+        runs.push(vec!["-f".into(), helm_fixture(f).display().to_string()]);
+    }
+    for extra in runs {
+        let mut args = vec!["lint".to_string(), "--strict".into(), chart.clone()];
+        args.extend(extra.iter().cloned());
+        let out = helm
+            .ok(&args)
+            .await
+            .with_context(|| format!("values {extra:?}"))?;
+        ensure!(
+            out.contains("0 chart(s) failed") && !out.contains("[ERROR]") && !out.contains("[WARNING]"),
+            "helm lint --strict {extra:?} reported problems:\n{out}"
+        );
+    }
+    Ok(())
+}
+
+// ---- default render ----------------------------------------------------------------------------
+
+/// The mutating webhook: DaemonSet pods only (CEL matchCondition), fails open, short timeout,
+/// no reinvocation, service client config with its path, no caBundle in managed mode.
+#[tokio::test]
+async fn default_mutating_webhook_fails_open_and_sees_only_daemonset_pods() -> Result<()> {
+    let r = render_default().await?;
+    let config = r.get("MutatingWebhookConfiguration", "nodewarden-mutating")?;
+    let hooks = config["webhooks"].as_array().context("webhooks")?;
+    ensure!(hooks.len() == 1, "one mutating webhook expected, got {hooks:#?}");
+    let hook = &hooks[0];
+    ensure!(
+        hook["name"] == "pods.rightsizing.nodewarden.io",
+        "name: {}",
+        hook["name"]
+    );
+    ensure!(
+        hook["failurePolicy"] == "Ignore",
+        "failurePolicy: {}",
+        hook["failurePolicy"]
+    );
+    let timeout = hook["timeoutSeconds"].as_i64().context("timeoutSeconds")?;
+    ensure!(
+        (1..=5).contains(&timeout),
+        "timeoutSeconds {timeout} must be 1..=5"
+    );
+    ensure!(hook["reinvocationPolicy"] == "Never");
+    ensure!(hook["sideEffects"] == "None");
+    ensure!(hook["admissionReviewVersions"] == json!(["v1"]));
+    ensure!(
+        hook["rules"]
+            == json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}]),
+        "rules: {}",
+        hook["rules"]
+    );
+    ensure!(
+        hook["clientConfig"]
+            == json!({"service": {"name": "nodewarden-webhook", "namespace": NS, "path": "/mutate/pods", "port": 443}}),
+        "clientConfig (no caBundle in managed mode): {}",
+        hook["clientConfig"]
+    );
+    // kube-system is not excluded: node agents there are DaemonSets too.
+    ensure!(
+        hook.get("namespaceSelector").is_none(),
+        "no namespaceSelector by default: {hook}"
+    );
+
+    let conditions = hook["matchConditions"].as_array().context("matchConditions")?;
+    ensure!(conditions.len() == 1, "one matchCondition: {conditions:?}");
+    let expr: String = conditions[0]["expression"]
+        .as_str()
+        .context("expression")?
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for needle in [
+        "has(object.metadata.ownerReferences)",
+        "object.metadata.ownerReferences.exists(r,",
+        "r.kind == 'DaemonSet'",
+        "r.apiVersion == 'apps/v1'",
+        "has(r.controller) && r.controller",
+    ] {
+        ensure!(expr.contains(needle), "matchCondition lacks `{needle}`: {expr}");
+    }
+    Ok(())
+}
+
+/// The validating webhooks: claims (CREATE/UPDATE/DELETE, Fail), node reports (CREATE/UPDATE, Fail),
+/// features (Feature objects only, with no owned resources configured).
+#[tokio::test]
+async fn default_validating_webhooks_fail_closed_with_their_rules() -> Result<()> {
+    let r = render_default().await?;
+    let config = r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?;
+    let hooks = config["webhooks"].as_array().context("webhooks")?;
+    let names: Vec<&str> = hooks.iter().filter_map(|h| h["name"].as_str()).collect();
+    ensure!(
+        names
+            == [
+                "claims.nodewarden.io",
+                "node-reports.nodewarden.io",
+                "features.nodewarden.io"
+            ],
+        "validating webhooks: {names:?}"
+    );
+    for hook in hooks {
+        let name = &hook["name"];
+        let timeout = hook["timeoutSeconds"].as_i64().context("timeoutSeconds")?;
+        ensure!(
+            (1..=5).contains(&timeout),
+            "{name}: timeoutSeconds {timeout} must be 1..=5"
+        );
+        ensure!(
+            hook["failurePolicy"] == "Fail",
+            "{name}: failurePolicy {}",
+            hook["failurePolicy"]
+        );
+        ensure!(hook["sideEffects"] == "None" && hook["admissionReviewVersions"] == json!(["v1"]));
+        ensure!(hook["clientConfig"]["service"]["name"] == "nodewarden-webhook");
+        ensure!(
+            hook["clientConfig"].get("caBundle").is_none(),
+            "{name}: caBundle rendered in managed mode"
+        );
+    }
+    let claims = webhook(config, "claims.nodewarden.io")?;
+    ensure!(claims["clientConfig"]["service"]["path"] == "/validate/claims");
+    ensure!(
+        claims["rules"]
+            == json!([{"apiGroups": ["nodewarden.io"], "apiVersions": ["v1alpha1"],
+                       "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["clusterclaims"], "scope": "Cluster"}]),
+        "claims rules (foreign claim kinds are opt-in): {}",
+        claims["rules"]
+    );
+    let reports = webhook(config, "node-reports.nodewarden.io")?;
+    ensure!(reports["clientConfig"]["service"]["path"] == "/validate/node-reports");
+    ensure!(reports["rules"][0]["operations"] == json!(["CREATE", "UPDATE"]));
+    ensure!(reports["rules"][0]["resources"] == json!(["noderecommendations", "nodefeaturereports"]));
+    let features = webhook(config, "features.nodewarden.io")?;
+    ensure!(features["clientConfig"]["service"]["path"] == "/validate/features");
+    ensure!(
+        features["rules"]
+            == json!([{"apiGroups": ["nodewarden.io"], "apiVersions": ["v1alpha1"],
+                       "operations": ["CREATE", "UPDATE"], "resources": ["features"], "scope": "Namespaced"}]),
+        "features rules without ownedResources: {}",
+        features["rules"]
+    );
+    Ok(())
+}
+
+/// The webhook Deployment: 2 hardened replicas spread over nodes, HTTPS 8443 behind Service port 443,
+/// probes on the admin port, settings in env, the TLS Secret mounted optionally; a PDB.
+#[tokio::test]
+async fn default_webhook_deployment_is_hardened_and_configured_by_env() -> Result<()> {
+    let r = render_default().await?;
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    ensure!(d["metadata"]["namespace"] == NS);
+    ensure!(d["spec"]["replicas"] == 2, "replicas: {}", d["spec"]["replicas"]);
+    let pod = &d["spec"]["template"]["spec"];
+    ensure!(pod["serviceAccountName"] == "nodewarden-webhook");
+    let anti = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    ensure!(
+        anti["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname",
+        "anti-affinity: {}",
+        pod["affinity"]
+    );
+    ensure!(
+        anti["podAffinityTerm"]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook",
+        "anti-affinity must select the webhook pods: {anti}"
+    );
+    ensure!(pod["securityContext"]["runAsNonRoot"] == true);
+    ensure!(pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault");
+    let c = container(d, "webhook")?;
+    assert_hardened(c).context("webhook container")?;
+    ensure!(c["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault");
+
+    let ports = ports_by_name(c);
+    ensure!(
+        ports.get("https") == Some(&8443) && ports.get("admin") == Some(&8080),
+        "ports: {ports:?}"
+    );
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
+        let get = &c[probe]["httpGet"];
+        ensure!(get["path"] == path, "{probe} path: {get}");
+        ensure!(
+            get["port"] == "admin" || get["port"] == 8080,
+            "{probe} must use the admin port 8080: {get}"
+        );
+    }
+    ensure!(
+        c["resources"]["requests"] == json!({"cpu": "100m", "memory": "128Mi"}),
+        "requests: {}",
+        c["resources"]
+    );
+
+    let expected_env = [
+        ("NODEWARDEN_LISTEN_ADDR", "0.0.0.0:8443"),
+        ("NODEWARDEN_ADMIN_ADDR", "0.0.0.0:8080"),
+        ("NODEWARDEN_TLS_CERT_FILE", "/etc/nodewarden/tls/tls.crt"),
+        ("NODEWARDEN_TLS_KEY_FILE", "/etc/nodewarden/tls/tls.key"),
+        ("NODEWARDEN_LOG_FORMAT", "json"),
+        ("NODEWARDEN_SHUTDOWN_DELAY", "5s"),
+        ("NODEWARDEN_CERT_MODE", "managed"),
+        ("NODEWARDEN_CERT_SECRET", "nodewarden-webhook-tls"),
+        (
+            "NODEWARDEN_WEBHOOK_CONFIGURATIONS",
+            "nodewarden-mutating,nodewarden-validating",
+        ),
+        ("NODEWARDEN_CLAIMS_ALLOWED_GROUPS", "system:masters"),
+        (
+            "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS",
+            "system:serviceaccount:nodewarden:nodewarden-webhook",
+        ),
+        ("NODEWARDEN_CLAIMS_INITIALIZE_ID", "false"),
+    ];
+    for (name, want) in expected_env {
+        ensure!(
+            env_value(c, name) == Some(want),
+            "env {name}: {:?}, want {want}",
+            env_value(c, name)
+        );
+    }
+    ensure!(env_field_ref(c, "NODEWARDEN_POD_NAMESPACE") == Some("metadata.namespace"));
+    ensure!(env_field_ref(c, "NODEWARDEN_POD_NAME") == Some("metadata.name"));
+    ensure!(
+        c["args"].is_null() && c["command"].is_null(),
+        "settings go in env, not args: {c}"
+    );
+
+    let tls = volume(d, "tls")?;
+    ensure!(
+        tls["secret"] == json!({"secretName": "nodewarden-webhook-tls", "optional": true}),
+        "managed mode mounts the Secret the webhook creates, optionally: {tls}"
+    );
+    ensure!(mount(c, "tls")?["mountPath"] == "/etc/nodewarden/tls" && mount(c, "tls")?["readOnly"] == true);
+
+    let svc = r.get("Service", "nodewarden-webhook")?;
+    let https = svc["spec"]["ports"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["port"] == 443))
+        .context("Service port 443")?;
+    ensure!(
+        https["targetPort"] == "https" || https["targetPort"] == 8443,
+        "443 -> 8443: {https}"
+    );
+    ensure!(
+        svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"],
+        "Service selects the webhook pods"
+    );
+
+    let pdb = r.get("PodDisruptionBudget", "nodewarden-webhook")?;
+    ensure!(pdb["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]);
+    ensure!(
+        pdb["spec"]["maxUnavailable"] == 1 || pdb["spec"]["minAvailable"] == 1,
+        "PDB: {pdb}"
+    );
+    Ok(())
+}
+
+/// The agent DaemonSet: on every node (tolerates every taint), node-critical, non-root, cgroup
+/// mounted read-only, checkpoint folder on the host, node name from the downward API.
+#[tokio::test]
+async fn default_agent_daemonset_runs_everywhere_and_reads_cgroups_read_only() -> Result<()> {
+    let r = render_default().await?;
+    let ds = r.get("DaemonSet", "nodewarden-agent")?;
+    let pod = &ds["spec"]["template"]["spec"];
+    ensure!(
+        pod["tolerations"] == json!([{"operator": "Exists"}]),
+        "tolerations: {}",
+        pod["tolerations"]
+    );
+    ensure!(pod["priorityClassName"] == "system-node-critical");
+    ensure!(pod["serviceAccountName"] == "nodewarden-agent");
+    ensure!(pod["securityContext"]["runAsNonRoot"] == true);
+    ensure!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == "10%");
+    let c = container(ds, "agent")?;
+    assert_hardened(c).context("agent container")?;
+    ensure!(
+        c["resources"]["requests"] == json!({"cpu": "10m", "memory": "32Mi"}),
+        "requests: {}",
+        c["resources"]
+    );
+    ensure!(c["resources"]["limits"]["memory"] == "64Mi");
+    ensure!(
+        ports_by_name(c).values().any(|p| *p == 8080),
+        "admin/metrics port 8080"
+    );
+
+    let cgroup = volume(ds, "cgroup")?;
+    ensure!(
+        cgroup["hostPath"]["path"] == "/sys/fs/cgroup",
+        "cgroup volume: {cgroup}"
+    );
+    let cg_mount = mount(c, "cgroup")?;
+    ensure!(cg_mount["mountPath"] == "/host/sys/fs/cgroup");
+    ensure!(
+        cg_mount["readOnly"] == true,
+        "the cgroup tree must be mounted read-only: {cg_mount}"
+    );
+    let checkpoint = volume(ds, "checkpoint")?;
+    ensure!(
+        checkpoint["hostPath"] == json!({"path": "/var/lib/nodewarden", "type": "DirectoryOrCreate"}),
+        "checkpoint volume: {checkpoint}"
+    );
+    ensure!(mount(c, "checkpoint")?["mountPath"] == "/var/lib/nodewarden");
+
+    ensure!(env_field_ref(c, "NODEWARDEN_NODE_NAME") == Some("spec.nodeName"));
+    for (name, want) in [
+        ("NODEWARDEN_CGROUP_ROOT", "/host/sys/fs/cgroup"),
+        ("NODEWARDEN_CHECKPOINT_DIR", "/var/lib/nodewarden"),
+        ("NODEWARDEN_ADMIN_ADDR", "0.0.0.0:8080"),
+        ("NODEWARDEN_SAMPLE_INTERVAL", "10s"),
+        ("NODEWARDEN_LOG_FORMAT", "json"),
+    ] {
+        ensure!(
+            env_value(c, name) == Some(want),
+            "env {name}: {:?}, want {want}",
+            env_value(c, name)
+        );
+    }
+    // The one root step hands the checkpoint folder to the agent's user, with two capabilities only.
+    let init = &pod["initContainers"][0];
+    ensure!(init["securityContext"]["capabilities"]["drop"] == json!(["ALL"]));
+    ensure!(init["securityContext"]["capabilities"]["add"] == json!(["CHOWN", "FOWNER"]));
+    ensure!(init["securityContext"]["allowPrivilegeEscalation"] == false);
+    ensure!(
+        r.has("Service", "nodewarden-agent-metrics"),
+        "agent metrics Service"
+    );
+    Ok(())
+}
+
+/// Managed certificates: nothing certificate-like is rendered (no Secret, no cert-manager objects, no
+/// hook Jobs), and RBAC reaches only the release's own Secret and webhook configurations by name.
+#[tokio::test]
+async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Result<()> {
+    let r = render_default().await?;
+    ensure!(
+        r.of_kind("Secret").is_empty(),
+        "managed mode must not render a Secret: {:?}",
+        r.names()
+    );
+    for kind in ["Certificate", "Issuer", "Job", "ServiceMonitor", "NetworkPolicy"] {
+        ensure!(
+            r.of_kind(kind).is_empty(),
+            "no {kind} by default: {:?}",
+            r.names()
+        );
+    }
+    for o in &r.objects {
+        let annotations = &o["metadata"]["annotations"];
+        ensure!(annotations.get("helm.sh/hook").is_none(), "no helm hooks: {o}");
+        if o["kind"] != "ClusterRole"
+            && o["kind"] != "ClusterRoleBinding"
+            && !o["kind"].as_str().unwrap_or("").ends_with("WebhookConfiguration")
+        {
+            ensure!(
+                o["metadata"]["namespace"] == NS,
+                "namespaced objects go to the release namespace: {o}"
+            );
+        }
+    }
+
+    for role in r.of_kind("ClusterRole").into_iter().chain(r.of_kind("Role")) {
+        let name = &role["metadata"]["name"];
+        for rule in role["rules"].as_array().context("rules")? {
+            for field in ["verbs", "resources", "apiGroups"] {
+                ensure!(
+                    !rule[field].as_array().is_some_and(|v| v.iter().any(|x| x == "*")),
+                    "{name}: no wildcard {field}: {rule}"
+                );
+            }
+            let resources = rule["resources"].as_array().context("resources")?;
+            ensure!(
+                !resources.iter().any(|x| x == "nodes/proxy"),
+                "{name}: never nodes/proxy"
+            );
+            if role["kind"] == "ClusterRole" {
+                ensure!(
+                    !resources.iter().any(|x| x == "secrets"),
+                    "{name}: no cluster-wide Secret access: {rule}"
+                );
+            }
+        }
+    }
+    let webhook_cr = r.get("ClusterRole", "nodewarden-webhook")?;
+    let configs = rules_for(webhook_cr, "validatingwebhookconfigurations");
+    ensure!(
+        configs.len() == 1,
+        "one rule for webhook configurations: {configs:?}"
+    );
+    ensure!(configs[0]["resourceNames"] == json!(["nodewarden-mutating", "nodewarden-validating"]));
+    ensure!(
+        !rules_for(webhook_cr, "pods").iter().any(|_| true),
+        "the webhook needs no access to pods"
+    );
+
+    let webhook_role = r.get("Role", "nodewarden-webhook")?;
+    for rule in rules_for(webhook_role, "secrets") {
+        let verbs = rule["verbs"].as_array().context("verbs")?;
+        if verbs != &vec![json!("create")] {
+            ensure!(
+                rule["resourceNames"] == json!(["nodewarden-webhook-tls"]),
+                "Secret access beyond create is limited to the webhook's own Secret: {rule}"
+            );
+        }
+    }
+    let agent_cr = r.get("ClusterRole", "nodewarden-agent")?;
+    ensure!(rules_for(agent_cr, "nodes/metrics")[0]["verbs"] == json!(["get"]));
+    for resource in ["noderecommendations", "nodefeaturereports"] {
+        let verbs = &rules_for(agent_cr, resource)[0]["verbs"];
+        for v in ["get", "create", "patch"] {
+            ensure!(
+                verbs.as_array().is_some_and(|vs| vs.iter().any(|x| x == v)),
+                "agent {resource}: {v}"
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---- other values ------------------------------------------------------------------------------
+
+/// certManager mode: a self-signed CA chain and a serving Certificate for the Service's DNS names; both
+/// webhook configurations carry the cainjector annotation; the webhook gets no Secret or webhook
+/// configuration rights.
+#[tokio::test]
+async fn cert_manager_mode_renders_issuer_chain_and_injection_annotation() -> Result<()> {
+    let r = render_with_fixture("cert-manager.yaml").await?;
+    let cert = r.get("Certificate", "nodewarden-webhook-tls")?;
+    ensure!(cert["spec"]["secretName"] == "nodewarden-webhook-tls");
+    let dns = cert["spec"]["dnsNames"].as_array().context("dnsNames")?;
+    ensure!(
+        dns.iter().any(|d| d == "nodewarden-webhook.nodewarden.svc"),
+        "dnsNames: {dns:?}"
+    );
+    ensure!(cert["spec"]["issuerRef"]["name"] == "nodewarden-ca");
+    ensure!(r.get("Certificate", "nodewarden-ca")?["spec"]["isCA"] == true);
+    ensure!(r.get("Issuer", "nodewarden-selfsigned")?["spec"]["selfSigned"] == json!({}));
+    ensure!(r.get("Issuer", "nodewarden-ca")?["spec"]["ca"]["secretName"] == "nodewarden-ca");
+    for (kind, name) in [
+        ("MutatingWebhookConfiguration", "nodewarden-mutating"),
+        ("ValidatingWebhookConfiguration", "nodewarden-validating"),
+    ] {
+        let c = r.get(kind, name)?;
+        ensure!(
+            c["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+                == "nodewarden/nodewarden-webhook-tls",
+            "{name} annotations: {}",
+            c["metadata"]["annotations"]
+        );
+    }
+    ensure!(r.of_kind("Secret").is_empty());
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    ensure!(volume(d, "tls")?["secret"] == json!({"secretName": "nodewarden-webhook-tls"}));
+    ensure!(env_value(container(d, "webhook")?, "NODEWARDEN_CERT_MODE") == Some("certManager"));
+    let cr = r.get("ClusterRole", "nodewarden-webhook")?;
+    ensure!(
+        rules_for(cr, "validatingwebhookconfigurations").is_empty(),
+        "cainjector patches, not the webhook"
+    );
+    ensure!(rules_for(r.get("Role", "nodewarden-webhook")?, "secrets").is_empty());
+    // guardAboutApi in this fixture: ClusterProperties are guarded and watched.
+    let claims = webhook(
+        r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?,
+        "claims.nodewarden.io",
+    )?;
+    ensure!(
+        claims["rules"].as_array().is_some_and(|rs| rs
+            .iter()
+            .any(|x| x["apiGroups"] == json!(["about.k8s.io"])
+                && x["apiVersions"] == json!(["v1alpha1", "v1beta1"])
+                && x["resources"] == json!(["clusterproperties"]))),
+        "claims rules: {}",
+        claims["rules"]
+    );
+    ensure!(!rules_for(cr, "clusterproperties").is_empty());
+    Ok(())
+}
+
+/// secret mode: the given CA (PEM in the values) becomes the base64 caBundle of every webhook; the
+/// Deployment mounts the given Secret; nothing certificate-like is rendered.
+#[tokio::test]
+async fn secret_mode_puts_the_given_ca_in_every_webhook() -> Result<()> {
+    let r = render_with_fixture("secret-mode.yaml").await?;
+    let values: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(helm_fixture("secret-mode.yaml"))?)?;
+    let pem = values["certificates"]["secret"]["caBundle"]
+        .as_str()
+        .context("caBundle in fixture")?;
+    let want = base64::engine::general_purpose::STANDARD.encode(pem.trim());
+    let mut seen = 0;
+    for kind in ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"] {
+        for c in r.of_kind(kind) {
+            for hook in c["webhooks"].as_array().context("webhooks")? {
+                ensure!(
+                    hook["clientConfig"]["caBundle"] == want.as_str(),
+                    "{}: caBundle",
+                    hook["name"]
+                );
+                seen += 1;
+            }
+        }
+    }
+    ensure!(seen == 4, "4 webhooks with a caBundle, saw {seen}");
+    ensure!(r.of_kind("Secret").is_empty() && r.of_kind("Certificate").is_empty());
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    ensure!(volume(d, "tls")?["secret"] == json!({"secretName": "my-webhook-tls"}));
+    ensure!(env_value(container(d, "webhook")?, "NODEWARDEN_CERT_SECRET") == Some("my-webhook-tls"));
+    Ok(())
+}
+
+/// Everything switched on: owned resources reach the features webhook and RBAC, foreign claim kinds
+/// are guarded, monitoring and network policies appear, names follow fullnameOverride.
+#[tokio::test]
+async fn everything_on_renders_every_optional_part() -> Result<()> {
+    let r = render_with_fixture("everything-on.yaml").await?;
+    let config = r.get("ValidatingWebhookConfiguration", "nw-validating")?;
+    let features = webhook(config, "features.nodewarden.io")?;
+    ensure!(features["failurePolicy"] == "Ignore");
+    let rules = features["rules"].as_array().context("rules")?;
+    ensure!(rules.len() == 3, "features + 2 owned resource groups: {rules:?}");
+    ensure!(
+        rules[1]["resources"] == json!(["deployments", "statefulsets"])
+            && rules[1]["apiGroups"] == json!(["apps"])
+    );
+    ensure!(
+        features["namespaceSelector"]["matchExpressions"][0]["values"] == json!(["kube-system"]),
+        "namespaceSelector passed through: {}",
+        features["namespaceSelector"]
+    );
+    let cr = r.get("ClusterRole", "nw-webhook")?;
+    let deploy_rules = rules_for(cr, "deployments");
+    ensure!(
+        deploy_rules.len() == 1
+            && deploy_rules[0]["verbs"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|x| x == "patch")),
+        "the Clear task may patch owned resources: {deploy_rules:?}"
+    );
+    let claims = webhook(config, "claims.nodewarden.io")?;
+    let groups: Vec<&Value> = claims["rules"]
+        .as_array()
+        .context("rules")?
+        .iter()
+        .map(|x| &x["apiGroups"][0])
+        .collect();
+    ensure!(
+        groups
+            == [
+                &json!("nodewarden.io"),
+                &json!("about.k8s.io"),
+                &json!("cluster.open-cluster-management.io")
+            ],
+        "claims rule groups: {groups:?}"
+    );
+    ensure!(
+        rules_for(cr, "clusterclaims")
+            .iter()
+            .any(|x| x["verbs"] == json!(["create"])),
+        "initializeId needs create on clusterclaims"
+    );
+    let mutating = webhook(
+        r.get("MutatingWebhookConfiguration", "nw-mutating")?,
+        "pods.rightsizing.nodewarden.io",
+    )?;
+    ensure!(mutating["timeoutSeconds"] == 2 && mutating["namespaceSelector"]["matchExpressions"].is_array());
+    ensure!(
+        r.of_kind("ServiceMonitor").len() == 2,
+        "ServiceMonitors: {:?}",
+        r.names()
+    );
+    ensure!(
+        r.of_kind("NetworkPolicy").len() == 2,
+        "NetworkPolicies: {:?}",
+        r.names()
+    );
+
+    let d = r.get("Deployment", "nw-webhook")?;
+    ensure!(d["spec"]["replicas"] == 3);
+    let c = container(d, "webhook")?;
+    ensure!(c["image"].as_str().is_some_and(|i| {
+        i.ends_with("@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+    }));
+    ensure!(
+        env_value(c, "NODEWARDEN_MAX_BODY_BYTES") == Some("8388608"),
+        "extraEnv"
+    );
+    ensure!(env_value(c, "NODEWARDEN_CLAIMS_ALLOWED_USERS") == Some("alice"));
+    ensure!(
+        env_value(c, "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS")
+            == Some("system:serviceaccount:nodewarden:nw-webhook,system:serviceaccount:mcs:controller"),
+        "own service account first, then the configured ones: {:?}",
+        env_value(c, "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS")
+    );
+    ensure!(
+        d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            .is_array()
+    );
+    let ds = r.get("DaemonSet", "nw-agent")?;
+    ensure!(
+        ds["spec"]["template"]["spec"]["priorityClassName"].is_null(),
+        "empty priorityClassName is left out"
+    );
+    ensure!(ds["spec"]["template"]["spec"]["initContainers"].is_null());
+    ensure!(volume(ds, "checkpoint")?["hostPath"]["path"] == "/var/lib/nodewarden-alt");
+    ensure!(container(ds, "agent")?["image"] == "nodewarden/nodewarden-agent:0.1.0-rc1");
+    ensure!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == "25%");
+    for o in &r.objects {
+        ensure!(
+            o["metadata"]["labels"]["team"] == "platform",
+            "commonLabels on {}",
+            o["metadata"]["name"]
+        );
+    }
+    Ok(())
+}
+
+/// Each webhook entry (and the agent) can be switched off, and the webhook is told which
+/// configurations remain for it to keep current.
+#[tokio::test]
+async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
+    let helm = Helm::locate().await?;
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "rightsizing.enabled=false,claims.enabled=false,agent.enabled=false",
+            ],
+        )
+        .await?;
+    ensure!(
+        r.of_kind("MutatingWebhookConfiguration").is_empty(),
+        "{:?}",
+        r.names()
+    );
+    ensure!(r.of_kind("DaemonSet").is_empty() && !r.has("ClusterRole", "nodewarden-agent"));
+    let config = r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?;
+    let names: Vec<&str> = config["webhooks"]
+        .as_array()
+        .context("webhooks")?
+        .iter()
+        .filter_map(|h| h["name"].as_str())
+        .collect();
+    ensure!(
+        names == ["node-reports.nodewarden.io", "features.nodewarden.io"],
+        "{names:?}"
+    );
+    let c = container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?;
+    ensure!(env_value(c, "NODEWARDEN_WEBHOOK_CONFIGURATIONS") == Some("nodewarden-validating"));
+    let cr = r.get("ClusterRole", "nodewarden-webhook")?;
+    ensure!(
+        rules_for(cr, "validatingwebhookconfigurations")[0]["resourceNames"]
+            == json!(["nodewarden-validating"])
+    );
+
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "nodeReports.enabled=false,claims.enabled=false,features.enabled=false",
+            ],
+        )
+        .await?;
+    ensure!(
+        r.of_kind("ValidatingWebhookConfiguration").is_empty(),
+        "{:?}",
+        r.names()
+    );
+    ensure!(r.has("MutatingWebhookConfiguration", "nodewarden-mutating"));
+    Ok(())
+}
+
+/// Bad values make `helm template` fail, and the message names the value and what is accepted.
+#[tokio::test]
+async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result<()> {
+    let helm = Helm::locate().await?;
+    let cases: [(&[&str], &[&str]); 7] = [
+        (
+            &["--set", "certificates.mode=bogus"],
+            &["certificates/mode", "managed", "certManager", "secret"],
+        ),
+        (
+            &["--set", "rightsizing.timeoutSeconds=30"],
+            &["rightsizing/timeoutSeconds", "5"],
+        ),
+        (
+            &["--set", "claims.timeoutSeconds=0"],
+            &["claims/timeoutSeconds", "1"],
+        ),
+        (
+            &["--set", "features.failurePolicy=Maybe"],
+            &["features/failurePolicy", "Fail", "Ignore"],
+        ),
+        (
+            &[
+                "--set",
+                "certificates.mode=secret,certificates.secret.name=my-tls",
+            ],
+            &["certificates.secret.caBundle", "empty"],
+        ),
+        (
+            &["--set", "certificates.mode=secret"],
+            &["certificates.secret.name", "empty"],
+        ),
+        (&["--set", "webhook.replica=3"], &["replica", "not allowed"]),
+    ];
+    for (args, needles) in cases {
+        let out = helm.template_raw(RELEASE, NS, args).await?;
+        ensure!(!out.success, "helm template {args:?} should fail, it rendered");
+        for needle in needles {
+            ensure!(
+                out.stderr.contains(needle),
+                "helm template {args:?}: the error should name `{needle}`:\n{}",
+                out.stderr
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---- install into a control plane --------------------------------------------------------------
+
+/// `helm install` into a control plane of its own: CRDs established; Deployment, DaemonSet,
+/// Service, RBAC and webhook configurations in place; the DaemonSet controller creates an agent pod
+/// on every node (a tainted one too); the fail-closed webhooks are live (claim writes are refused
+/// while no webhook runs); the RBAC grants exactly what the components need; `helm uninstall`
+/// removes it all but the CRDs.
+#[tokio::test]
+async fn install_creates_working_objects_and_uninstall_removes_them() {
+    let cp = match ControlPlane::start().await {
+        Ok(cp) => cp,
+        Err(e) => panic!("starting a control plane: {e:#}"),
+    };
+    if let Err(e) = install_and_uninstall(&cp).await {
+        eprintln!(
+            "nodewarden-tests: helm install test failed; control plane logs ({}):\n{}",
+            cp.dir().display(),
+            cp.log_tails(40)
+        );
+        panic!("{e:#}");
+    }
+}
+
+async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
+    let client = cp.admin_client().await?;
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let name = format!("helm-node-{i}");
+        let labels = BTreeMap::from([("kubernetes.io/hostname".to_string(), name.clone())]);
+        create_ready_node(cp, &client, &name, labels).await?;
+        nodes.push(name);
+    }
+    // A node only dedicated pods tolerate: the agent must still run there.
+    let node_api: Api<Node> = Api::all(client.clone());
+    node_api
+        .patch(
+            "helm-node-2",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}),
+            ),
+        )
+        .await?;
+
+    let helm = Helm::for_control_plane(cp)?;
+    let chart = chart_dir().display().to_string();
+    let notes = helm
+        .ok(&[
+            "install",
+            RELEASE,
+            &chart,
+            "--namespace",
+            NS,
+            "--create-namespace",
+        ])
+        .await?;
+    ensure!(
+        notes.contains("Deployment nodewarden-webhook") && notes.contains("rollout status"),
+        "install prints NOTES saying what was installed and how to check it:\n{notes}"
+    );
+
+    // CRDs from crds/ are installed and served.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for plural in [
+        "clusterclaims",
+        "daemonsetautoscalers",
+        "features",
+        "nodefeaturereports",
+        "noderecommendations",
+    ] {
+        let name = format!("{plural}.nodewarden.io");
+        cp.poll(&format!("CRD {name} Established"), || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let crd = crds.get(&name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+                Ok(established.then_some(()))
+            }
+        })
+        .await?;
+    }
+
+    // The objects an operator looks for, by name.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let deployment = deployments.get("nodewarden-webhook").await?;
+    ensure!(deployment.spec.as_ref().and_then(|s| s.replicas) == Some(2));
+    Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .get("nodewarden-agent")
+        .await?;
+    Api::<Service>::namespaced(client.clone(), NS)
+        .get("nodewarden-webhook")
+        .await?;
+    Api::<Service>::namespaced(client.clone(), NS)
+        .get("nodewarden-agent-metrics")
+        .await?;
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+        .get("nodewarden-webhook")
+        .await?;
+    for sa in ["nodewarden-webhook", "nodewarden-agent"] {
+        Api::<ServiceAccount>::namespaced(client.clone(), NS)
+            .get(sa)
+            .await?;
+        Api::<ClusterRole>::all(client.clone()).get(sa).await?;
+        Api::<ClusterRoleBinding>::all(client.clone()).get(sa).await?;
+    }
+    Api::<Role>::namespaced(client.clone(), NS)
+        .get("nodewarden-webhook")
+        .await?;
+    Api::<RoleBinding>::namespaced(client.clone(), NS)
+        .get("nodewarden-webhook")
+        .await?;
+    // The API server compiled and kept the CEL matchCondition.
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("nodewarden-mutating")
+        .await?;
+    let hook = mutating
+        .webhooks
+        .as_deref()
+        .and_then(|w| w.first())
+        .context("mutating webhook")?;
+    ensure!(
+        hook.match_conditions.as_ref().is_some_and(|m| m.len() == 1),
+        "matchConditions stored"
+    );
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get("nodewarden-validating")
+        .await?;
+    ensure!(validating.webhooks.as_ref().map(Vec::len) == Some(3));
+
+    // The DaemonSet controller puts one agent on every node, the tainted one included; the pods
+    // are admitted although the mutating webhook is not running (failurePolicy Ignore), with the
+    // node-critical priority resolved and the node name wired from the downward API.
+    let pods = wait_for_daemonset_pods(cp, &client, NS, "nodewarden-agent", &nodes).await?;
+    for (node, pod) in &pods {
+        let spec = pod.spec.as_ref().context("pod spec")?;
+        ensure!(
+            spec.priority == Some(2_000_001_000),
+            "{node}: priority {:?}",
+            spec.priority
+        );
+        let env = spec.containers[0].env.as_deref().unwrap_or_default();
+        let node_name = env
+            .iter()
+            .find(|e| e.name == "NODEWARDEN_NODE_NAME")
+            .context("NODEWARDEN_NODE_NAME")?;
+        let field = node_name.value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+        ensure!(field.map(|f| f.field_path.as_str()) == Some("spec.nodeName"));
+    }
+    // The webhook replicas are created (they stay Pending: no kubelet, no scheduler).
+    let webhook_pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    cp.poll("2 webhook pods", || {
+        let webhook_pods = webhook_pods.clone();
+        async move {
+            let n = webhook_pods
+                .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+                .await?
+                .items
+                .len();
+            Ok((n == 2).then_some(()))
+        }
+    })
+    .await?;
+
+    // The fail-closed webhooks are live: with no webhook serving, a claim write is refused by
+    // the API server naming the webhook, instead of slipping through unchecked.
+    let claims_api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource {
+            group: "nodewarden.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "nodewarden.io/v1alpha1".into(),
+            kind: "ClusterClaim".into(),
+            plural: "clusterclaims".into(),
+        },
+    );
+    let claim: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "ClusterClaim",
+        "metadata": {"name": "region.example.com"}, "spec": {"value": "eu-west-1"},
+    }))?;
+    match claims_api.create(&PostParams::default(), &claim).await {
+        Ok(_) => bail!(
+            "a ClusterClaim was written although the claims webhook (failurePolicy Fail) is not running"
+        ),
+        Err(e) => ensure!(
+            e.to_string().contains("claims.nodewarden.io"),
+            "the refusal should name the webhook: {e}"
+        ),
+    }
+
+    check_rbac(&client).await?;
+
+    // Uninstall removes everything the chart created, except the CRDs (Helm never deletes those).
+    helm.ok(&["uninstall", RELEASE, "--namespace", NS]).await?;
+    let c = client.clone();
+    cp.poll("the release's objects to be gone", || {
+        let c = c.clone();
+        async move {
+            let left = leftovers(&c).await?;
+            Ok(left.is_empty().then_some(()))
+        }
+    })
+    .await
+    .with_context(|| "after helm uninstall")?;
+    crds.get("clusterclaims.nodewarden.io")
+        .await
+        .context("helm keeps CRDs on uninstall, as the NOTES say")?;
+    Ok(())
+}
+
+/// What is still there of the release (pods included: the garbage collector removes them).
+async fn leftovers(client: &Client) -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    let ns_params = ListParams::default().labels("app.kubernetes.io/instance=nodewarden");
+    macro_rules! check {
+        ($kind:ty, $api:expr) => {
+            let api: Api<$kind> = $api;
+            for o in api.list(&ns_params).await?.items {
+                left.push(format!(
+                    "{} {}",
+                    std::any::type_name::<$kind>()
+                        .rsplit("::")
+                        .next()
+                        .unwrap_or("?"),
+                    kube::ResourceExt::name_any(&o)
+                ));
+            }
+        };
+    }
+    check!(Deployment, Api::namespaced(client.clone(), NS));
+    check!(DaemonSet, Api::namespaced(client.clone(), NS));
+    check!(Service, Api::namespaced(client.clone(), NS));
+    check!(ServiceAccount, Api::namespaced(client.clone(), NS));
+    check!(Role, Api::namespaced(client.clone(), NS));
+    check!(RoleBinding, Api::namespaced(client.clone(), NS));
+    check!(PodDisruptionBudget, Api::namespaced(client.clone(), NS));
+    check!(Pod, Api::namespaced(client.clone(), NS));
+    check!(ClusterRole, Api::all(client.clone()));
+    check!(ClusterRoleBinding, Api::all(client.clone()));
+    check!(MutatingWebhookConfiguration, Api::all(client.clone()));
+    check!(ValidatingWebhookConfiguration, Api::all(client.clone()));
+    Ok(left)
+}
+
+/// What each component's service account may and may not do, one case per line:
+/// `<webhook|agent> <verb> <group>/<resource>[/<subresource>] <namespace|-> <name|-> <yes|no>`
+/// (the core group is written `core`).
+const RBAC_CASES: &[&str] = &[
+    "webhook patch admissionregistration.k8s.io/validatingwebhookconfigurations - nodewarden-validating yes",
+    "webhook patch admissionregistration.k8s.io/mutatingwebhookconfigurations - nodewarden-mutating yes",
+    "webhook patch admissionregistration.k8s.io/validatingwebhookconfigurations - someone-elses no",
+    "webhook get core/secrets nodewarden nodewarden-webhook-tls yes",
+    "webhook update core/secrets nodewarden nodewarden-webhook-tls yes",
+    "webhook create core/secrets nodewarden - yes",
+    "webhook get core/secrets nodewarden another-secret no",
+    "webhook get core/secrets kube-system nodewarden-webhook-tls no",
+    "webhook create coordination.k8s.io/leases nodewarden - yes",
+    "webhook update coordination.k8s.io/leases nodewarden nodewarden-controllers yes",
+    "webhook update coordination.k8s.io/leases kube-system nodewarden-controllers no",
+    "webhook watch nodewarden.io/daemonsetautoscalers - - yes",
+    "webhook patch nodewarden.io/features/status default x yes",
+    "webhook patch nodewarden.io/features default x no",
+    "webhook list core/limitranges - - yes",
+    "webhook get core/namespaces - kube-system yes",
+    "webhook get core/namespaces - default no",
+    "webhook list core/pods - - no",
+    "webhook create nodewarden.io/clusterclaims - - no",
+    "agent watch core/pods - - yes",
+    "agent get core/nodes/metrics - helm-node-0 yes",
+    "agent get core/nodes/proxy - helm-node-0 no",
+    "agent create nodewarden.io/noderecommendations - - yes",
+    "agent patch nodewarden.io/nodefeaturereports - helm-node-0 yes",
+    "agent list nodewarden.io/daemonsetautoscalers - - yes",
+    "agent update nodewarden.io/daemonsetautoscalers default x no",
+    "agent get core/secrets nodewarden nodewarden-webhook-tls no",
+    "agent delete core/pods nodewarden x no",
+];
+
+/// Asks the real authorizer (SubjectAccessReview) about each of [`RBAC_CASES`].
+async fn check_rbac(client: &Client) -> Result<()> {
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    let mut wrong = Vec::new();
+    for case in RBAC_CASES {
+        let [who, verb, resource, ns, name, want] = case.split_whitespace().collect::<Vec<_>>()[..] else {
+            bail!("malformed RBAC case {case:?}");
+        };
+        let user = format!("system:serviceaccount:{NS}:nodewarden-{who}");
+        let mut parts = resource.splitn(3, '/');
+        let group = parts
+            .next()
+            .map(|g| if g == "core" { "" } else { g })
+            .unwrap_or_default();
+        let resource = parts.next().context("resource")?;
+        let subresource = parts.next();
+        let some = |s: &str| (s != "-").then(|| s.to_string());
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user),
+                groups: Some(vec![
+                    "system:serviceaccounts".to_string(),
+                    format!("system:serviceaccounts:{NS}"),
+                    "system:authenticated".to_string(),
+                ]),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.to_string()),
+                    group: Some(group.to_string()),
+                    resource: Some(resource.to_string()),
+                    subresource: subresource.map(str::to_string),
+                    namespace: some(ns),
+                    name: some(name),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let got = api.create(&PostParams::default(), &review).await?;
+        let allowed = got.status.map(|s| s.allowed).unwrap_or(false);
+        if allowed != (want == "yes") {
+            wrong.push(format!("{case}: allowed={allowed}"));
+        }
+    }
+    if !wrong.is_empty() {
+        return Err(anyhow!(
+            "RBAC differs from what the components need:\n{}",
+            wrong.join("\n")
+        ));
+    }
+    Ok(())
+}
+
+// ---- helpers -----------------------------------------------------------------------------------
+
+async fn render_default() -> Result<Rendered> {
+    Helm::locate().await?.template::<&str>(RELEASE, NS, &[]).await
+}
+
+async fn render_with_fixture(file: &str) -> Result<Rendered> {
+    let path = helm_fixture(file).display().to_string();
+    Helm::locate()
+        .await?
+        .template(RELEASE, NS, &["-f", path.as_str()])
+        .await
+}
+
+fn webhook<'a>(config: &'a Value, name: &str) -> Result<&'a Value> {
+    config["webhooks"]
+        .as_array()
+        .and_then(|hs| hs.iter().find(|h| h["name"] == name))
+        .ok_or_else(|| anyhow!("no webhook {name} in {}", config["metadata"]["name"]))
+}
+
+fn container<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .ok_or_else(|| anyhow!("no container {name} in {}", workload["metadata"]["name"]))
+}
+
+fn volume<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
+    workload["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == name))
+        .ok_or_else(|| anyhow!("no volume {name} in {}", workload["metadata"]["name"]))
+}
+
+fn mount<'a>(container: &'a Value, name: &str) -> Result<&'a Value> {
+    container["volumeMounts"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == name))
+        .ok_or_else(|| anyhow!("no volumeMount {name} in container {}", container["name"]))
+}
+
+fn env_entry<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"].as_array()?.iter().find(|e| e["name"] == name)
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    env_entry(container, name)?["value"].as_str()
+}
+
+fn env_field_ref<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    env_entry(container, name)?["valueFrom"]["fieldRef"]["fieldPath"].as_str()
+}
+
+fn ports_by_name(container: &Value) -> BTreeMap<String, i64> {
+    container["ports"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| Some((p["name"].as_str()?.to_string(), p["containerPort"].as_i64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn rules_for<'a>(role: &'a Value, resource: &str) -> Vec<&'a Value> {
+    role["rules"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter(|r| {
+                    r["resources"]
+                        .as_array()
+                        .is_some_and(|xs| xs.iter().any(|x| x == resource))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn assert_hardened(c: &Value) -> Result<()> {
+    let sc = &c["securityContext"];
+    ensure!(sc["runAsNonRoot"] == true, "runAsNonRoot: {sc}");
+    ensure!(
+        sc["readOnlyRootFilesystem"] == true,
+        "readOnlyRootFilesystem: {sc}"
+    );
+    ensure!(
+        sc["allowPrivilegeEscalation"] == false,
+        "allowPrivilegeEscalation: {sc}"
+    );
+    ensure!(sc["capabilities"]["drop"] == json!(["ALL"]), "capabilities: {sc}");
+    ensure!(sc["privileged"] != true, "privileged: {sc}");
+    Ok(())
+}
