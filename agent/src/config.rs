@@ -220,6 +220,15 @@ impl EstimatorFlags {
 }
 
 impl Config {
+    /// Parses flags from `args` (the first being the program name), as from the command line.
+    pub fn try_from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Self::try_parse_from(args)
+    }
+
     pub fn publish(&self) -> PublishConfig {
         PublishConfig {
             change_threshold: self.change_threshold,
