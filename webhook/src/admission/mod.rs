@@ -5,7 +5,9 @@
 //! with `allowed: false` and a message; anything else gets a 4xx with a message.
 
 pub mod claims;
+pub mod node_reports;
 pub mod review;
+pub mod rightsizing;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

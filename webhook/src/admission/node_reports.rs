@@ -1,0 +1,183 @@
+//! The node-reports guard: `NodeRecommendation/<n>` and `NodeFeatureReport/<n>` may be created or
+//! updated only by the nodewarden agent on node `<n>`, so one compromised node cannot steer the
+//! pods of another.
+//!
+//! A write is allowed when
+//! * the requester is in one of the allowed groups (`--node-reports-allowed-groups`, default
+//!   `system:masters`), or
+//! * the requester is the agent's service account (`--agent-service-account ns:name`; when unset,
+//!   any service account) and its token is bound to a pod on node `<n>`:
+//!   `userInfo.extra["authentication.kubernetes.io/node-name"] == ["<n>"]`.
+//!
+//! Everything else is denied with a message that names the node in the token and the node in
+//! the object. DELETE is not guarded (the chart does not send it): removing a report only makes
+//! that node's pods fall back to the cold-start choice.
+
+use clap::Args;
+
+use super::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+
+/// Path of the node-reports webhook.
+pub const ROUTE: &str = "/validate/node-reports";
+/// The `userInfo.extra` key of a bound token's node name.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+/// The kinds the guard covers.
+pub const KINDS: [&str; 2] = ["NodeRecommendation", "NodeFeatureReport"];
+
+/// Flags of the guard.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct NodeReportsArgs {
+    /// The agent's service account as `namespace:name`; only it (with a token bound to node N)
+    /// may write node N's reports. Unset: any service account whose token is bound to node N.
+    #[arg(long, env = "NODEWARDEN_AGENT_SERVICE_ACCOUNT", value_parser = parse_service_account)]
+    pub agent_service_account: Option<String>,
+
+    /// Groups whose members may write any node's reports (comma-separated).
+    #[arg(
+        long,
+        env = "NODEWARDEN_NODE_REPORTS_ALLOWED_GROUPS",
+        value_delimiter = ',',
+        default_value = "system:masters"
+    )]
+    pub node_reports_allowed_groups: Vec<String>,
+}
+
+/// `ns:name` → `system:serviceaccount:ns:name`.
+pub fn parse_service_account(text: &str) -> Result<String, String> {
+    let accepted = "expected namespace:name, e.g. nodewarden:nodewarden-agent";
+    let (ns, name) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not a service account: {accepted}"))?;
+    let valid = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    };
+    if !valid(ns) || !valid(name) {
+        return Err(format!(
+            "{text:?} is not a service account: {accepted} (lower-case DNS names)"
+        ));
+    }
+    Ok(format!("system:serviceaccount:{ns}:{name}"))
+}
+
+/// The guard's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReportsPolicy {
+    /// Full user name of the agent (`system:serviceaccount:ns:name`), if pinned.
+    pub agent_user: Option<String>,
+    pub allowed_groups: Vec<String>,
+}
+
+impl From<&NodeReportsArgs> for NodeReportsPolicy {
+    fn from(args: &NodeReportsArgs) -> Self {
+        NodeReportsPolicy {
+            agent_user: args.agent_service_account.clone(),
+            allowed_groups: args
+                .node_reports_allowed_groups
+                .iter()
+                .map(|g| g.trim().to_string())
+                .filter(|g| !g.is_empty())
+                .collect(),
+        }
+    }
+}
+
+impl Default for NodeReportsPolicy {
+    fn default() -> Self {
+        NodeReportsPolicy {
+            agent_user: None,
+            allowed_groups: vec!["system:masters".to_string()],
+        }
+    }
+}
+
+/// The `/validate/node-reports` handler.
+pub struct NodeReportsGuard {
+    policy: NodeReportsPolicy,
+}
+
+impl NodeReportsGuard {
+    pub fn new(policy: NodeReportsPolicy) -> Self {
+        NodeReportsGuard { policy }
+    }
+}
+
+/// Allowed, or denied with the message.
+pub fn decide(policy: &NodeReportsPolicy, request: &AdmissionRequest) -> Result<(), String> {
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return Ok(());
+    }
+    let kind = request.kind.kind.as_str();
+    if !KINDS.contains(&kind) {
+        return Ok(());
+    }
+    let user = &request.user_info;
+    if user.groups.iter().any(|g| policy.allowed_groups.contains(g)) {
+        return Ok(());
+    }
+    let object_name = request
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .or_else(|| {
+            request
+                .object_as::<serde_json::Value>()
+                .ok()?
+                .pointer("/metadata/name")?
+                .as_str()
+                .map(str::to_string)
+        });
+    let Some(node) = object_name else {
+        return Err(format!(
+            "{kind} has no name; its name must be the name of the node whose agent writes it"
+        ));
+    };
+    let groups = if policy.allowed_groups.is_empty() {
+        "no group".to_string()
+    } else {
+        policy.allowed_groups.join(", ")
+    };
+    let is_agent = match &policy.agent_user {
+        Some(agent) => &user.username == agent,
+        None => user.username.starts_with("system:serviceaccount:"),
+    };
+    if !is_agent {
+        let who = policy.agent_user.as_deref().unwrap_or("a service account");
+        return Err(format!(
+            "{kind}/{node} can only be written by the nodewarden agent on node {node} ({who} with a token bound to that node) or by a member of {groups}; user {:?} is neither",
+            user.username
+        ));
+    }
+    let token_nodes = user
+        .extra
+        .get(NODE_NAME_EXTRA)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    match token_nodes {
+        [one] if one == &node => Ok(()),
+        [one] => Err(format!(
+            "{kind}/{node} can only be written by the nodewarden agent on node {node}: the token of {} is bound to node {one}, not {node}",
+            user.username
+        )),
+        [] => Err(format!(
+            "{kind}/{node} can only be written by the nodewarden agent on node {node}: the token of {} is not bound to a node (no {NODE_NAME_EXTRA} in userInfo.extra; use a projected service-account token of a pod on the node)",
+            user.username
+        )),
+        many => Err(format!(
+            "{kind}/{node} can only be written by the nodewarden agent on node {node}: the token of {} names several nodes {many:?}",
+            user.username
+        )),
+    }
+}
+
+impl Handler for NodeReportsGuard {
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        match decide(&self.policy, request) {
+            Ok(()) => AdmissionResponse::allow(&request.uid),
+            Err(message) => AdmissionResponse::deny(&request.uid, 403, "Forbidden", message),
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! What the right-sizing handler reads on the request path, kept in memory from watches:
+//! autoscalers by (namespace, DaemonSet), node targets by node name, LimitRanges by namespace.
+//!
+//! The index holds compact figures, not the objects: a `NodeRecommendation` becomes, per
+//! autoscaler, a map of container name to (millicores, bytes). With 5,000 nodes × 20
+//! autoscalers that is what keeps the cache small (see docs/benchmarks.md).
+//!
+//! [`RightsizingIndex::run`] fills it with kube-runtime watchers (list, then watch; a re-list
+//! replaces a kind's contents at once when it is complete) until cancelled.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::LimitRange;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::mutate::{Amounts, Targets};
+
+/// (namespace, name).
+pub type Key = (Arc<str>, Arc<str>);
+
+/// One node's targets: per autoscaler (namespace, name), per container.
+pub type NodeTargets = HashMap<Key, Targets>;
+
+fn key(namespace: &str, name: &str) -> Key {
+    (Arc::from(namespace), Arc::from(name))
+}
+
+/// A map filled by a watcher: `Init` starts a fresh buffer, `InitDone` swaps it in.
+struct Watched<K, V> {
+    live: RwLock<HashMap<K, V>>,
+    synced: AtomicBool,
+}
+
+impl<K: Eq + Hash, V> Default for Watched<K, V> {
+    fn default() -> Self {
+        Watched {
+            live: RwLock::new(HashMap::new()),
+            synced: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<K: Eq + Hash, V> Watched<K, V> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<K, V>> {
+        self.live.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<K, V>> {
+        self.live.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The right-sizing caches.
+#[derive(Default)]
+pub struct RightsizingIndex {
+    /// Autoscalers by their own (namespace, name).
+    autoscalers: Watched<Key, Arc<DaemonSetAutoscaler>>,
+    /// (namespace, DaemonSet) → the autoscalers that target it, oldest first.
+    by_target: RwLock<HashMap<Key, Vec<Arc<DaemonSetAutoscaler>>>>,
+    /// Node name → its targets.
+    nodes: Watched<Arc<str>, Arc<NodeTargets>>,
+    /// (namespace, name) → LimitRange.
+    limit_ranges: Watched<Key, Arc<LimitRange>>,
+    /// Namespace → its LimitRanges.
+    by_namespace: RwLock<HashMap<Arc<str>, Vec<Arc<LimitRange>>>>,
+}
+
+impl RightsizingIndex {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Whether every kind has been listed once.
+    pub fn is_synced(&self) -> bool {
+        self.autoscalers.synced.load(Ordering::Acquire)
+            && self.nodes.synced.load(Ordering::Acquire)
+            && self.limit_ranges.synced.load(Ordering::Acquire)
+    }
+
+    /// Resolves once [`is_synced`](Self::is_synced).
+    pub async fn wait_synced(&self) {
+        while !self.is_synced() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The autoscaler for DaemonSet `daemonset` in `namespace`: the oldest, when (against the
+    /// validating webhook) there are several.
+    pub fn autoscaler_for(&self, namespace: &str, daemonset: &str) -> Option<Arc<DaemonSetAutoscaler>> {
+        let map = self.by_target.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&key(namespace, daemonset))?.first().cloned()
+    }
+
+    /// Every autoscaler that targets DaemonSet `daemonset` in `namespace`, oldest first.
+    pub fn autoscalers_for(&self, namespace: &str, daemonset: &str) -> Vec<Arc<DaemonSetAutoscaler>> {
+        let map = self.by_target.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&key(namespace, daemonset)).cloned().unwrap_or_default()
+    }
+
+    /// Every autoscaler.
+    pub fn autoscalers(&self) -> Vec<Arc<DaemonSetAutoscaler>> {
+        self.autoscalers.read().values().cloned().collect()
+    }
+
+    /// What node `node` recommends for the containers of autoscaler `namespace/name`.
+    pub fn node_targets(&self, node: &str, namespace: &str, name: &str) -> Option<Targets> {
+        let nodes = self.nodes.read();
+        nodes.get(node)?.get(&key(namespace, name)).cloned()
+    }
+
+    /// Every node's targets for autoscaler `namespace/name`, by node.
+    pub fn all_node_targets(&self, namespace: &str, name: &str) -> Vec<(Arc<str>, Targets)> {
+        let k = key(namespace, name);
+        let nodes = self.nodes.read();
+        nodes
+            .iter()
+            .filter_map(|(node, t)| Some((node.clone(), t.get(&k)?.clone())))
+            .collect()
+    }
+
+    /// Number of nodes with a recommendation of any autoscaler.
+    pub fn node_count(&self) -> usize {
+        self.nodes.read().len()
+    }
+
+    /// The LimitRanges of `namespace`.
+    pub fn limit_ranges(&self, namespace: &str) -> Vec<LimitRange> {
+        let map = self.by_namespace.read().unwrap_or_else(|p| p.into_inner());
+        map.get(namespace)
+            .map(|v| v.iter().map(|lr| lr.as_ref().clone()).collect())
+            .unwrap_or_default()
+    }
+
+    // ---- writes (also used by tests and benchmarks to fill the index without a cluster)
+
+    /// Adds or replaces an autoscaler.
+    pub fn apply_autoscaler(&self, autoscaler: DaemonSetAutoscaler) {
+        let k = key(
+            &autoscaler.namespace().unwrap_or_default(),
+            &autoscaler.name_any(),
+        );
+        self.autoscalers.write().insert(k, Arc::new(autoscaler));
+        self.rebuild_targets();
+    }
+
+    pub fn delete_autoscaler(&self, namespace: &str, name: &str) {
+        self.autoscalers.write().remove(&key(namespace, name));
+        self.rebuild_targets();
+    }
+
+    fn replace_autoscalers(&self, all: HashMap<Key, Arc<DaemonSetAutoscaler>>) {
+        *self.autoscalers.write() = all;
+        self.rebuild_targets();
+    }
+
+    fn rebuild_targets(&self) {
+        let mut map: HashMap<Key, Vec<Arc<DaemonSetAutoscaler>>> = HashMap::new();
+        for a in self.autoscalers.read().values() {
+            let ns = a.namespace().unwrap_or_default();
+            map.entry(key(&ns, &a.spec.target_ref.name))
+                .or_default()
+                .push(a.clone());
+        }
+        for list in map.values_mut() {
+            list.sort_by(|a, b| {
+                let created = |x: &DaemonSetAutoscaler| x.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                created(a)
+                    .cmp(&created(b))
+                    .then_with(|| a.name_any().cmp(&b.name_any()))
+            });
+        }
+        *self.by_target.write().unwrap_or_else(|p| p.into_inner()) = map;
+    }
+
+    /// Adds or replaces a node's recommendation.
+    pub fn apply_node_recommendation(&self, rec: &NodeRecommendation) {
+        let node: Arc<str> = Arc::from(rec.name_any());
+        self.nodes.write().insert(node, Arc::new(compact(rec)));
+    }
+
+    pub fn delete_node_recommendation(&self, node: &str) {
+        self.nodes.write().remove(node);
+    }
+
+    pub fn apply_limit_range(&self, lr: LimitRange) {
+        let k = key(&lr.namespace().unwrap_or_default(), &lr.name_any());
+        self.limit_ranges.write().insert(k, Arc::new(lr));
+        self.rebuild_namespaces();
+    }
+
+    fn rebuild_namespaces(&self) {
+        let mut map: HashMap<Arc<str>, Vec<Arc<LimitRange>>> = HashMap::new();
+        for ((ns, _), lr) in self.limit_ranges.read().iter() {
+            map.entry(ns.clone()).or_default().push(lr.clone());
+        }
+        *self.by_namespace.write().unwrap_or_else(|p| p.into_inner()) = map;
+    }
+
+    /// Watches the three kinds until `stop`. Watch errors are logged and retried with
+    /// kube-runtime's default backoff.
+    pub async fn run(self: Arc<Self>, client: Client, stop: CancellationToken) {
+        let autoscalers = {
+            let index = self.clone();
+            watch_into(
+                "daemonsetautoscalers",
+                Api::<DaemonSetAutoscaler>::all(client.clone()),
+                stop.clone(),
+                move |change| match change {
+                    Change::Apply(a) => index.apply_autoscaler(a),
+                    Change::Delete(a) => {
+                        index.delete_autoscaler(&a.namespace().unwrap_or_default(), &a.name_any())
+                    }
+                    Change::Replace(all) => {
+                        index.replace_autoscalers(
+                            all.into_iter()
+                                .map(|a| {
+                                    (
+                                        key(&a.namespace().unwrap_or_default(), &a.name_any()),
+                                        Arc::new(a),
+                                    )
+                                })
+                                .collect(),
+                        );
+                        index.autoscalers.synced.store(true, Ordering::Release);
+                    }
+                },
+            )
+        };
+        let nodes = {
+            let index = self.clone();
+            watch_into(
+                "noderecommendations",
+                Api::<NodeRecommendation>::all(client.clone()),
+                stop.clone(),
+                move |change| match change {
+                    Change::Apply(r) => index.apply_node_recommendation(&r),
+                    Change::Delete(r) => index.delete_node_recommendation(&r.name_any()),
+                    Change::Replace(all) => {
+                        let map = all
+                            .iter()
+                            .map(|r| (Arc::from(r.name_any()), Arc::new(compact(r))))
+                            .collect();
+                        *index.nodes.write() = map;
+                        index.nodes.synced.store(true, Ordering::Release);
+                    }
+                },
+            )
+        };
+        let limit_ranges = {
+            let index = self.clone();
+            watch_into(
+                "limitranges",
+                Api::<LimitRange>::all(client),
+                stop.clone(),
+                move |change| match change {
+                    Change::Apply(lr) => index.apply_limit_range(lr),
+                    Change::Delete(lr) => {
+                        index
+                            .limit_ranges
+                            .write()
+                            .remove(&key(&lr.namespace().unwrap_or_default(), &lr.name_any()));
+                        index.rebuild_namespaces();
+                    }
+                    Change::Replace(all) => {
+                        *index.limit_ranges.write() = all
+                            .into_iter()
+                            .map(|lr| {
+                                (
+                                    key(&lr.namespace().unwrap_or_default(), &lr.name_any()),
+                                    Arc::new(lr),
+                                )
+                            })
+                            .collect();
+                        index.rebuild_namespaces();
+                        index.limit_ranges.synced.store(true, Ordering::Release);
+                    }
+                },
+            )
+        };
+        tokio::join!(autoscalers, nodes, limit_ranges);
+    }
+}
+
+/// A node's recommendation reduced to the figures the mutation reads.
+pub fn compact(rec: &NodeRecommendation) -> NodeTargets {
+    let mut out: NodeTargets = HashMap::new();
+    for r in &rec.spec.recommendations {
+        let amounts = Amounts::from_list(r.target.as_ref());
+        if amounts.is_empty() {
+            continue;
+        }
+        out.entry(key(&r.autoscaler.namespace, &r.autoscaler.name))
+            .or_default()
+            .insert(r.container_name.clone(), amounts);
+    }
+    out
+}
+
+enum Change<K> {
+    Apply(K),
+    Delete(K),
+    /// A complete (re-)list.
+    Replace(Vec<K>),
+}
+
+async fn watch_into<K, F>(what: &'static str, api: Api<K>, stop: CancellationToken, mut apply: F)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: FnMut(Change<K>),
+{
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut buffer: Vec<K> = Vec::new();
+    loop {
+        let next = tokio::select! {
+            _ = stop.cancelled() => break,
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(watcher::Event::Init)) => buffer.clear(),
+            Some(Ok(watcher::Event::InitApply(obj))) => buffer.push(obj),
+            Some(Ok(watcher::Event::InitDone)) => {
+                let all = std::mem::take(&mut buffer);
+                tracing::info!(cache = what, objects = all.len(), "right-sizing cache listed");
+                apply(Change::Replace(all));
+            }
+            Some(Ok(watcher::Event::Apply(obj))) => apply(Change::Apply(obj)),
+            Some(Ok(watcher::Event::Delete(obj))) => apply(Change::Delete(obj)),
+            Some(Err(err)) => tracing::warn!(cache = what, error = %err, "watch failed; retrying"),
+            None => break,
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Per-node right-sizing of DaemonSet pods (KEP-4943, VPA `scope: node`).
+//!
+//! * [`mutate`](mutate::mutate): the pure decision, (pod, autoscaler, node targets, fleet,
+//!   LimitRanges) → JSON Patch + annotations.
+//! * [`PodMutator`]: the `/mutate/pods` handler. Pod CREATE → controller owner DaemonSet →
+//!   its autoscaler → the pod's node → that node's targets → [`mutate::mutate`]. Everything comes
+//!   from the in-memory [`RightsizingIndex`]; no API call on the request path.
+//! * [`AutoscalerValidator`]: the `/validate/autoscalers` handler: bounds and one autoscaler per
+//!   DaemonSet.
+//! * [`status`]: the controller that keeps `DaemonSetAutoscaler.status`.
+//!
+//! Semantics, annotations and caps are described for users in docs/rightsizing.md.
+
+pub mod index;
+pub mod mutate;
+pub mod status;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_api::rightsizing::{ColdStart, DaemonSetAutoscaler, ResourceName};
+
+pub use index::RightsizingIndex;
+pub use mutate::{Decision, Reason, Source, Targets};
+
+use super::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+
+/// Path of the pod mutation webhook.
+pub const MUTATE_ROUTE: &str = "/mutate/pods";
+/// Path of the autoscaler validation webhook.
+pub const VALIDATE_ROUTE: &str = "/validate/autoscalers";
+
+/// Counts right-sizing decisions (bounded labels: reason and source).
+pub trait RightsizingObserver: Send + Sync + 'static {
+    fn decided(&self, reason: Reason, sources: &[(String, Source)]);
+}
+
+impl RightsizingObserver for () {
+    fn decided(&self, _: Reason, _: &[(String, Source)]) {}
+}
+
+/// The `/mutate/pods` handler.
+pub struct PodMutator {
+    index: Arc<RightsizingIndex>,
+    observer: Arc<dyn RightsizingObserver>,
+}
+
+impl PodMutator {
+    pub fn new(index: Arc<RightsizingIndex>) -> Self {
+        PodMutator {
+            index,
+            observer: Arc::new(()),
+        }
+    }
+
+    pub fn with_observer(mut self, observer: Arc<dyn RightsizingObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// The decision for one pod of namespace `namespace`, or `None` when no autoscaler applies.
+    pub fn decide(&self, namespace: &str, pod: &Pod) -> Option<Decision> {
+        let daemonset = owner_daemonset(pod)?;
+        let autoscaler = self.index.autoscaler_for(namespace, daemonset)?;
+        Some(decide_with(&self.index, namespace, &autoscaler, pod))
+    }
+}
+
+/// [`mutate::mutate`] with its inputs taken from the index.
+pub fn decide_with(
+    index: &RightsizingIndex,
+    namespace: &str,
+    autoscaler: &DaemonSetAutoscaler,
+    pod: &Pod,
+) -> Decision {
+    let name = autoscaler.metadata.name.as_deref().unwrap_or_default();
+    let node_targets = mutate::target_node(pod)
+        .ok()
+        .and_then(|node| index.node_targets(&node, namespace, name));
+    let fleet = match autoscaler.spec.cold_start {
+        ColdStart::Fleet => autoscaler
+            .status
+            .as_ref()
+            .map(|s| mutate::fleet_targets(&s.fleet)),
+        ColdStart::Template => None,
+    };
+    let limit_ranges = index.limit_ranges(namespace);
+    mutate::mutate(
+        pod,
+        autoscaler,
+        node_targets.as_ref(),
+        fleet.as_ref(),
+        &limit_ranges,
+    )
+}
+
+/// The name of the DaemonSet that controls the pod (controller ownerReference, apps/v1).
+pub fn owner_daemonset(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true) && r.kind == "DaemonSet" && r.api_version == "apps/v1")
+        .map(|r| r.name.as_str())
+}
+
+impl Handler for PodMutator {
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        let uid = request.uid.as_str();
+        if request.operation != Operation::Create
+            || request.kind.kind != "Pod"
+            || request.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
+        {
+            return AdmissionResponse::allow(uid);
+        }
+        let pod: Pod = match request.object_as() {
+            Ok(pod) => pod,
+            Err(err) => {
+                // right-sizing is best effort: a pod we cannot read is admitted as it is
+                tracing::warn!(uid, error = %err, "pod not readable; admitted unchanged");
+                let mut response = AdmissionResponse::allow(uid);
+                response.warnings.push(short(
+                    "nodewarden right-sizing skipped: the pod could not be read",
+                ));
+                return response;
+            }
+        };
+        let namespace = request
+            .namespace
+            .as_deref()
+            .or(pod.metadata.namespace.as_deref())
+            .unwrap_or_default();
+        let Some(decision) = self.decide(namespace, &pod) else {
+            return AdmissionResponse::allow(uid);
+        };
+        self.observer.decided(decision.reason, &decision.sources);
+        tracing::debug!(
+            uid,
+            node = decision.node.as_deref().unwrap_or(""),
+            reason = decision.reason.as_str(),
+            "right-sizing decision"
+        );
+        match AdmissionResponse::allow(uid).with_patch(&decision.patch) {
+            Ok(response) => response,
+            Err(err) => {
+                tracing::error!(uid, error = %err, "could not encode the patch; pod admitted unchanged");
+                AdmissionResponse::allow(uid)
+            }
+        }
+    }
+}
+
+fn short(text: &str) -> String {
+    text.chars().take(119).collect()
+}
+
+/// The `/validate/autoscalers` handler: rules the schema cannot express.
+pub struct AutoscalerValidator {
+    index: Arc<RightsizingIndex>,
+}
+
+impl AutoscalerValidator {
+    pub fn new(index: Arc<RightsizingIndex>) -> Self {
+        AutoscalerValidator { index }
+    }
+}
+
+/// Problems of an autoscaler on its own: each names the field path and the offending values.
+pub fn validate_autoscaler(autoscaler: &DaemonSetAutoscaler) -> Vec<String> {
+    let mut problems = Vec::new();
+    let policies = autoscaler
+        .spec
+        .resource_policy
+        .as_ref()
+        .map(|p| p.container_policies.as_slice())
+        .unwrap_or_default();
+    for (i, policy) in policies.iter().enumerate() {
+        let path = format!("spec.resourcePolicy.containerPolicies[{i}]");
+        if policies[..i]
+            .iter()
+            .any(|p| p.container_name == policy.container_name)
+        {
+            problems.push(format!(
+                "{path}.containerName: {:?} has a policy already; give each container (and `*`) one policy",
+                policy.container_name
+            ));
+        }
+        for resource in [ResourceName::Cpu, ResourceName::Memory] {
+            let r = resource.as_str();
+            let min = policy.min_allowed.as_ref().and_then(|l| l.get(r));
+            let max = policy.max_allowed.as_ref().and_then(|l| l.get(r));
+            if let (Some(min), Some(max)) = (min, max) {
+                match (mutate::amount(resource, min), mutate::amount(resource, max)) {
+                    (Some(lo), Some(hi)) if lo > hi => problems.push(format!(
+                        "{path}: minAllowed.{r} {} is above maxAllowed.{r} {}; minAllowed must be at most maxAllowed",
+                        min.0, max.0
+                    )),
+                    _ => {}
+                }
+            }
+        }
+    }
+    problems
+}
+
+impl Handler for AutoscalerValidator {
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        let uid = request.uid.as_str();
+        if !matches!(request.operation, Operation::Create | Operation::Update) {
+            return AdmissionResponse::allow(uid);
+        }
+        let autoscaler: DaemonSetAutoscaler = match request.object_as() {
+            Ok(a) => a,
+            Err(err) => {
+                return AdmissionResponse::deny(
+                    uid,
+                    400,
+                    "BadRequest",
+                    format!("not a DaemonSetAutoscaler: {err}"),
+                );
+            }
+        };
+        let mut problems = validate_autoscaler(&autoscaler);
+        let namespace = request
+            .namespace
+            .as_deref()
+            .or(autoscaler.metadata.namespace.as_deref())
+            .unwrap_or_default();
+        let name = autoscaler
+            .metadata
+            .name
+            .as_deref()
+            .or(request.name.as_deref())
+            .unwrap_or_default();
+        let target = &autoscaler.spec.target_ref.name;
+        let others: Vec<String> = self
+            .index
+            .autoscalers_for(namespace, target)
+            .iter()
+            .filter_map(|a| a.metadata.name.clone())
+            .filter(|n| n != name)
+            .collect();
+        if let Some(other) = others.first() {
+            problems.push(format!(
+                "spec.targetRef.name: DaemonSet {namespace}/{target} is already right-sized by DaemonSetAutoscaler {other}; one autoscaler per DaemonSet"
+            ));
+        }
+        if problems.is_empty() {
+            AdmissionResponse::allow(uid)
+        } else {
+            AdmissionResponse::deny(uid, 422, "Invalid", problems.join("; "))
+        }
+    }
+}

@@ -1,0 +1,781 @@
+//! The pure part of right-sizing: (pod, autoscaler, this node's targets, fleet targets, limit
+//! ranges) → a JSON Patch and the annotations that explain it.
+//!
+//! Amounts are integers: CPU in millicores, memory in bytes. Quantities written into the pod use
+//! one canonical form ([`format_amount`]): CPU as whole cores (`2`) when exact, else millicores
+//! (`250m`); memory with the largest binary suffix that divides it exactly (`1Gi`, `300Mi`,
+//! `512Ki`), else plain bytes (`314572801`).
+//!
+//! The patch only ever uses `add` operations (which create a member or replace its value), creates
+//! `metadata.annotations`, `resources`, `resources.requests` and `resources.limits` when they are
+//! missing, and touches only `spec.containers`. It never removes a field. Applying the webhook to
+//! its own output gives the same pod: every figure is a function of the recommendation and of
+//! the pod's current values in a way that is stable once applied, and the annotations describe the
+//! resulting values rather than the difference.
+
+use std::collections::BTreeMap;
+
+use json_patch::{AddOperation, Patch, PatchOperation};
+use k8s_openapi::api::core::v1::{Container, LimitRange, LimitRangeItem, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use nodewarden_api::quantity::parse_milli;
+use nodewarden_api::rightsizing::{
+    Ceiling, ColdStart, ContainerMode, ContainerPolicy, ControlledValues, DaemonSetAutoscaler,
+    FleetRecommendation, NodeRecommendation, ResourceName, UpdateMode,
+};
+use serde_json::Value;
+
+/// Prefix of every annotation the webhook sets on a pod.
+pub const ANNOTATION_PREFIX: &str = "rightsizing.nodewarden.io/";
+/// The autoscaler that decided (its name; it lives in the pod's namespace).
+pub const ANNOTATION_AUTOSCALER: &str = "rightsizing.nodewarden.io/autoscaler";
+/// The node whose figures were used.
+pub const ANNOTATION_NODE: &str = "rightsizing.nodewarden.io/node";
+/// Per container, where the figures came from.
+pub const ANNOTATION_SOURCE: &str = "rightsizing.nodewarden.io/source";
+/// Per container, the requests and limits the webhook set.
+pub const ANNOTATION_UPDATES: &str = "rightsizing.nodewarden.io/updates";
+/// Per container and resource, the caps that bounded the recommendation.
+pub const ANNOTATION_CAPPED: &str = "rightsizing.nodewarden.io/capped";
+/// Why the pod was left as it was, when nothing could be decided.
+pub const ANNOTATION_SKIPPED: &str = "rightsizing.nodewarden.io/skipped";
+
+/// CPU in millicores and memory in bytes; `None` when there is no figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Amounts {
+    pub cpu: Option<u64>,
+    pub memory: Option<u64>,
+}
+
+impl Amounts {
+    pub fn get(&self, resource: ResourceName) -> Option<u64> {
+        match resource {
+            ResourceName::Cpu => self.cpu,
+            ResourceName::Memory => self.memory,
+        }
+    }
+
+    pub fn set(&mut self, resource: ResourceName, value: Option<u64>) {
+        match resource {
+            ResourceName::Cpu => self.cpu = value,
+            ResourceName::Memory => self.memory = value,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cpu.is_none() && self.memory.is_none()
+    }
+
+    /// Reads `cpu` and `memory` from a resource list; unreadable quantities count as absent.
+    pub fn from_list(list: Option<&BTreeMap<String, Quantity>>) -> Self {
+        let mut out = Amounts::default();
+        if let Some(list) = list {
+            for resource in RESOURCES {
+                out.set(
+                    resource,
+                    list.get(resource.as_str()).and_then(|q| amount(resource, q)),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Targets by container name.
+pub type Targets = BTreeMap<String, Amounts>;
+
+const RESOURCES: [ResourceName; 2] = [ResourceName::Cpu, ResourceName::Memory];
+
+/// Where a container's figures came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The recommendation the agent on this node published.
+    Node,
+    /// No history on this node; the fleet figure (`coldStart: Fleet`).
+    Fleet,
+    /// No history on this node; the template's requests stay (`coldStart: Template`, or `Fleet`
+    /// without any fleet figure yet).
+    ColdStartTemplate,
+    /// The container policy says `Off`.
+    PolicyOff,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Node => "node-recommendation",
+            Source::Fleet => "fleet",
+            Source::ColdStartTemplate => "cold-start-template",
+            Source::PolicyOff => "policy-off",
+        }
+    }
+}
+
+/// Which cap bounded a figure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cap {
+    LimitRangePodMax,
+    LimitRangePodMin,
+    LimitRangeContainerMax,
+    LimitRangeContainerMin,
+    MinAllowed,
+    MaxAllowed,
+    CeilingTemplate,
+    /// `RequestsOnly`: the request may not exceed the existing limit.
+    Limit,
+}
+
+impl Cap {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cap::LimitRangePodMax => "limitrange-pod-max",
+            Cap::LimitRangePodMin => "limitrange-pod-min",
+            Cap::LimitRangeContainerMax => "limitrange-container-max",
+            Cap::LimitRangeContainerMin => "limitrange-container-min",
+            Cap::MinAllowed => "minAllowed",
+            Cap::MaxAllowed => "maxAllowed",
+            Cap::CeilingTemplate => "ceiling-template",
+            Cap::Limit => "limit",
+        }
+    }
+}
+
+/// Why a pod came out as it did (bounded, for metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Requests or limits were changed.
+    Resized,
+    /// The autoscaler applied but every figure already matched (or every container was left as is).
+    Unchanged,
+    /// `updateMode: Off`: the autoscaler only recommends.
+    UpdateModeOff,
+    /// The pod names no single node.
+    NoTargetNode,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Resized => "resized",
+            Reason::Unchanged => "unchanged",
+            Reason::UpdateModeOff => "update-mode-off",
+            Reason::NoTargetNode => "no-target-node",
+        }
+    }
+}
+
+/// The outcome of [`mutate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Empty when the pod stays as it is (annotations included).
+    pub patch: Patch,
+    /// The annotations the patch sets.
+    pub annotations: BTreeMap<String, String>,
+    pub reason: Reason,
+    /// The node the pod is for, when it names one.
+    pub node: Option<String>,
+    /// Per container (in pod order), where its figures came from.
+    pub sources: Vec<(String, Source)>,
+}
+
+/// The node a DaemonSet pod is for: `spec.nodeName`, else the single
+/// `matchFields metadata.name In [node]` term the DaemonSet controller sets.
+pub fn target_node(pod: &Pod) -> Result<String, String> {
+    let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
+    if let Some(name) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        return Ok(name.to_string());
+    }
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|s| s.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    let mut nodes = Vec::new();
+    for term in terms {
+        for field in term.match_fields.iter().flatten() {
+            if field.key == "metadata.name" && field.operator == "In" {
+                nodes.extend(field.values.iter().flatten().cloned());
+            }
+        }
+    }
+    match nodes.as_slice() {
+        [one] if terms.len() == 1 => Ok(one.clone()),
+        [] => Err(
+            "no spec.nodeName and no matchFields metadata.name In [node] term in the required node affinity"
+                .to_string(),
+        ),
+        _ => Err(format!(
+            "the required node affinity does not name exactly one node ({} terms, nodes {:?})",
+            terms.len(),
+            nodes
+        )),
+    }
+}
+
+/// The targets of one autoscaler's containers in a node's recommendation.
+pub fn node_targets(rec: &NodeRecommendation, namespace: &str, autoscaler: &str) -> Targets {
+    rec.spec
+        .recommendations
+        .iter()
+        .filter(|r| r.autoscaler.namespace == namespace && r.autoscaler.name == autoscaler)
+        .map(|r| (r.container_name.clone(), Amounts::from_list(r.target.as_ref())))
+        .filter(|(_, a)| !a.is_empty())
+        .collect()
+}
+
+/// The fleet targets from an autoscaler's status.
+pub fn fleet_targets(fleet: &[FleetRecommendation]) -> Targets {
+    fleet
+        .iter()
+        .map(|f| (f.container_name.clone(), Amounts::from_list(f.target.as_ref())))
+        .filter(|(_, a)| !a.is_empty())
+        .collect()
+}
+
+/// The 90th percentile (nearest rank, rounded up) of some values; `None` when there are none.
+pub fn p90(values: &mut [u64]) -> Option<u64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_unstable();
+    let rank = (values.len() * 9).div_ceil(10).max(1);
+    values.get(rank - 1).copied()
+}
+
+/// Fleet targets from the targets of many nodes: per container and resource, the 90th percentile.
+pub fn fleet_from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Targets>) -> Targets {
+    let mut samples: BTreeMap<String, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+    for targets in nodes {
+        for (container, a) in targets {
+            let entry = samples.entry(container.clone()).or_default();
+            entry.0.extend(a.cpu);
+            entry.1.extend(a.memory);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|(c, (mut cpu, mut mem))| {
+            (
+                c,
+                Amounts {
+                    cpu: p90(&mut cpu),
+                    memory: p90(&mut mem),
+                },
+            )
+        })
+        .filter(|(_, a)| !a.is_empty())
+        .collect()
+}
+
+/// A quantity as an integer amount: millicores for CPU, bytes (rounded up) for memory.
+pub fn amount(resource: ResourceName, q: &Quantity) -> Option<u64> {
+    let milli = parse_milli(&q.0)?;
+    let value = match resource {
+        ResourceName::Cpu => milli,
+        ResourceName::Memory => milli.div_ceil(1000),
+    };
+    u64::try_from(value).ok()
+}
+
+/// The canonical quantity string of an amount (see the module documentation).
+pub fn format_amount(resource: ResourceName, value: u64) -> String {
+    match resource {
+        ResourceName::Cpu => {
+            if value.is_multiple_of(1000) {
+                format!("{}", value / 1000)
+            } else {
+                format!("{value}m")
+            }
+        }
+        ResourceName::Memory => {
+            const UNITS: [(&str, u64); 5] = [
+                ("Pi", 1 << 50),
+                ("Ti", 1 << 40),
+                ("Gi", 1 << 30),
+                ("Mi", 1 << 20),
+                ("Ki", 1 << 10),
+            ];
+            if value == 0 {
+                return "0".to_string();
+            }
+            for (suffix, size) in UNITS {
+                if value.is_multiple_of(size) {
+                    return format!("{}{suffix}", value / size);
+                }
+            }
+            value.to_string()
+        }
+    }
+}
+
+/// An `add` at the path of these (unescaped) tokens; the pointer escapes them (`~0`, `~1`).
+fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    let path = json_patch::jsonptr::PointerBuf::from_tokens(tokens.iter().copied());
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+/// The policy of a container: its own, else `*`.
+fn policy_for<'a>(autoscaler: &'a DaemonSetAutoscaler, container: &str) -> Option<&'a ContainerPolicy> {
+    let policies = autoscaler
+        .spec
+        .resource_policy
+        .as_ref()
+        .map(|p| p.container_policies.as_slice())
+        .unwrap_or_default();
+    policies
+        .iter()
+        .find(|p| p.container_name == container)
+        .or_else(|| policies.iter().find(|p| p.container_name == "*"))
+}
+
+fn items<'a>(limit_ranges: &'a [LimitRange], kind: &'a str) -> impl Iterator<Item = &'a LimitRangeItem> + 'a {
+    limit_ranges
+        .iter()
+        .filter_map(|lr| lr.spec.as_ref())
+        .flat_map(|s| s.limits.iter())
+        .filter(move |item| item.type_ == kind)
+}
+
+/// The tightest bound of `field` over the items (smallest max, largest min).
+fn bound(
+    items: &[&LimitRangeItem],
+    resource: ResourceName,
+    field: fn(&LimitRangeItem) -> Option<&BTreeMap<String, Quantity>>,
+    tightest: fn(u64, u64) -> u64,
+) -> Option<u64> {
+    items
+        .iter()
+        .filter_map(|i| field(i)?.get(resource.as_str()))
+        .filter_map(|q| amount(resource, q))
+        .reduce(tightest)
+}
+
+fn lr_max(i: &LimitRangeItem) -> Option<&BTreeMap<String, Quantity>> {
+    i.max.as_ref()
+}
+fn lr_min(i: &LimitRangeItem) -> Option<&BTreeMap<String, Quantity>> {
+    i.min.as_ref()
+}
+fn lr_default(i: &LimitRangeItem) -> Option<&BTreeMap<String, Quantity>> {
+    i.default.as_ref()
+}
+
+/// One resource of one container the decision covers.
+#[derive(Debug)]
+struct Plan {
+    container: usize,
+    resource: ResourceName,
+    target: u64,
+    request: Option<u64>,
+    /// The container's own limit.
+    own_limit: Option<u64>,
+    /// Its own limit, else the LimitRange default that applies to it.
+    limit: Option<u64>,
+    controlled_values: ControlledValues,
+    policy: Option<ContainerPolicy>,
+    value: u64,
+    caps: Vec<Cap>,
+}
+
+/// Decides a DaemonSet pod's resources.
+///
+/// * `node_targets`: the targets this node's agent published for the autoscaler's containers
+///   (`None`: no recommendation on this node).
+/// * `fleet`: the fleet targets, used only with `coldStart: Fleet`.
+/// * `limit_ranges`: the LimitRanges of the pod's namespace.
+pub fn mutate(
+    pod: &Pod,
+    autoscaler: &DaemonSetAutoscaler,
+    node_targets: Option<&Targets>,
+    fleet: Option<&Targets>,
+    limit_ranges: &[LimitRange],
+) -> Decision {
+    let name = autoscaler.metadata.name.clone().unwrap_or_default();
+    let mode = autoscaler
+        .spec
+        .update_policy
+        .as_ref()
+        .map(|p| p.update_mode)
+        .unwrap_or_default();
+    if mode == UpdateMode::Off {
+        return Decision {
+            patch: Patch(Vec::new()),
+            annotations: BTreeMap::new(),
+            reason: Reason::UpdateModeOff,
+            node: None,
+            sources: Vec::new(),
+        };
+    }
+    let mut annotations = BTreeMap::from([(ANNOTATION_AUTOSCALER.to_string(), name)]);
+    let node = match target_node(pod) {
+        Ok(node) => node,
+        Err(why) => {
+            annotations.insert(
+                ANNOTATION_SKIPPED.to_string(),
+                format!("no single target node, resources left as the template says: {why}"),
+            );
+            return Decision {
+                patch: annotation_patch(pod, &annotations),
+                annotations,
+                reason: Reason::NoTargetNode,
+                node: None,
+                sources: Vec::new(),
+            };
+        }
+    };
+    annotations.insert(ANNOTATION_NODE.to_string(), node.clone());
+
+    let containers: &[Container] = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    let container_items: Vec<&LimitRangeItem> = items(limit_ranges, "Container").collect();
+    let pod_items: Vec<&LimitRangeItem> = items(limit_ranges, "Pod").collect();
+
+    // 1. the raw plan: which container and resource gets which target
+    let mut sources = Vec::new();
+    let mut plans: Vec<Plan> = Vec::new();
+    for (index, container) in containers.iter().enumerate() {
+        let policy = policy_for(autoscaler, &container.name);
+        if policy.is_some_and(|p| p.mode == ContainerMode::Off) {
+            sources.push((container.name.clone(), Source::PolicyOff));
+            continue;
+        }
+        let (source, targets) = match node_targets.and_then(|t| t.get(&container.name)) {
+            Some(t) => (Source::Node, Some(*t)),
+            None => match (
+                autoscaler.spec.cold_start,
+                fleet.and_then(|f| f.get(&container.name)),
+            ) {
+                (ColdStart::Fleet, Some(t)) => (Source::Fleet, Some(*t)),
+                _ => (Source::ColdStartTemplate, None),
+            },
+        };
+        sources.push((container.name.clone(), source));
+        let Some(targets) = targets else { continue };
+        let controlled: Vec<ResourceName> = policy
+            .and_then(|p| p.controlled_resources.clone())
+            .unwrap_or_else(|| RESOURCES.to_vec());
+        let resources = container.resources.as_ref();
+        let requests = Amounts::from_list(resources.and_then(|r| r.requests.as_ref()));
+        let limits = Amounts::from_list(resources.and_then(|r| r.limits.as_ref()));
+        for resource in RESOURCES {
+            if !controlled.contains(&resource) {
+                continue;
+            }
+            let Some(target) = targets.get(resource) else {
+                continue;
+            };
+            let own_limit = limits.get(resource);
+            let default_limit = bound(&container_items, resource, lr_default, u64::min);
+            plans.push(Plan {
+                container: index,
+                resource,
+                target,
+                request: requests.get(resource),
+                own_limit,
+                limit: own_limit.or(default_limit),
+                controlled_values: policy.map(|p| p.controlled_values).unwrap_or_default(),
+                policy: policy.cloned(),
+                value: target,
+                caps: Vec::new(),
+            });
+        }
+    }
+
+    // 2. LimitRange of type Pod: the sum of the pod's requests stays within min and max
+    for resource in RESOURCES {
+        let planned: Vec<usize> = (0..plans.len())
+            .filter(|&i| plans[i].resource == resource)
+            .collect();
+        if planned.is_empty() {
+            continue;
+        }
+        let others: u64 = containers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !planned.iter().any(|&p| plans[p].container == *i))
+            .filter_map(|(_, c)| {
+                let r = c.resources.as_ref()?;
+                Amounts::from_list(r.requests.as_ref()).get(resource)
+            })
+            .sum();
+        let ours: u64 = planned.iter().map(|&p| plans[p].value).sum();
+        if let Some(max) = bound(&pod_items, resource, lr_max, u64::min)
+            && others + ours > max
+            && ours > 0
+        {
+            let room = max.saturating_sub(others);
+            for &p in &planned {
+                plans[p].value = scale_floor(plans[p].value, room, ours);
+                plans[p].caps.push(Cap::LimitRangePodMax);
+            }
+        } else if let Some(min) = bound(&pod_items, resource, lr_min, u64::max)
+            && others + ours < min
+            && ours > 0
+        {
+            let need = min.saturating_sub(others);
+            for &p in &planned {
+                plans[p].value = scale_ceil(plans[p].value, need, ours);
+                plans[p].caps.push(Cap::LimitRangePodMin);
+            }
+        }
+    }
+
+    // 3. per container: LimitRange, minAllowed/maxAllowed, ceiling, the existing limit
+    for plan in &mut plans {
+        let r = plan.resource;
+        let lr_container_max = bound(&container_items, r, lr_max, u64::min);
+        let lr_container_min = bound(&container_items, r, lr_min, u64::max);
+        clamp(
+            plan,
+            lr_container_min,
+            lr_container_max,
+            Cap::LimitRangeContainerMin,
+            Cap::LimitRangeContainerMax,
+        );
+        let policy_min = plan
+            .policy
+            .as_ref()
+            .and_then(|p| Amounts::from_list(p.min_allowed.as_ref()).get(r));
+        let policy_max = plan
+            .policy
+            .as_ref()
+            .and_then(|p| Amounts::from_list(p.max_allowed.as_ref()).get(r));
+        clamp(plan, policy_min, policy_max, Cap::MinAllowed, Cap::MaxAllowed);
+        if autoscaler.spec.ceiling == Ceiling::Template
+            && let Some(template) = plan.request
+            && plan.value > template
+        {
+            plan.value = template;
+            plan.caps.push(Cap::CeilingTemplate);
+        }
+        if plan.controlled_values == ControlledValues::RequestsOnly
+            && let Some(limit) = plan.limit
+            && plan.value > limit
+        {
+            plan.value = limit;
+            plan.caps.push(Cap::Limit);
+        }
+        // the pod must stay admissible: a policy bound never takes it outside the LimitRange
+        clamp(
+            plan,
+            lr_container_min,
+            lr_container_max,
+            Cap::LimitRangeContainerMin,
+            Cap::LimitRangeContainerMax,
+        );
+        plan.caps.dedup();
+    }
+
+    // 4. the patch
+    let mut ops: Vec<PatchOperation> = Vec::new();
+    let mut updates: Vec<String> = Vec::new();
+    let mut capped: Vec<String> = Vec::new();
+    let mut changed = false;
+    for (index, container) in containers.iter().enumerate() {
+        let mine: Vec<&Plan> = plans.iter().filter(|p| p.container == index).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let index_token = index.to_string();
+        let base = ["spec", "containers", index_token.as_str(), "resources"];
+        let resources = container.resources.as_ref();
+        let mut has_resources = resources.is_some();
+        let mut has_requests = resources.and_then(|r| r.requests.as_ref()).is_some();
+        let mut has_limits = resources.and_then(|r| r.limits.as_ref()).is_some();
+        let mut said = Vec::new();
+        let mut caps_said = Vec::new();
+        for plan in mine {
+            let r = plan.resource;
+            let request = plan.value;
+            let limit = match plan.controlled_values {
+                ControlledValues::RequestsOnly => None,
+                ControlledValues::RequestsAndLimits => plan.limit.map(|old_limit| {
+                    let scaled = match plan.request {
+                        Some(old_request) if old_request != old_limit && old_request > 0 => {
+                            scale_ceil(old_limit, request, old_request)
+                        }
+                        _ => request,
+                    };
+                    let lr_max = bound(&container_items, r, lr_max, u64::min);
+                    lr_max.map_or(scaled, |m| scaled.min(m)).max(request)
+                }),
+            };
+            let mut text = format!("{} request {}", r.as_str(), format_amount(r, request));
+            if plan.request != Some(request) {
+                if !has_resources {
+                    ops.push(add(&base, Value::Object(Default::default())));
+                    has_resources = true;
+                }
+                if !has_requests {
+                    ops.push(add(
+                        &[&base[..], &["requests"]].concat(),
+                        Value::Object(Default::default()),
+                    ));
+                    has_requests = true;
+                }
+                ops.push(add(
+                    &[&base[..], &["requests", r.as_str()]].concat(),
+                    Value::String(format_amount(r, request)),
+                ));
+                changed = true;
+            }
+            if let Some(limit) = limit {
+                text.push_str(&format!(" limit {}", format_amount(r, limit)));
+                if plan.own_limit != Some(limit) {
+                    if !has_resources {
+                        ops.push(add(&base, Value::Object(Default::default())));
+                        has_resources = true;
+                    }
+                    if !has_limits {
+                        ops.push(add(
+                            &[&base[..], &["limits"]].concat(),
+                            Value::Object(Default::default()),
+                        ));
+                        has_limits = true;
+                    }
+                    ops.push(add(
+                        &[&base[..], &["limits", r.as_str()]].concat(),
+                        Value::String(format_amount(r, limit)),
+                    ));
+                    changed = true;
+                }
+            }
+            said.push(text);
+            if !plan.caps.is_empty() {
+                let names: Vec<&str> = plan.caps.iter().map(|c| c.as_str()).collect();
+                caps_said.push(format!(
+                    "{} {} (recommended {})",
+                    r.as_str(),
+                    names.join("+"),
+                    format_amount(r, plan.target)
+                ));
+            }
+        }
+        updates.push(format!("{}: {}", container.name, said.join(", ")));
+        if !caps_said.is_empty() {
+            capped.push(format!("{}: {}", container.name, caps_said.join(", ")));
+        }
+    }
+    let source_text: Vec<String> = sources
+        .iter()
+        .map(|(c, s)| format!("{c}={}", s.as_str()))
+        .collect();
+    annotations.insert(ANNOTATION_SOURCE.to_string(), source_text.join(", "));
+    if !updates.is_empty() {
+        annotations.insert(ANNOTATION_UPDATES.to_string(), updates.join("; "));
+    }
+    if !capped.is_empty() {
+        annotations.insert(ANNOTATION_CAPPED.to_string(), capped.join("; "));
+    }
+    let mut patch = annotation_patch(pod, &annotations);
+    patch.0.extend(ops);
+    Decision {
+        patch,
+        annotations,
+        reason: if changed {
+            Reason::Resized
+        } else {
+            Reason::Unchanged
+        },
+        node: Some(node),
+        sources,
+    }
+}
+
+fn clamp(plan: &mut Plan, min: Option<u64>, max: Option<u64>, min_cap: Cap, max_cap: Cap) {
+    if let Some(max) = max
+        && plan.value > max
+    {
+        plan.value = max;
+        plan.caps.push(max_cap);
+    }
+    if let Some(min) = min
+        && plan.value < min
+    {
+        plan.value = min;
+        plan.caps.push(min_cap);
+    }
+}
+
+/// `value × num / den`, rounded down, saturating.
+fn scale_floor(value: u64, num: u64, den: u64) -> u64 {
+    if den == 0 {
+        return value;
+    }
+    u64::try_from(u128::from(value) * u128::from(num) / u128::from(den)).unwrap_or(u64::MAX)
+}
+
+/// `value × num / den`, rounded up, saturating.
+fn scale_ceil(value: u64, num: u64, den: u64) -> u64 {
+    if den == 0 {
+        return value;
+    }
+    u64::try_from((u128::from(value) * u128::from(num)).div_ceil(u128::from(den))).unwrap_or(u64::MAX)
+}
+
+/// `add` operations for the annotations (creating `metadata.annotations` when missing).
+fn annotation_patch(pod: &Pod, annotations: &BTreeMap<String, String>) -> Patch {
+    let mut ops = Vec::new();
+    if pod.metadata.annotations.is_none() {
+        ops.push(add(
+            &["metadata", "annotations"],
+            Value::Object(Default::default()),
+        ));
+    }
+    for (key, value) in annotations {
+        ops.push(add(
+            &["metadata", "annotations", key.as_str()],
+            Value::String(value.clone()),
+        ));
+    }
+    Patch(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_canonical_quantities() {
+        let cases = [
+            (ResourceName::Cpu, 250, "250m"),
+            (ResourceName::Cpu, 2000, "2"),
+            (ResourceName::Cpu, 0, "0"),
+            (ResourceName::Memory, 300 << 20, "300Mi"),
+            (ResourceName::Memory, 1 << 30, "1Gi"),
+            (ResourceName::Memory, 1536 << 10, "1536Ki"),
+            (ResourceName::Memory, (300 << 20) + 1, "314572801"),
+        ];
+        for (r, v, want) in cases {
+            assert_eq!(format_amount(r, v), want);
+            assert_eq!(
+                amount(r, &Quantity(want.to_string())),
+                Some(v),
+                "round trip of {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn escapes_pointer_tokens() {
+        let op = add(&["metadata", "annotations", "a~b/c"], Value::Null);
+        let text = serde_json::to_string(&op).expect("json");
+        assert!(text.contains(r#""/metadata/annotations/a~0b~1c""#), "{text}");
+    }
+
+    #[test]
+    fn p90_is_nearest_rank() {
+        assert_eq!(p90(&mut []), None);
+        assert_eq!(p90(&mut [5]), Some(5));
+        assert_eq!(p90(&mut [1, 2]), Some(2));
+        let mut ten: Vec<u64> = (1..=10).rev().collect();
+        assert_eq!(p90(&mut ten), Some(9));
+        let mut hundred: Vec<u64> = (1..=100).collect();
+        assert_eq!(p90(&mut hundred), Some(90));
+    }
+}

@@ -1,0 +1,192 @@
+//! The controller that keeps `DaemonSetAutoscaler.status`: how many nodes have a
+//! recommendation, the fleet figure per container (the 90th percentile of the node targets), and
+//! the conditions `RecommendationProvided` and `ConfigUnsupported`.
+//!
+//! It runs in the leader only and reads the same in-memory index as the webhook; every
+//! `interval` it computes each autoscaler's status and writes it (status subresource, merge
+//! patch) when it changed. A condition keeps its `lastTransitionTime` while its status stays.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use nodewarden_api::rightsizing::{
+    DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, ResourceName,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::RightsizingIndex;
+use super::mutate::{Targets, fleet_from_nodes, format_amount};
+
+/// Condition: at least one node has published a recommendation for this autoscaler.
+pub const RECOMMENDATION_PROVIDED: &str = "RecommendationProvided";
+/// Condition: the autoscaler cannot be acted on as written (e.g. its DaemonSet does not exist).
+pub const CONFIG_UNSUPPORTED: &str = "ConfigUnsupported";
+/// Field manager of the status writes.
+pub const FIELD_MANAGER: &str = "nodewarden-rightsizing-status";
+
+/// What the status should say, apart from transition times.
+pub fn desired_status(
+    autoscaler: &DaemonSetAutoscaler,
+    node_targets: &[Targets],
+    target_exists: bool,
+    now: &Time,
+) -> DaemonSetAutoscalerStatus {
+    let fleet = fleet_from_nodes(node_targets.iter());
+    let fleet: Vec<FleetRecommendation> = fleet
+        .into_iter()
+        .map(|(container, a)| {
+            let mut target = BTreeMap::new();
+            for r in [ResourceName::Cpu, ResourceName::Memory] {
+                if let Some(v) = a.get(r) {
+                    target.insert(r.as_str().to_string(), Quantity(format_amount(r, v)));
+                }
+            }
+            FleetRecommendation {
+                container_name: container,
+                target: Some(target),
+            }
+        })
+        .collect();
+    let count = i32::try_from(node_targets.len()).unwrap_or(i32::MAX);
+    let generation = autoscaler.metadata.generation;
+    let old = autoscaler
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let provided = if count > 0 {
+        condition(
+            old,
+            RECOMMENDATION_PROVIDED,
+            "True",
+            "NodesReported",
+            format!("{count} node(s) have published a recommendation"),
+            generation,
+            now,
+        )
+    } else {
+        condition(
+            old,
+            RECOMMENDATION_PROVIDED,
+            "False",
+            "NoNodeRecommendation",
+            "no node has published a recommendation for this autoscaler yet; pods get the cold-start choice"
+                .to_string(),
+            generation,
+            now,
+        )
+    };
+    let target = &autoscaler.spec.target_ref.name;
+    let unsupported = if target_exists {
+        condition(
+            old,
+            CONFIG_UNSUPPORTED,
+            "False",
+            "TargetFound",
+            format!("DaemonSet {target} exists"),
+            generation,
+            now,
+        )
+    } else {
+        condition(
+            old,
+            CONFIG_UNSUPPORTED,
+            "True",
+            "TargetNotFound",
+            format!(
+                "DaemonSet {target} does not exist in namespace {}",
+                autoscaler.namespace().unwrap_or_default()
+            ),
+            generation,
+            now,
+        )
+    };
+    DaemonSetAutoscalerStatus {
+        observed_generation: generation,
+        nodes_with_recommendation: Some(count),
+        fleet,
+        conditions: vec![provided, unsupported],
+    }
+}
+
+fn condition(
+    old: &[Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let since = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+/// Reconciles every autoscaler's status every `interval` until `stop`.
+pub async fn run(client: Client, index: Arc<RightsizingIndex>, interval: Duration, stop: CancellationToken) {
+    index.wait_synced().await;
+    loop {
+        for autoscaler in index.autoscalers() {
+            if let Err(err) = reconcile(&client, &index, &autoscaler).await {
+                tracing::warn!(autoscaler = %autoscaler.name_any(), error = %err, "updating the autoscaler status failed");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+async fn reconcile(
+    client: &Client,
+    index: &RightsizingIndex,
+    autoscaler: &DaemonSetAutoscaler,
+) -> Result<(), kube::Error> {
+    let namespace = autoscaler.namespace().unwrap_or_default();
+    let name = autoscaler.name_any();
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
+    let exists = daemonsets
+        .get_metadata_opt(&autoscaler.spec.target_ref.name)
+        .await?
+        .is_some();
+    let targets: Vec<Targets> = index
+        .all_node_targets(&namespace, &name)
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let desired = desired_status(autoscaler, &targets, exists, &now);
+    if autoscaler.status.as_ref() == Some(&desired) {
+        return Ok(());
+    }
+    let api: Api<DaemonSetAutoscaler> = Api::namespaced(client.clone(), &namespace);
+    // a merge patch: an empty fleet must be written as null, or the old one would stay
+    let mut status = serde_json::to_value(&desired).unwrap_or_default();
+    if desired.fleet.is_empty()
+        && let Some(map) = status.as_object_mut()
+    {
+        map.insert("fleet".to_string(), serde_json::Value::Null);
+    }
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,780 @@
+//! Per-node right-sizing: a table of pods × policies × recommendations → the pod after applying
+//! the webhook's JSON Patch (with the `json-patch` crate), then properties over the whole table
+//! (applying twice changes nothing more; no field the pod had is removed), then the
+//! `/mutate/pods` handler on the recorded DaemonSet pod review and the `/validate/autoscalers`
+//! rules.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{LimitRange, Pod};
+use nodewarden_api::rightsizing::{
+    AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
+};
+use nodewarden_webhook::admission::rightsizing::mutate::{
+    self, ANNOTATION_AUTOSCALER, ANNOTATION_CAPPED, ANNOTATION_NODE, ANNOTATION_SKIPPED, ANNOTATION_SOURCE,
+    ANNOTATION_UPDATES, Amounts, Reason, Targets,
+};
+use nodewarden_webhook::admission::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
+use nodewarden_webhook::admission::{AdmissionRequest, Handler, ReviewIn};
+use serde_json::{Value, json};
+
+const FIXTURE: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
+const NODE: &str = "webhook-b8hcd8g-node-1";
+const NAMESPACE: &str = "webhook-b8hcd8g";
+
+fn review() -> Value {
+    serde_json::from_str(FIXTURE).expect("fixture")
+}
+
+/// The recorded pod: container `agent`, requests 100m/64Mi, limits 200m/128Mi, node in matchFields.
+fn base_pod() -> Value {
+    review()["request"]["object"].clone()
+}
+
+fn autoscaler(spec: Value) -> DaemonSetAutoscaler {
+    let mut full = json!({"targetRef": {"kind": "DaemonSet", "name": "node-agent"}});
+    if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
+        for (k, v) in extra {
+            full.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1",
+        "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": "node-agent", "namespace": NAMESPACE},
+        "spec": full,
+    }))
+    .expect("autoscaler")
+}
+
+fn targets(entries: &[(&str, Option<&str>, Option<&str>)]) -> Targets {
+    entries
+        .iter()
+        .map(|(c, cpu, mem)| {
+            let q = |r, s: &Option<&str>| {
+                s.map(|s| {
+                    mutate::amount(
+                        r,
+                        &k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string()),
+                    )
+                    .expect("quantity")
+                })
+            };
+            (
+                c.to_string(),
+                Amounts {
+                    cpu: q(nodewarden_api::rightsizing::ResourceName::Cpu, cpu),
+                    memory: q(nodewarden_api::rightsizing::ResourceName::Memory, mem),
+                },
+            )
+        })
+        .collect()
+}
+
+fn limit_range(limits: Value) -> LimitRange {
+    serde_json::from_value(json!({
+        "metadata": {"name": "lr", "namespace": NAMESPACE},
+        "spec": {"limits": limits},
+    }))
+    .expect("limit range")
+}
+
+fn apply(pod: &Value, patch: &json_patch::Patch) -> Value {
+    let mut out = pod.clone();
+    json_patch::patch(&mut out, patch)
+        .unwrap_or_else(|e| panic!("patch does not apply: {e}\npatch: {patch:?}"));
+    out
+}
+
+fn with_resources(mut pod: Value, container: usize, resources: Option<Value>) -> Value {
+    let c = &mut pod["spec"]["containers"][container];
+    match resources {
+        Some(r) => c["resources"] = r,
+        None => {
+            c.as_object_mut().expect("container").remove("resources");
+        }
+    }
+    pod
+}
+
+fn with_sidecar(mut pod: Value, resources: Value) -> Value {
+    let sidecar =
+        json!({"name": "side/car~1", "image": "nodewarden-e2e/pause:never-pulled", "resources": resources});
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+        .push(sidecar);
+    pod
+}
+
+struct Case {
+    name: &'static str,
+    pod: Value,
+    autoscaler: DaemonSetAutoscaler,
+    node: Option<Targets>,
+    fleet: Option<Targets>,
+    limit_ranges: Vec<LimitRange>,
+    /// Expected `resources` of each container after the patch (`null`: no resources field).
+    want: Vec<Value>,
+    reason: Reason,
+    /// Annotations that must be present with these values.
+    annotations: Vec<(&'static str, &'static str)>,
+}
+
+fn cases() -> Vec<Case> {
+    let rec = |cpu: &str, mem: &str| Some(targets(&[("agent", Some(cpu), Some(mem))]));
+    let fixture_resources =
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}});
+    vec![
+        Case {
+            name: "node recommendation, proportional limits",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({})),
+            node: rec("250m", "300Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"cpu": "500m", "memory": "600Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![
+                (ANNOTATION_AUTOSCALER, "node-agent"),
+                (ANNOTATION_NODE, NODE),
+                (ANNOTATION_SOURCE, "agent=node-recommendation"),
+                (
+                    ANNOTATION_UPDATES,
+                    "agent: cpu request 250m limit 500m, memory request 300Mi limit 600Mi",
+                ),
+            ],
+        },
+        Case {
+            name: "RequestsOnly keeps limits and caps the request at the limit",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+                {"containerName": "agent", "controlledValues": "RequestsOnly"}]}})),
+            node: rec("250m", "100Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "200m", "memory": "100Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![(ANNOTATION_CAPPED, "agent: cpu limit (recommended 250m)")],
+        },
+        Case {
+            name: "minAllowed and maxAllowed",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+                {"containerName": "*", "minAllowed": {"memory": "128Mi"}, "maxAllowed": {"cpu": "150m"}}]}})),
+            node: rec("250m", "100Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "150m", "memory": "128Mi"}, "limits": {"cpu": "300m", "memory": "256Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![(
+                ANNOTATION_CAPPED,
+                "agent: cpu maxAllowed (recommended 250m), memory minAllowed (recommended 100Mi)",
+            )],
+        },
+        Case {
+            name: "ceiling Template: never above the template's requests",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"ceiling": "Template"})),
+            node: rec("250m", "32Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "100m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![(
+                ANNOTATION_CAPPED,
+                "agent: cpu ceiling-template (recommended 250m)",
+            )],
+        },
+        Case {
+            name: "controlledResources: memory only",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+                {"containerName": "agent", "controlledResources": ["memory"]}]}})),
+            node: rec("250m", "96Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "100m", "memory": "96Mi"}, "limits": {"cpu": "200m", "memory": "192Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "container policy Off: untouched",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+                {"containerName": "*", "maxAllowed": {"cpu": "1"}},
+                {"containerName": "agent", "mode": "Off"}]}})),
+            node: rec("250m", "300Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![fixture_resources.clone()],
+            reason: Reason::Unchanged,
+            annotations: vec![(ANNOTATION_SOURCE, "agent=policy-off")],
+        },
+        Case {
+            name: "cold start Template: no node recommendation leaves the template",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"coldStart": "Template"})),
+            node: None,
+            fleet: rec("400m", "200Mi"),
+            limit_ranges: vec![],
+            want: vec![fixture_resources.clone()],
+            reason: Reason::Unchanged,
+            annotations: vec![(ANNOTATION_SOURCE, "agent=cold-start-template")],
+        },
+        Case {
+            name: "cold start Fleet: the fleet figure",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"coldStart": "Fleet"})),
+            node: None,
+            fleet: rec("400m", "200Mi"),
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "400m", "memory": "200Mi"}, "limits": {"cpu": "800m", "memory": "400Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![(ANNOTATION_SOURCE, "agent=fleet")],
+        },
+        Case {
+            name: "cold start Fleet without any fleet figure yet: template",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"coldStart": "Fleet"})),
+            node: Some(targets(&[("other", Some("1"), None)])),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![fixture_resources.clone()],
+            reason: Reason::Unchanged,
+            annotations: vec![(ANNOTATION_SOURCE, "agent=cold-start-template")],
+        },
+        Case {
+            name: "no resources at all: requests created, no limits",
+            pod: with_resources(base_pod(), 0, None),
+            autoscaler: autoscaler(json!({})),
+            node: rec("250m", "300Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![json!({"requests": {"cpu": "250m", "memory": "300Mi"}})],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "empty resources object",
+            pod: with_resources(base_pod(), 0, Some(json!({}))),
+            autoscaler: autoscaler(json!({})),
+            node: rec("1500m", "1Gi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![json!({"requests": {"cpu": "1500m", "memory": "1Gi"}})],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "only limits: limit follows the new request",
+            pod: with_resources(base_pod(), 0, Some(json!({"limits": {"cpu": "200m"}}))),
+            autoscaler: autoscaler(json!({})),
+            node: rec("250m", "300Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![json!({"limits": {"cpu": "250m"}, "requests": {"cpu": "250m", "memory": "300Mi"}})],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "request equals limit: both follow",
+            pod: with_resources(
+                base_pod(),
+                0,
+                Some(
+                    json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}),
+                ),
+            ),
+            autoscaler: autoscaler(json!({})),
+            node: rec("2", "1Gi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "odd ratio: integer maths rounds the limit up",
+            pod: with_resources(
+                base_pod(),
+                0,
+                Some(json!({"requests": {"cpu": "300m"}, "limits": {"cpu": "1"}})),
+            ),
+            autoscaler: autoscaler(json!({})),
+            node: Some(targets(&[("agent", Some("100m"), None)])),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![json!({"requests": {"cpu": "100m"}, "limits": {"cpu": "334m"}})],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "LimitRange container max and default limit",
+            pod: with_resources(
+                base_pod(),
+                0,
+                Some(json!({"requests": {"cpu": "100m", "memory": "64Mi"}})),
+            ),
+            autoscaler: autoscaler(json!({})),
+            node: rec("500m", "128Mi"),
+            fleet: None,
+            limit_ranges: vec![limit_range(
+                json!([{"type": "Container", "max": {"cpu": "300m"}, "default": {"memory": "512Mi"}}]),
+            )],
+            want: vec![json!({"requests": {"cpu": "300m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}})],
+            reason: Reason::Resized,
+            annotations: vec![(
+                ANNOTATION_CAPPED,
+                "agent: cpu limitrange-container-max (recommended 500m)",
+            )],
+        },
+        Case {
+            name: "LimitRange container min wins over maxAllowed",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+                {"containerName": "agent", "maxAllowed": {"cpu": "50m"}}]}})),
+            node: Some(targets(&[("agent", Some("80m"), None)])),
+            fleet: None,
+            limit_ranges: vec![limit_range(json!([{"type": "Container", "min": {"cpu": "60m"}}]))],
+            want: vec![
+                json!({"requests": {"cpu": "60m", "memory": "64Mi"}, "limits": {"cpu": "120m", "memory": "128Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "LimitRange pod max shares what is left after the other containers",
+            pod: with_sidecar(base_pod(), json!({"requests": {"cpu": "100m"}})),
+            autoscaler: autoscaler(json!({})),
+            node: Some(targets(&[("agent", Some("400m"), None)])),
+            fleet: None,
+            limit_ranges: vec![limit_range(json!([{"type": "Pod", "max": {"cpu": "300m"}}]))],
+            want: vec![
+                json!({"requests": {"cpu": "200m", "memory": "64Mi"}, "limits": {"cpu": "400m", "memory": "128Mi"}}),
+                json!({"requests": {"cpu": "100m"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![(
+                ANNOTATION_SOURCE,
+                "agent=node-recommendation, side/car~1=cold-start-template",
+            )],
+        },
+        Case {
+            name: "two containers, named and wildcard policies, a name that needs pointer escaping",
+            pod: with_sidecar(
+                base_pod(),
+                json!({"limits": {"memory": "1Gi"}, "requests": {"memory": "512Mi"}}),
+            ),
+            autoscaler: autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+                {"containerName": "*", "maxAllowed": {"memory": "256Mi"}},
+                {"containerName": "agent", "maxAllowed": {"memory": "1Gi"}}]}})),
+            node: Some(targets(&[
+                ("agent", None, Some("300Mi")),
+                ("side/car~1", None, Some("300Mi")),
+            ])),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"cpu": "200m", "memory": "600Mi"}}),
+                json!({"requests": {"memory": "256Mi"}, "limits": {"memory": "512Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "spec.nodeName wins over matchFields",
+            pod: {
+                let mut p = base_pod();
+                p["spec"]["nodeName"] = json!("bound-node");
+                p
+            },
+            autoscaler: autoscaler(json!({})),
+            node: rec("250m", "300Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"cpu": "500m", "memory": "600Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![(ANNOTATION_NODE, "bound-node")],
+        },
+        Case {
+            name: "no single node: unchanged, with the reason",
+            pod: {
+                let mut p = base_pod();
+                p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                    [0]["matchFields"][0]["values"] = json!(["a", "b"]);
+                p
+            },
+            autoscaler: autoscaler(json!({})),
+            node: rec("250m", "300Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![fixture_resources.clone()],
+            reason: Reason::NoTargetNode,
+            annotations: vec![(
+                ANNOTATION_SKIPPED,
+                "no single target node, resources left as the template says: the required node affinity does not name exactly one node (1 terms, nodes [\"a\", \"b\"])",
+            )],
+        },
+        Case {
+            name: "recommendation equal to the template: nothing but annotations",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({})),
+            node: rec("100m", "64Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![fixture_resources.clone()],
+            reason: Reason::Unchanged,
+            annotations: vec![(
+                ANNOTATION_UPDATES,
+                "agent: cpu request 100m limit 200m, memory request 64Mi limit 128Mi",
+            )],
+        },
+        Case {
+            name: "existing annotations are kept",
+            pod: {
+                let mut p = base_pod();
+                p["metadata"]["annotations"] = json!({"team": "observability"});
+                p
+            },
+            autoscaler: autoscaler(json!({})),
+            node: rec("250m", "300Mi"),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"cpu": "500m", "memory": "600Mi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![("team", "observability")],
+        },
+    ]
+}
+
+fn decide(case: &Case, pod: &Value) -> mutate::Decision {
+    let typed: Pod = serde_json::from_value(pod.clone()).expect("pod");
+    mutate::mutate(
+        &typed,
+        &case.autoscaler,
+        case.node.as_ref(),
+        case.fleet.as_ref(),
+        &case.limit_ranges,
+    )
+}
+
+#[test]
+fn table_of_pods_policies_and_recommendations() {
+    for case in cases() {
+        let decision = decide(&case, &case.pod);
+        assert_eq!(decision.reason, case.reason, "{}: reason", case.name);
+        let out = apply(&case.pod, &decision.patch);
+        for (i, want) in case.want.iter().enumerate() {
+            let got = out["spec"]["containers"][i]
+                .get("resources")
+                .cloned()
+                .unwrap_or(Value::Null);
+            assert_eq!(&got, want, "{}: container {i} resources", case.name);
+        }
+        for (key, value) in &case.annotations {
+            assert_eq!(
+                out["metadata"]["annotations"][key].as_str(),
+                Some(*value),
+                "{}: annotation {key}; all: {}",
+                case.name,
+                out["metadata"]["annotations"]
+            );
+        }
+    }
+}
+
+#[test]
+fn applying_the_webhook_twice_gives_the_same_pod() {
+    for case in cases() {
+        let once = apply(&case.pod, &decide(&case, &case.pod).patch);
+        let twice = apply(&once, &decide(&case, &once).patch);
+        assert_eq!(once, twice, "{}: second application changed the pod", case.name);
+    }
+}
+
+/// Every leaf path of `value`, as JSON Pointers.
+fn leaves(value: &Value, prefix: String, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                leaves(
+                    v,
+                    format!("{prefix}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                );
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            for (i, v) in items.iter().enumerate() {
+                leaves(v, format!("{prefix}/{i}"), out);
+            }
+        }
+        _ => out.push(prefix),
+    }
+}
+
+#[test]
+fn no_field_of_the_pod_is_removed_and_only_resources_and_annotations_change() {
+    for case in cases() {
+        let out = apply(&case.pod, &decide(&case, &case.pod).patch);
+        let mut paths = Vec::new();
+        leaves(&case.pod, String::new(), &mut paths);
+        for path in paths {
+            let before = case.pod.pointer(&path);
+            let after = out.pointer(&path);
+            assert!(after.is_some(), "{}: {path} was removed", case.name);
+            let may_change = path.contains("/resources") || path.starts_with("/metadata/annotations");
+            if !may_change {
+                assert_eq!(before, after, "{}: {path} changed", case.name);
+            }
+        }
+        // only spec.containers are touched
+        assert_eq!(
+            case.pod["spec"].get("initContainers"),
+            out["spec"].get("initContainers")
+        );
+    }
+}
+
+#[test]
+fn patch_uses_only_add_operations_with_escaped_pointers() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name.contains("escaping"))
+        .expect("case");
+    let decision = decide(&case, &case.pod);
+    let text = serde_json::to_string(&decision.patch).expect("json");
+    let ops: Vec<Value> = serde_json::from_str(&text).expect("ops");
+    assert!(ops.iter().all(|op| op["op"] == "add"), "{text}");
+    assert!(
+        text.contains("/metadata/annotations/rightsizing.nodewarden.io~1source"),
+        "{text}"
+    );
+    // the JSON patch addresses containers by index, so the escaped name is only in the annotation
+    assert!(
+        ops.iter()
+            .any(|op| op["path"] == "/spec/containers/1/resources/requests/memory" && op["value"] == "256Mi"),
+        "{text}"
+    );
+}
+
+#[test]
+fn update_mode_off_changes_nothing() {
+    let a = autoscaler(json!({"updatePolicy": {"updateMode": "Off"}}));
+    let pod: Pod = serde_json::from_value(base_pod()).expect("pod");
+    let node = targets(&[("agent", Some("1"), Some("1Gi"))]);
+    let decision = mutate::mutate(&pod, &a, Some(&node), None, &[]);
+    assert_eq!(decision.reason, Reason::UpdateModeOff);
+    assert!(decision.patch.0.is_empty());
+}
+
+#[test]
+fn target_node_follows_the_daemonset_controller() {
+    let pod: Pod = serde_json::from_value(base_pod()).expect("pod");
+    assert_eq!(mutate::target_node(&pod).as_deref(), Ok(NODE));
+    let mut bare = base_pod();
+    bare["spec"].as_object_mut().expect("spec").remove("affinity");
+    let bare: Pod = serde_json::from_value(bare).expect("pod");
+    let err = mutate::target_node(&bare).expect_err("no node");
+    assert!(err.contains("no spec.nodeName"), "{err}");
+}
+
+#[test]
+fn fleet_is_the_90th_percentile_of_node_targets() {
+    let nodes: Vec<Targets> = (1..=10u64)
+        .map(|i| {
+            BTreeMap::from([(
+                "agent".to_string(),
+                Amounts {
+                    cpu: Some(i * 100),
+                    memory: (i % 2 == 0).then_some(i << 20),
+                },
+            )])
+        })
+        .collect();
+    let fleet = mutate::fleet_from_nodes(nodes.iter());
+    assert_eq!(fleet["agent"].cpu, Some(900));
+    // memory from the five nodes that report it: 2, 4, 6, 8, 10 Mi → rank ceil(4.5) = 5
+    assert_eq!(fleet["agent"].memory, Some(10 << 20));
+}
+
+// ---- the handler, on the recorded review
+
+fn index_with(rec_cpu: &str) -> Arc<RightsizingIndex> {
+    let index = RightsizingIndex::new();
+    index.apply_autoscaler(autoscaler(json!({})));
+    let rec = NodeRecommendation::new(
+        NODE,
+        NodeRecommendationSpec {
+            update_time: None,
+            recommendations: vec![ContainerRecommendation {
+                autoscaler: AutoscalerRef {
+                    namespace: NAMESPACE.to_string(),
+                    name: "node-agent".to_string(),
+                },
+                container_name: "agent".to_string(),
+                target: Some(BTreeMap::from([
+                    (
+                        "cpu".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(rec_cpu.to_string()),
+                    ),
+                    (
+                        "memory".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("100Mi".to_string()),
+                    ),
+                ])),
+                lower_bound: None,
+                upper_bound: None,
+                uncapped_target: None,
+                sample_count: 100,
+                first_sample_time: None,
+                last_sample_time: None,
+                oom_count: 0,
+            }],
+        },
+    );
+    index.apply_node_recommendation(&rec);
+    index
+}
+
+fn request(review: &Value) -> AdmissionRequest {
+    let parsed: ReviewIn = serde_json::from_value(review.clone()).expect("review");
+    parsed.request.expect("request")
+}
+
+#[test]
+fn handler_patches_the_recorded_daemonset_pod_from_the_cache() {
+    let handler = PodMutator::new(index_with("300m"));
+    let review = review();
+    let response = handler.review(&request(&review));
+    assert!(response.allowed);
+    assert_eq!(response.patch_type.as_deref(), Some("JSONPatch"));
+    let patch = response.decoded_patch().expect("patch");
+    let out = apply(&review["request"]["object"], &patch);
+    assert_eq!(
+        out["spec"]["containers"][0]["resources"],
+        json!({"requests": {"cpu": "300m", "memory": "100Mi"}, "limits": {"cpu": "600m", "memory": "200Mi"}})
+    );
+    // dryRun gets the same answer (the webhook has no side effects)
+    let mut dry = review.clone();
+    dry["request"]["dryRun"] = json!(true);
+    assert_eq!(handler.review(&request(&dry)).patch, response.patch);
+}
+
+#[test]
+fn handler_leaves_pods_without_an_autoscaler_alone() {
+    let handler = PodMutator::new(index_with("300m"));
+    let mut other = review();
+    other["request"]["object"]["metadata"]["ownerReferences"][0]["name"] = json!("someone-else");
+    let response = handler.review(&request(&other));
+    assert!(response.allowed && response.patch.is_none());
+
+    let mut replicaset = review();
+    replicaset["request"]["object"]["metadata"]["ownerReferences"][0]["kind"] = json!("ReplicaSet");
+    let response = handler.review(&request(&replicaset));
+    assert!(response.allowed && response.patch.is_none());
+
+    let mut elsewhere = review();
+    elsewhere["request"]["namespace"] = json!("another-namespace");
+    let response = handler.review(&request(&elsewhere));
+    assert!(response.allowed && response.patch.is_none());
+}
+
+#[test]
+fn handler_admits_an_unreadable_pod_unchanged_with_a_warning() {
+    let handler = PodMutator::new(index_with("300m"));
+    let mut bad = review();
+    bad["request"]["object"]["spec"]["containers"] = json!("not a list");
+    let response = handler.review(&request(&bad));
+    assert!(response.allowed && response.patch.is_none());
+    assert_eq!(response.warnings.len(), 1);
+    assert!(response.warnings[0].len() < 120);
+}
+
+// ---- /validate/autoscalers
+
+fn autoscaler_review(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1",
+            "kind": {"group": "nodewarden.io", "version": "v1alpha1", "kind": "DaemonSetAutoscaler"},
+            "resource": {"group": "nodewarden.io", "version": "v1alpha1", "resource": "daemonsetautoscalers"},
+            "name": name,
+            "namespace": NAMESPACE,
+            "operation": "CREATE",
+            "userInfo": {"username": "jane"},
+            "object": {
+                "apiVersion": "nodewarden.io/v1alpha1",
+                "kind": "DaemonSetAutoscaler",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": spec,
+            }
+        }
+    })
+}
+
+#[test]
+fn validator_denies_min_above_max_duplicates_and_a_second_autoscaler() {
+    let index = index_with("300m");
+    let validator = AutoscalerValidator::new(index);
+    let target = json!({"kind": "DaemonSet", "name": "other-ds"});
+
+    let ok = validator.review(&request(&autoscaler_review("a", json!({"targetRef": target,
+        "resourcePolicy": {"containerPolicies": [{"containerName": "*", "minAllowed": {"cpu": "100m"}, "maxAllowed": {"cpu": "0.1"}}]}}))));
+    assert!(ok.allowed, "{ok:?}");
+
+    let bad = validator.review(&request(&autoscaler_review(
+        "a",
+        json!({"targetRef": target,
+        "resourcePolicy": {"containerPolicies": [
+            {"containerName": "agent", "minAllowed": {"memory": "1Gi"}, "maxAllowed": {"memory": "512Mi"}},
+            {"containerName": "agent"}]}}),
+    )));
+    assert!(!bad.allowed);
+    assert_eq!(
+        bad.status.expect("status").message,
+        "spec.resourcePolicy.containerPolicies[0]: minAllowed.memory 1Gi is above maxAllowed.memory 512Mi; minAllowed must be at most maxAllowed; \
+         spec.resourcePolicy.containerPolicies[1].containerName: \"agent\" has a policy already; give each container (and `*`) one policy"
+    );
+
+    let second = validator.review(&request(&autoscaler_review(
+        "second",
+        json!({"targetRef": {"kind": "DaemonSet", "name": "node-agent"}}),
+    )));
+    assert!(!second.allowed);
+    assert_eq!(
+        second.status.expect("status").message,
+        format!(
+            "spec.targetRef.name: DaemonSet {NAMESPACE}/node-agent is already right-sized by DaemonSetAutoscaler node-agent; one autoscaler per DaemonSet"
+        )
+    );
+
+    // the existing autoscaler itself may still be updated
+    let same = validator.review(&request(&autoscaler_review(
+        "node-agent",
+        json!({"targetRef": {"kind": "DaemonSet", "name": "node-agent"}}),
+    )));
+    assert!(same.allowed, "{same:?}");
+}
