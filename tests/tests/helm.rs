@@ -52,6 +52,47 @@ async fn lint_passes_strict_for_default_and_fixture_values() -> Result<()> {
     Ok(())
 }
 
+/// The chart README documents every value of values.yaml (objects that hold settings are walked
+/// into; maps of free-form content such as resources count as one value).
+#[test]
+fn readme_lists_every_value() -> Result<()> {
+    let values: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml"))?)?;
+    let readme = std::fs::read_to_string(chart_dir().join("README.md"))?;
+    let free_form = [
+        "resources",
+        "podSecurityContext",
+        "securityContext",
+        "nodeSelector",
+    ];
+    let mut keys = Vec::new();
+    fn walk(v: &Value, path: &str, free_form: &[&str], out: &mut Vec<String>) {
+        match v.as_object() {
+            Some(map) if !map.is_empty() && !free_form.iter().any(|f| path.ends_with(&format!(".{f}"))) => {
+                for (k, child) in map {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(child, &p, free_form, out);
+                }
+            }
+            _ => out.push(path.to_string()),
+        }
+    }
+    walk(&values, "", &free_form, &mut keys);
+    ensure!(keys.len() > 50, "values.yaml walked to only {} keys", keys.len());
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|k| !readme.contains(&format!("| `{k}` |")))
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "charts/nodewarden/README.md does not list these values: {missing:?}"
+    );
+    Ok(())
+}
+
 // ---- default render ----------------------------------------------------------------------------
 
 /// The mutating webhook: DaemonSet pods only (CEL matchCondition), fails open, short timeout,
@@ -1024,6 +1065,9 @@ const RBAC_CASES: &[&str] = &[
     "webhook get core/namespaces - default no",
     "webhook list core/pods - - no",
     "webhook create nodewarden.io/clusterclaims - - no",
+    "webhook watch about.k8s.io/clusterproperties - - yes",
+    "webhook update about.k8s.io/clusterproperties - x no",
+    "webhook list cluster.open-cluster-management.io/clusterclaims - - yes",
     "agent watch core/pods - - yes",
     "agent get core/nodes/metrics - helm-node-0 yes",
     "agent get core/nodes/proxy - helm-node-0 no",
