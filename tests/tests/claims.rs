@@ -22,6 +22,7 @@ use nodewarden_tests::{
     register_validating_webhooks,
 };
 use nodewarden_webhook::config::Config;
+use nodewarden_webhook::controllers::{self, ControllerOptions};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -80,14 +81,43 @@ async fn claims_guard_end_to_end() {
         )
         .await?;
         initializer(&env, &clients).await.context("ID initializer")?;
+
+        // a second replica waits while the first leads, and takes over as soon as it stops
+        let standby_stop = CancellationToken::new();
+        let standby = tokio::spawn(controllers::run(
+            env.cp.admin_client().await?,
+            ControllerOptions {
+                namespace: env.namespace.clone(),
+                identity: "e2e-webhook-c".to_string(),
+                initialize_id: true,
+                initialize_interval: Duration::from_secs(1),
+            },
+            standby_stop.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        ensure!(
+            lease_holder(&env).await?.as_deref() == Some("e2e-webhook-b"),
+            "the standby took the Lease from a live leader"
+        );
         webhook.stop().await?;
-        let lease: Lease = Api::namespaced(env.client.clone(), &env.namespace)
-            .get("nodewarden-controllers")
+        let took_over = Instant::now();
+        env.cp
+            .poll("the standby to take the Lease", || async {
+                Ok((lease_holder(&env).await?.as_deref() == Some("e2e-webhook-c")).then_some(()))
+            })
             .await?;
-        let holder = lease.spec.and_then(|s| s.holder_identity);
+        // the old leader released the Lease, so this is not a wait for it to expire
+        ensure!(
+            took_over.elapsed() < Duration::from_secs(controllers::LEASE_DURATION_SECS),
+            "took {:?} to hand over",
+            took_over.elapsed()
+        );
+        standby_stop.cancel();
+        standby.await?;
+        let holder = lease_holder(&env).await?;
         ensure!(
             holder.is_none(),
-            "a stopped webhook should release the Lease, holder is {holder:?}"
+            "a stopped replica should release the Lease, holder is {holder:?}"
         );
         Ok(())
     })
@@ -422,10 +452,7 @@ async fn initializer(env: &TestEnv, c: &Clients) -> Result<()> {
         created.as_deref() == Some(uid.as_str()),
         "initializer wrote {created:?}, want the kube-system UID {uid}"
     );
-    let lease: Lease = Api::namespaced(c.admin.clone(), &env.namespace)
-        .get("nodewarden-controllers")
-        .await?;
-    let holder = lease.spec.and_then(|s| s.holder_identity);
+    let holder = lease_holder(env).await?;
     ensure!(
         holder.as_deref() == Some("e2e-webhook-b"),
         "Lease holder is {holder:?}"
@@ -458,6 +485,13 @@ async fn initializer(env: &TestEnv, c: &Clients) -> Result<()> {
         "re-created {again:?}, want {uid}"
     );
     Ok(())
+}
+
+async fn lease_holder(env: &TestEnv) -> Result<Option<String>> {
+    let lease: Lease = Api::namespaced(env.client.clone(), &env.namespace)
+        .get(controllers::LEASE_NAME)
+        .await?;
+    Ok(lease.spec.and_then(|s| s.holder_identity))
 }
 
 async fn poll_value(
