@@ -15,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
+    /// Run nodewarden against a real control plane on this machine and show what happened.
+    Demo,
     /// Write charts/nodewarden/crds/*.yaml from the api crate's types.
     Crdgen,
     /// Everything CI checks: formatting, clippy, every test (the end-to-end tier builds the
@@ -42,6 +44,7 @@ fn main() -> Result<()> {
     let root = repo_root();
     match cli.task {
         Task::Crdgen => crdgen(&root),
+        Task::Demo => demo(&root),
         Task::Ci => ci(&root),
         Task::Bench {
             which: Bench::Admission { args },
@@ -103,6 +106,37 @@ fn run(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<()> {
         bail!("{what} failed ({status})");
     }
     Ok(())
+}
+
+fn demo(root: &Path) -> Result<()> {
+    let cargo = cargo();
+    run(
+        root,
+        "build",
+        &cargo,
+        &[
+            "build",
+            "--quiet",
+            "-p",
+            "nodewarden-webhook",
+            "-p",
+            "nodewarden-tests",
+            "--bins",
+        ],
+    )?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let bin = |name: &str| target.join("debug").join(name);
+    let webhook = bin("nodewarden-webhook");
+    let demo = bin("nodewarden-demo");
+    let webhook = webhook.to_str().context("target path is not UTF-8")?;
+    run(
+        root,
+        "demo",
+        demo.to_str().context("target path is not UTF-8")?,
+        &["--webhook", webhook],
+    )
 }
 
 fn cargo() -> String {
