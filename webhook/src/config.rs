@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{ArgAction, Parser};
 
 use crate::admission::claims::{ClaimsPolicy, Principals, ServiceAccountName};
+use crate::admission::node_reports::NodeReportsArgs;
 use crate::telemetry::LogFormat;
 
 #[derive(Parser, Debug, Clone)]
@@ -117,6 +118,15 @@ pub struct Config {
     /// How often the ID initializer checks that an ID claim exists.
     #[arg(long, env = "NODEWARDEN_CLAIMS_INITIALIZE_INTERVAL", default_value = "1m", value_parser = parse_interval)]
     pub claims_initialize_interval: Duration,
+
+    /// Who may write NodeRecommendation and NodeFeatureReport objects.
+    #[command(flatten)]
+    pub node_reports: NodeReportsArgs,
+
+    /// How often the leader recomputes every DaemonSetAutoscaler's status (nodes with a
+    /// recommendation, fleet figure, conditions).
+    #[arg(long, env = "NODEWARDEN_RIGHTSIZING_STATUS_INTERVAL", default_value = "15s", value_parser = parse_interval)]
+    pub rightsizing_status_interval: Duration,
 }
 
 impl Config {

@@ -24,9 +24,11 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Readiness;
 use crate::admission::Route;
 use crate::admission::claims::ClaimsGuard;
+use crate::admission::node_reports::{NodeReportsGuard, NodeReportsPolicy};
+use crate::admission::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use crate::caches::{Caches, CachesOptions};
 use crate::config::Config;
-use crate::controllers::ControllerOptions;
+use crate::controllers::{CacheControllers, ControllerOptions};
 use crate::metrics::Metrics;
 use crate::tls::{CertReloader, CertResolver, Reload};
 
@@ -41,14 +43,34 @@ pub const READY_CACHES: &str = "caches";
 /// The admission handlers of every capability. Capabilities add theirs as they land.
 pub struct Handlers {
     pub claims: Arc<ClaimsGuard>,
+    /// `/mutate/pods`: per-node right-sizing of DaemonSet pods.
+    pub pods: Arc<PodMutator>,
+    /// `/validate/autoscalers`: DaemonSetAutoscaler rules the schema cannot express.
+    pub autoscalers: Arc<AutoscalerValidator>,
+    /// `/validate/node-reports`: only node N's agent writes node N's reports.
+    pub node_reports: Arc<NodeReportsGuard>,
 }
 
 /// The admission routes of every capability; a path without a handler answers 404.
 pub fn routes(handlers: &Handlers) -> Vec<Route> {
-    vec![Route {
-        path: admission::claims::ROUTE,
-        handler: handlers.claims.clone(),
-    }]
+    vec![
+        Route {
+            path: admission::claims::ROUTE,
+            handler: handlers.claims.clone(),
+        },
+        Route {
+            path: admission::rightsizing::MUTATE_ROUTE,
+            handler: handlers.pods.clone(),
+        },
+        Route {
+            path: admission::rightsizing::VALIDATE_ROUTE,
+            handler: handlers.autoscalers.clone(),
+        },
+        Route {
+            path: admission::node_reports::ROUTE,
+            handler: handlers.node_reports.clone(),
+        },
+    ]
 }
 
 /// Delays between retries of API server calls: exponential from 500 ms to 30 s, with jitter,
@@ -85,6 +107,7 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result
 async fn run_kube(
     config: Config,
     caches: Arc<Caches>,
+    rightsizing: Arc<RightsizingIndex>,
     readiness: Arc<Readiness>,
     shutdown: CancellationToken,
 ) {
@@ -104,12 +127,14 @@ async fn run_kube(
     };
     let synced = caches.synced();
     let caches_task = tokio::spawn(caches.run(client.clone(), shutdown.clone()));
+    let rightsizing_task = tokio::spawn(rightsizing.clone().run(client.clone(), shutdown.clone()));
     let ready = readiness.clone();
     let stop = shutdown.clone();
+    let index = rightsizing.clone();
     let readiness_task = tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = synced => ready.set(READY_CACHES, true),
+            _ = async { tokio::join!(synced, index.wait_synced()) } => ready.set(READY_CACHES, true),
         }
     });
     let options = ControllerOptions {
@@ -121,8 +146,11 @@ async fn run_kube(
         initialize_id: config.claims_initialize_id,
         initialize_interval: config.claims_initialize_interval,
     };
-    let controllers_task = tokio::spawn(controllers::run(client, options, shutdown.clone()));
-    let _ = tokio::join!(caches_task, readiness_task, controllers_task);
+    let cached = CacheControllers {
+        rightsizing_status: Some((rightsizing, config.rightsizing_status_interval)),
+    };
+    let controllers_task = tokio::spawn(controllers::run_with(client, options, cached, shutdown.clone()));
+    let _ = tokio::join!(caches_task, rightsizing_task, readiness_task, controllers_task);
 }
 
 /// The host name (a pod's name, in a cluster), or a made-up unique name.
@@ -146,13 +174,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let caches = Caches::new(CachesOptions {
         discovery_interval: config.claims_discovery_interval,
     });
+    let rightsizing = RightsizingIndex::new();
     let handlers = Handlers {
         claims: Arc::new(ClaimsGuard::new(
             config.claims_policy(),
             caches.claims(),
             metrics.clone(),
         )),
+        pods: Arc::new(PodMutator::new(rightsizing.clone()).with_observer(metrics.clone())),
+        autoscalers: Arc::new(AutoscalerValidator::new(rightsizing.clone())),
+        node_reports: Arc::new(NodeReportsGuard::new(NodeReportsPolicy::from(
+            &config.node_reports,
+        ))),
     };
+    if config.node_reports.agent_service_account.is_none() {
+        tracing::warn!(
+            "--agent-service-account is not set: any service account with a token bound to node N may write node N's reports"
+        );
+    }
 
     let resolver = Arc::new(CertResolver::default());
     let reloader = Arc::new(CertReloader::new(
@@ -196,6 +235,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let kube_task = tokio::spawn(run_kube(
         config.clone(),
         caches,
+        rightsizing,
         readiness.clone(),
         stop_kube.clone(),
     ));

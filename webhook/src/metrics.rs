@@ -11,6 +11,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::admission::Outcome;
+use crate::admission::rightsizing::{Reason, RightsizingObserver, Source};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
@@ -24,6 +25,18 @@ pub struct ClaimDecisionLabels {
     pub rule: &'static str,
     /// `allowed` or `denied`.
     pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RightsizingPodLabels {
+    /// `resized`, `unchanged`, `update-mode-off` or `no-target-node`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RightsizingContainerLabels {
+    /// `node-recommendation`, `fleet`, `cold-start-template` or `policy-off`.
+    pub source: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +64,8 @@ pub struct Metrics {
     admission_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     certificate_reloads: Family<ResultLabels, Counter>,
     claims_decisions: Family<ClaimDecisionLabels, Counter>,
+    rightsizing_pods: Family<RightsizingPodLabels, Counter>,
+    rightsizing_containers: Family<RightsizingContainerLabels, Counter>,
 }
 
 impl Metrics {
@@ -81,12 +96,26 @@ impl Metrics {
             "ClusterClaim guard decisions, by rule and outcome (allowed, denied)",
             claims_decisions.clone(),
         );
+        let rightsizing_pods = Family::<RightsizingPodLabels, Counter>::default();
+        registry.register(
+            "rightsizing_pods",
+            "DaemonSet pods an autoscaler applied to, by reason (resized, unchanged, update-mode-off, no-target-node)",
+            rightsizing_pods.clone(),
+        );
+        let rightsizing_containers = Family::<RightsizingContainerLabels, Counter>::default();
+        registry.register(
+            "rightsizing_containers",
+            "Containers of right-sized pods, by where their figures came from (node-recommendation, fleet, cold-start-template, policy-off)",
+            rightsizing_containers.clone(),
+        );
         Metrics {
             registry,
             admission_requests,
             admission_duration,
             certificate_reloads,
             claims_decisions,
+            rightsizing_pods,
+            rightsizing_containers,
         }
     }
 
@@ -124,6 +153,23 @@ impl Metrics {
             tracing::error!(%err, "encoding metrics failed");
         }
         out
+    }
+}
+
+impl RightsizingObserver for Metrics {
+    fn decided(&self, reason: Reason, sources: &[(String, Source)]) {
+        self.rightsizing_pods
+            .get_or_create(&RightsizingPodLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+        for (_, source) in sources {
+            self.rightsizing_containers
+                .get_or_create(&RightsizingContainerLabels {
+                    source: source.as_str(),
+                })
+                .inc();
+        }
     }
 }
 

@@ -11,11 +11,15 @@
 
 pub mod claims_id;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
+
+use crate::admission::rightsizing::RightsizingIndex;
+use crate::admission::rightsizing::status as rightsizing_status;
 
 /// Name of the Lease the replicas compete for.
 pub const LEASE_NAME: &str = "nodewarden-controllers";
@@ -45,10 +49,28 @@ impl ControllerOptions {
     }
 }
 
+/// Controllers that read the webhook's in-memory caches, besides those [`ControllerOptions`]
+/// switches on.
+#[derive(Clone, Default)]
+pub struct CacheControllers {
+    /// Keep `DaemonSetAutoscaler.status` from the right-sizing index, every interval.
+    pub rightsizing_status: Option<(Arc<RightsizingIndex>, Duration)>,
+}
+
 /// Takes part in leader election and runs the enabled controllers while this replica leads,
 /// until `shutdown`; then releases the Lease. API errors are retried with backoff.
 pub async fn run(client: Client, options: ControllerOptions, shutdown: CancellationToken) {
-    if !options.any_enabled() {
+    run_with(client, options, CacheControllers::default(), shutdown).await;
+}
+
+/// [`run`], with the controllers that read the caches.
+pub async fn run_with(
+    client: Client,
+    options: ControllerOptions,
+    cached: CacheControllers,
+    shutdown: CancellationToken,
+) {
+    if !options.any_enabled() && cached.rightsizing_status.is_none() {
         tracing::info!("no controller enabled; not taking part in leader election");
         return;
     }
@@ -76,7 +98,7 @@ pub async fn run(client: Client, options: ControllerOptions, shutdown: Cancellat
         };
         backoff = crate::retry_backoff();
         let (leading, task) = manager.watch().await;
-        follow_leadership(&client, &options, leading, &shutdown).await;
+        follow_leadership(&client, &options, &cached, leading, &shutdown).await;
         // the receiver is dropped: the manager releases the Lease (if held) and ends
         match tokio::time::timeout(Duration::from_secs(5), task).await {
             Ok(Ok(Ok(_))) => tracing::info!("left leader election"),
@@ -92,6 +114,7 @@ pub async fn run(client: Client, options: ControllerOptions, shutdown: Cancellat
 async fn follow_leadership(
     client: &Client,
     options: &ControllerOptions,
+    cached: &CacheControllers,
     mut leading: tokio::sync::watch::Receiver<bool>,
     shutdown: &CancellationToken,
 ) {
@@ -100,7 +123,12 @@ async fn follow_leadership(
         if is_leader {
             tracing::info!(identity = %options.identity, "leading: starting controllers");
             let lead = shutdown.child_token();
-            let work = tokio::spawn(lead_controllers(client.clone(), options.clone(), lead.clone()));
+            let work = tokio::spawn(lead_controllers(
+                client.clone(),
+                options.clone(),
+                cached.clone(),
+                lead.clone(),
+            ));
             let ended = tokio::select! {
                 _ = shutdown.cancelled() => true,
                 changed = leading.changed() => changed.is_err(),
@@ -121,8 +149,21 @@ async fn follow_leadership(
 }
 
 /// The controllers of the leader, until `stop`.
-async fn lead_controllers(client: Client, options: ControllerOptions, stop: CancellationToken) {
-    if options.initialize_id {
-        claims_id::run(client, options.initialize_interval, stop).await;
-    }
+async fn lead_controllers(
+    client: Client,
+    options: ControllerOptions,
+    cached: CacheControllers,
+    stop: CancellationToken,
+) {
+    let id = async {
+        if options.initialize_id {
+            claims_id::run(client.clone(), options.initialize_interval, stop.clone()).await;
+        }
+    };
+    let status = async {
+        if let Some((index, interval)) = cached.rightsizing_status {
+            rightsizing_status::run(client.clone(), index, interval, stop.clone()).await;
+        }
+    };
+    tokio::join!(id, status);
 }
