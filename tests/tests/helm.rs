@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodewarden_tests::helm::{Helm, Rendered, chart_dir, helm_fixture};
 use nodewarden_tests::{ControlPlane, create_ready_node, wait_for_daemonset_pods};
@@ -948,19 +948,36 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
         ensure!(field.map(|f| f.field_path.as_str()) == Some("spec.nodeName"));
     }
     // The webhook replicas are created (they stay Pending: no kubelet, no scheduler).
-    let webhook_pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    cp.poll("2 webhook pods", || {
-        let webhook_pods = webhook_pods.clone();
-        async move {
-            let n = webhook_pods
-                .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
-                .await?
-                .items
-                .len();
-            Ok((n == 2).then_some(()))
+    replace_pods(cp, &client, "webhook", 2, false).await?;
+
+    // The mutating webhook sees DaemonSet pods and only those. Helm creates the webhook
+    // configurations last, and the API server picks them up a moment later, so the first agent
+    // pods may have been admitted before: recreate the agent pods until the API server calls the
+    // webhook for each new one (and, finding no webhook, admits it: failurePolicy Ignore).
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let before = rightsizing_fail_open(&client).await?;
+        replace_pods(cp, &client, "agent", nodes.len(), true).await?;
+        let calls = rightsizing_fail_open(&client).await? - before;
+        if calls == nodes.len() as f64 {
+            break;
         }
-    })
-    .await?;
+        ensure!(
+            rounds < 5 && calls < nodes.len() as f64,
+            "round {rounds}: {calls} calls to pods.rightsizing.nodewarden.io for {} new agent pods",
+            nodes.len()
+        );
+    }
+    // Now that the configuration is in effect: new webhook (Deployment) pods are not sent to it.
+    let before = rightsizing_fail_open(&client).await?;
+    replace_pods(cp, &client, "webhook", 2, true).await?;
+    let calls = rightsizing_fail_open(&client).await? - before;
+    ensure!(
+        calls == 0.0,
+        "the DaemonSet matchCondition should keep Deployment pods away from the webhook; {calls} calls"
+    );
+    wait_for_daemonset_pods(cp, &client, NS, "nodewarden-agent", &nodes).await?;
 
     // The fail-closed webhooks are live: with no webhook serving, a claim write is refused by
     // the API server naming the webhook, instead of slipping through unchecked.
@@ -1006,6 +1023,74 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
         .await
         .context("helm keeps CRDs on uninstall, as the NOTES say")?;
     Ok(())
+}
+
+/// How often kube-apiserver failed open on the right-sizing webhook (it cannot reach it here).
+async fn rightsizing_fail_open(client: &Client) -> Result<f64> {
+    apiserver_metric_sum(
+        client,
+        "apiserver_admission_webhook_fail_open_count",
+        "name=\"pods.rightsizing.nodewarden.io\"",
+    )
+    .await
+}
+
+/// Waits for `count` pods of the release's `component` (webhook or agent) and, when `replace`,
+/// deletes them first and waits for their controller to create new ones (unscheduled pods are
+/// deleted at once, no kubelet needed).
+async fn replace_pods(
+    cp: &ControlPlane,
+    client: &Client,
+    component: &str,
+    count: usize,
+    replace: bool,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let selector = format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}");
+    let params = ListParams::default().labels(&selector);
+    let mut old = std::collections::BTreeSet::new();
+    if replace {
+        for p in pods.list(&params).await?.items {
+            old.insert(p.metadata.uid.unwrap_or_default());
+        }
+        pods.delete_collection(&DeleteParams::default().grace_period(0), &params)
+            .await?;
+    }
+    cp.poll(&format!("{count} new {component} pods"), || {
+        let (pods, params, old) = (pods.clone(), params.clone(), old.clone());
+        async move {
+            let items = pods.list(&params).await?.items;
+            let fresh = items
+                .iter()
+                .filter(|p| !old.contains(p.metadata.uid.as_deref().unwrap_or_default()))
+                .count();
+            Ok((items.len() == count && fresh == count).then_some(()))
+        }
+    })
+    .await
+}
+
+/// The sum of a kube-apiserver metric over the series whose labels contain `label`.
+async fn apiserver_metric_sum(client: &Client, metric: &str, label: &str) -> Result<f64> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("reading kube-apiserver /metrics")?;
+    let mut sum = 0.0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(metric) else {
+            continue;
+        };
+        if !rest.starts_with('{') || !rest.contains(label) {
+            continue;
+        }
+        let value = rest.rsplit(' ').next().unwrap_or_default();
+        sum += value
+            .parse::<f64>()
+            .with_context(|| format!("metric line {line:?}"))?;
+    }
+    Ok(sum)
 }
 
 /// What is still there of the release (pods included: the garbage collector removes them).
