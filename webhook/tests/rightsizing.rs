@@ -778,3 +778,61 @@ fn validator_denies_min_above_max_duplicates_and_a_second_autoscaler() {
     )));
     assert!(same.allowed, "{same:?}");
 }
+
+/// The worked example of docs/rightsizing.md, row by row.
+#[test]
+fn worked_example_of_the_docs() {
+    let policy = json!({"resourcePolicy": {"containerPolicies": [{"containerName": "*", "maxAllowed": {"memory": "256Mi"}}]}});
+    let mut fleet_policy = policy.clone();
+    fleet_policy["coldStart"] = json!("Fleet");
+    let mut ceiling_policy = policy.clone();
+    ceiling_policy["ceiling"] = json!("Template");
+    let a = targets(&[("agent", Some("250m"), Some("300Mi"))]);
+    let b = targets(&[("agent", Some("500m"), Some("200Mi"))]);
+    let fleet = mutate::fleet_from_nodes([&a, &b]);
+    let rows: Vec<(Value, Option<&Targets>, Value)> = vec![
+        (
+            policy.clone(),
+            Some(&a),
+            json!({"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}),
+        ),
+        (
+            policy.clone(),
+            Some(&b),
+            json!({"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "400Mi"}}),
+        ),
+        (
+            policy.clone(),
+            None,
+            json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+        ),
+        (
+            fleet_policy,
+            None,
+            json!({"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}),
+        ),
+        (
+            ceiling_policy.clone(),
+            Some(&a),
+            json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+        ),
+        (
+            ceiling_policy,
+            Some(&b),
+            json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+        ),
+    ];
+    for (i, (spec, node, want)) in rows.into_iter().enumerate() {
+        let pod = base_pod();
+        let typed: Pod = serde_json::from_value(pod.clone()).expect("pod");
+        let decision = mutate::mutate(&typed, &autoscaler(spec), node, Some(&fleet), &[]);
+        let out = apply(&pod, &decision.patch);
+        assert_eq!(out["spec"]["containers"][0]["resources"], want, "row {i}");
+        if i == 0 {
+            assert_eq!(
+                out["metadata"]["annotations"][ANNOTATION_CAPPED],
+                "agent: memory maxAllowed (recommended 300Mi)"
+            );
+        }
+    }
+}
