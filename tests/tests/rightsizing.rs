@@ -1,0 +1,473 @@
+//! End-to-end: per-node right-sizing (KEP-4943) on the real control plane.
+//!
+//! Three Ready fake Nodes and a DaemonSet over them. The agents of nodes A and B publish their
+//! `NodeRecommendation`s with node-bound service-account tokens (a pod bound to each node, a
+//! TokenRequest bound to that pod), as the real agent does; node C has none. The webhook runs
+//! in this process through `nodewarden_webhook::run` with real flags and the admin kubeconfig;
+//! kube-apiserver calls it for the DaemonSet pods the real DaemonSet controller creates and
+//! applies its patch. Then: the node-reports guard refuses node A's token for node B's report;
+//! cold start with `Template` and with `Fleet`; with the webhook stopped, pods are still
+//! created, as the template says (`failurePolicy: Ignore`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use nodewarden_api::rightsizing::{
+    AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
+};
+use nodewarden_tests::process::{free_ports, write_file};
+use nodewarden_tests::{
+    Hook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, daemonset_pod_target_node, e2e, read_crds,
+    register_mutating_webhooks, register_validating_webhooks, simple_daemonset, wait_for_daemonset_pods,
+};
+use nodewarden_webhook::config::Config;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const AGENT_SA: &str = "agent";
+const DS: &str = "node-agent";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemonset_pods_get_their_node_figures() {
+    e2e("rightsizing", |env| async move {
+        apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let nodes = env.create_nodes(3).await?;
+        let (a, b, c) = (nodes[0].clone(), nodes[1].clone(), nodes[2].clone());
+        grant_agent_writes(&env).await?;
+
+        let ports = free_ports(2)?;
+        let cert_dir = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
+        register(&env, ports[0]).await?;
+
+        // the agents of A and B publish, each with a token bound to a pod on its own node
+        let agent_a = agent_client(&env, &a).await?;
+        let agent_b = agent_client(&env, &b).await?;
+        publish(&env, &agent_a, &a, "250m", "300Mi")
+            .await
+            .context("agent A publishes NodeRecommendation/A")?;
+        publish(&env, &agent_b, &b, "500m", "200Mi")
+            .await
+            .context("agent B publishes NodeRecommendation/B")?;
+
+        // the node-reports guard: A's token cannot write B's recommendation
+        let err = publish(&env, &agent_a, &b, "4", "4Gi").await.err();
+        let message = denial(err)?;
+        let agent_user = format!("system:serviceaccount:{}:{AGENT_SA}", env.namespace);
+        ensure!(
+            message
+                == format!(
+                    "admission webhook \"node-reports.nodewarden.io\" denied the request: NodeRecommendation/{b} can only be \
+                     written by the nodewarden agent on node {b}: the token of {agent_user} is bound to node {a}, not {b}"
+                ),
+            "unexpected denial: {message}"
+        );
+
+        let autoscalers: Api<DaemonSetAutoscaler> = env.api();
+        autoscalers
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "nodewarden.io/v1alpha1",
+                    "kind": "DaemonSetAutoscaler",
+                    "metadata": {"name": DS},
+                    "spec": {"targetRef": {"kind": "DaemonSet", "name": DS}, "coldStart": "Template"},
+                }))?,
+            )
+            .await?;
+        // a second autoscaler for the same DaemonSet is refused
+        let why = second_autoscaler_denial(&autoscalers).await?;
+        ensure!(
+            why.ends_with(&format!(
+                "spec.targetRef.name: DaemonSet {}/{DS} is already right-sized by DaemonSetAutoscaler {DS}; one autoscaler per DaemonSet",
+                env.namespace
+            )),
+            "{why}"
+        );
+
+        // the leader's status controller sees both recommendations; so do the webhook's caches
+        let status = wait_for_status(&env, |s| s["nodesWithRecommendation"] == 2).await?;
+        ensure!(
+            status["fleet"] == json!([{"containerName": "agent", "target": {"cpu": "500m", "memory": "300Mi"}}]),
+            "fleet figure: {status}"
+        );
+        let ds = env.api::<DaemonSet>();
+        ds.create(&PostParams::default(), &simple_daemonset(DS, &env.node_selector())?)
+            .await?;
+        let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, &nodes).await?;
+        expect_resources(&pods[&a], ("250m", "300Mi"), ("500m", "600Mi"))?;
+        expect_resources(&pods[&b], ("500m", "200Mi"), ("1", "400Mi"))?;
+        expect_resources(&pods[&c], ("100m", "64Mi"), ("200m", "128Mi"))?;
+        expect_annotation(&pods[&a], "rightsizing.nodewarden.io/source", "agent=node-recommendation")?;
+        expect_annotation(&pods[&a], "rightsizing.nodewarden.io/node", &a)?;
+        expect_annotation(&pods[&c], "rightsizing.nodewarden.io/source", "agent=cold-start-template")?;
+
+        // coldStart Fleet: C's next pod gets the fleet figure (p90 of A and B)
+        autoscalers
+            .patch(DS, &PatchParams::default(), &Patch::Merge(json!({"spec": {"coldStart": "Fleet"}})))
+            .await?;
+        let fleet_pod = recreate_until(&env, &c, &nodes, |p| {
+            p.annotations().get("rightsizing.nodewarden.io/source").map(String::as_str) == Some("agent=fleet")
+        })
+        .await
+        .context("C's pod with the fleet figure")?;
+        expect_resources(&fleet_pod, ("500m", "300Mi"), ("1", "600Mi"))?;
+
+        // without the webhook, pods are still created, as the template says
+        webhook.stop().await?;
+        let plain = recreate_until(&env, &a, &nodes, |_| true).await?;
+        expect_resources(&plain, ("100m", "64Mi"), ("200m", "128Mi"))?;
+        ensure!(
+            !plain.annotations().keys().any(|k| k.starts_with("rightsizing.nodewarden.io/")),
+            "a pod created without the webhook has right-sizing annotations: {:?}",
+            plain.annotations()
+        );
+        Ok(())
+    })
+    .await;
+}
+
+/// The agent's service account and its right to write NodeRecommendations (so that what refuses
+/// a write is the guard, not RBAC).
+async fn grant_agent_writes(env: &TestEnv) -> Result<()> {
+    let pp = PostParams::default();
+    Api::<ServiceAccount>::namespaced(env.client.clone(), &env.namespace)
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": AGENT_SA}}))?,
+        )
+        .await?;
+    let role = format!("{}-agent", env.id);
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": role},
+                "rules": [{"apiGroups": ["nodewarden.io"], "resources": ["noderecommendations"],
+                           "verbs": ["get", "create", "update", "patch"]}],
+            }))?,
+        )
+        .await?;
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": AGENT_SA, "namespace": env.namespace}],
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// A client with the agent's token bound to a pod on `node`.
+async fn agent_client(env: &TestEnv, node: &str) -> Result<Client> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("agent-{node}")},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": AGENT_SA,
+            "containers": [{"name": "agent", "image": "nodewarden-e2e/pause:never-pulled"}],
+        },
+    }))?;
+    let pod = env.api::<Pod>().create(&PostParams::default(), &pod).await?;
+    let uid = pod.uid().ok_or_else(|| anyhow!("pod without uid"))?;
+    let token = env
+        .cp
+        .service_account_token(&env.namespace, AGENT_SA, Some((&pod.name_any(), &uid)))
+        .await?;
+    env.cp.client_with_token(&token).await
+}
+
+async fn publish(env: &TestEnv, client: &Client, node: &str, cpu: &str, memory: &str) -> Result<()> {
+    let rec = NodeRecommendation::new(
+        node,
+        NodeRecommendationSpec {
+            update_time: None,
+            recommendations: vec![ContainerRecommendation {
+                autoscaler: AutoscalerRef {
+                    namespace: env.namespace.clone(),
+                    name: DS.to_string(),
+                },
+                container_name: "agent".to_string(),
+                target: Some(BTreeMap::from([
+                    ("cpu".to_string(), Quantity(cpu.to_string())),
+                    ("memory".to_string(), Quantity(memory.to_string())),
+                ])),
+                lower_bound: None,
+                upper_bound: None,
+                uncapped_target: None,
+                sample_count: 1440,
+                first_sample_time: None,
+                last_sample_time: None,
+                oom_count: 0,
+            }],
+        },
+    );
+    Api::<NodeRecommendation>::all(client.clone())
+        .create(&PostParams::default(), &rec)
+        .await?;
+    Ok(())
+}
+
+fn denial(err: Option<anyhow::Error>) -> Result<String> {
+    let err = err.ok_or_else(|| anyhow!("expected a denial, but the API server accepted the write"))?;
+    match err.downcast_ref::<kube::Error>() {
+        Some(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+            Ok(status.message.clone())
+        }
+        _ => Err(err.context("expected an admission denial")),
+    }
+}
+
+/// Creates a second autoscaler for the DaemonSet and returns the denial. The webhook's cache
+/// shows the first autoscaler a moment after it is written: while the second one is accepted
+/// (for at most 10 s), it is deleted and created again.
+async fn second_autoscaler_denial(autoscalers: &Api<DaemonSetAutoscaler>) -> Result<String> {
+    let second: DaemonSetAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1",
+        "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": "another"},
+        "spec": {"targetRef": {"kind": "DaemonSet", "name": DS}},
+    }))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match autoscalers.create(&PostParams::default(), &second).await {
+            Err(err) => return denial(Some(err.into())),
+            Ok(_) if Instant::now() > deadline => {
+                bail!("a second autoscaler for the same DaemonSet was accepted")
+            }
+            Ok(_) => {
+                autoscalers.delete("another", &DeleteParams::default()).await?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+async fn wait_for_status(
+    env: &TestEnv,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value> {
+    let api: Api<DaemonSetAutoscaler> = env.api();
+    env.cp
+        .poll("the autoscaler status", || {
+            let api = api.clone();
+            let ok = &ok;
+            async move {
+                let a = api.get(DS).await?;
+                let status = serde_json::to_value(a.status.unwrap_or_default())?;
+                Ok(ok(&status).then_some(status))
+            }
+        })
+        .await
+}
+
+/// Deletes the DaemonSet's pod on `node` until the controller's replacement satisfies `ok`
+/// (at most 15 s: the webhook's cache may take a moment to show a change); returns it.
+async fn recreate_until(
+    env: &TestEnv,
+    node: &str,
+    nodes: &[String],
+    ok: impl Fn(&Pod) -> bool,
+) -> Result<Pod> {
+    let pods = env.api::<Pod>();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let before = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, nodes).await?;
+        let old = before.get(node).ok_or_else(|| anyhow!("no pod on {node}"))?;
+        pods.delete(&old.name_any(), &DeleteParams::default()).await?;
+        let old_uid = old.uid();
+        let new = env
+            .cp
+            .poll(&format!("a new pod on {node}"), || {
+                let pods = pods.clone();
+                let old_uid = old_uid.clone();
+                async move {
+                    let list = pods.list(&Default::default()).await?;
+                    Ok(list.items.into_iter().find(|p| {
+                        daemonset_pod_target_node(p).as_deref() == Some(node)
+                            && p.uid() != old_uid
+                            && p.owner_references().iter().any(|o| o.kind == "DaemonSet")
+                    }))
+                }
+            })
+            .await?;
+        if ok(&new) {
+            return Ok(new);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the pod on {node} never came out as expected; last: {:?}",
+                new.annotations()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn expect_resources(pod: &Pod, requests: (&str, &str), limits: (&str, &str)) -> Result<()> {
+    let resources = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.clone())
+        .unwrap_or_default();
+    let get = |list: &Option<BTreeMap<String, Quantity>>, r: &str| {
+        list.as_ref()
+            .and_then(|l| l.get(r))
+            .map(|q| q.0.clone())
+            .unwrap_or_default()
+    };
+    let got = (
+        (
+            get(&resources.requests, "cpu"),
+            get(&resources.requests, "memory"),
+        ),
+        (get(&resources.limits, "cpu"), get(&resources.limits, "memory")),
+    );
+    let want = (
+        (requests.0.to_string(), requests.1.to_string()),
+        (limits.0.to_string(), limits.1.to_string()),
+    );
+    ensure!(
+        got == want,
+        "pod {} for node {:?}: (requests, limits) {got:?}, want {want:?}; annotations {:?}",
+        pod.name_any(),
+        daemonset_pod_target_node(pod),
+        pod.annotations()
+    );
+    Ok(())
+}
+
+fn expect_annotation(pod: &Pod, key: &str, want: &str) -> Result<()> {
+    let got = pod.annotations().get(key).map(String::as_str);
+    ensure!(
+        got == Some(want),
+        "pod {}: annotation {key} is {got:?}, want {want:?}",
+        pod.name_any()
+    );
+    Ok(())
+}
+
+async fn register(env: &TestEnv, port: u16) -> Result<()> {
+    let endpoint = LoopbackEndpoint {
+        port,
+        ca_pem: env.cp.ca_pem().to_string(),
+    };
+    let mut pods = Hook::new(
+        "pods.rightsizing.nodewarden.io",
+        "/mutate/pods",
+        "",
+        "v1",
+        &["pods"],
+        &["CREATE"],
+    )
+    .only_namespace(&env.namespace);
+    pods.failure_policy = "Ignore".to_string();
+    pods.timeout_seconds = 5;
+    register_mutating_webhooks(
+        &env.client,
+        &format!("{}-rightsizing", env.id),
+        &endpoint,
+        &[pods],
+    )
+    .await?;
+    let mut reports = Hook::new(
+        "node-reports.nodewarden.io",
+        "/validate/node-reports",
+        "nodewarden.io",
+        "v1alpha1",
+        &["noderecommendations", "nodefeaturereports"],
+        &["CREATE", "UPDATE"],
+    );
+    reports.timeout_seconds = 5;
+    let mut autoscalers = Hook::new(
+        "autoscalers.rightsizing.nodewarden.io",
+        "/validate/autoscalers",
+        "nodewarden.io",
+        "v1alpha1",
+        &["daemonsetautoscalers"],
+        &["CREATE", "UPDATE"],
+    )
+    .only_namespace(&env.namespace);
+    autoscalers.timeout_seconds = 5;
+    register_validating_webhooks(
+        &env.client,
+        &format!("{}-rightsizing", env.id),
+        &endpoint,
+        &[reports, autoscalers],
+    )
+    .await?;
+    Ok(())
+}
+
+struct Webhook {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Webhook {
+    async fn start(env: &TestEnv, cert_dir: &Path, listen_port: u16, admin_port: u16) -> Result<Self> {
+        let args = vec![
+            "nodewarden-webhook".to_string(),
+            format!("--listen-addr=127.0.0.1:{listen_port}"),
+            format!("--admin-addr=127.0.0.1:{admin_port}"),
+            format!("--tls-cert-file={}", cert_dir.join("tls.crt").display()),
+            format!("--tls-key-file={}", cert_dir.join("tls.key").display()),
+            format!("--kubeconfig={}", env.cp.kubeconfig_path().display()),
+            format!("--namespace={}", env.namespace),
+            "--pod-name=e2e-rightsizing".to_string(),
+            format!("--agent-service-account={}:{AGENT_SA}", env.namespace),
+            "--rightsizing-status-interval=300ms".to_string(),
+            "--shutdown-grace=2s".to_string(),
+        ];
+        let config = Config::from_args(&args).map_err(|e| anyhow!("webhook flags: {e}"))?;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(nodewarden_webhook::run(config, shutdown.clone()));
+        let webhook = Webhook { shutdown, task };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match readyz(admin_port).await {
+                Ok(200) => return Ok(webhook),
+                _ if Instant::now() > deadline => bail!("webhook not ready after 60 s"),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+            if webhook.task.is_finished() {
+                bail!("the webhook exited while starting");
+            }
+        }
+    }
+
+    async fn stop(self) -> Result<()> {
+        self.shutdown.cancel();
+        self.task.await.context("webhook task")?.context("webhook run")
+    }
+}
+
+async fn readyz(port: u16) -> Result<u16> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("not an HTTP answer: {answer:?}"))
+}
