@@ -751,7 +751,7 @@ async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
 #[tokio::test]
 async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result<()> {
     let helm = Helm::locate().await?;
-    let cases: [(&[&str], &[&str]); 7] = [
+    let cases: [(&[&str], &[&str]); 8] = [
         (
             &["--set", "certificates.mode=bogus"],
             &["certificates/mode", "managed", "certManager", "secret"],
@@ -780,6 +780,8 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
             &["certificates.secret.name", "empty"],
         ),
         (&["--set", "webhook.replica=3"], &["replica", "not allowed"]),
+        // matchConditions are GA from 1.30: older clusters are refused up front.
+        (&["--kube-version", "1.29.9"], &[">=1.30.0-0"]),
     ];
     for (args, needles) in cases {
         let out = helm.template_raw(RELEASE, NS, args).await?;
@@ -1006,6 +1008,92 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
     }
 
     check_rbac(&client).await?;
+
+    // Managed certificates: the webhook injects the caBundle with a field manager of its own. A
+    // `helm upgrade` must leave it alone (the chart never renders a caBundle), or every upgrade
+    // would cut the API server off from the webhook until it re-injects.
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(cp.ca_pem());
+    let validating_api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let mutating_api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let inject = PatchParams::apply("nodewarden-webhook");
+    let entries: Vec<Value> = [
+        "claims.nodewarden.io",
+        "node-reports.nodewarden.io",
+        "features.nodewarden.io",
+    ]
+    .iter()
+    .map(|n| json!({"name": n, "clientConfig": {"caBundle": ca_bundle}}))
+    .collect();
+    validating_api
+        .patch(
+            "nodewarden-validating",
+            &inject,
+            &Patch::Apply(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "nodewarden-validating"},
+                "webhooks": entries,
+            })),
+        )
+        .await
+        .context("injecting the caBundle as the webhook would")?;
+    mutating_api
+        .patch(
+            "nodewarden-mutating",
+            &inject,
+            &Patch::Apply(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "nodewarden-mutating"},
+                "webhooks": [{"name": "pods.rightsizing.nodewarden.io", "clientConfig": {"caBundle": ca_bundle}}],
+            })),
+        )
+        .await?;
+    helm.ok(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NS,
+        "--set",
+        "webhook.logLevel=debug,claims.timeoutSeconds=4",
+    ])
+    .await?;
+    let upgraded = validating_api.get("nodewarden-validating").await?;
+    let claims_hook = upgraded
+        .webhooks
+        .as_deref()
+        .and_then(|ws| ws.iter().find(|w| w.name == "claims.nodewarden.io"))
+        .context("claims webhook after upgrade")?;
+    ensure!(
+        claims_hook.timeout_seconds == Some(4),
+        "the upgrade was applied: {:?}",
+        claims_hook.timeout_seconds
+    );
+    let mut kept = vec![];
+    for w in upgraded.webhooks.as_deref().unwrap_or_default() {
+        kept.push((
+            w.name.clone(),
+            w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
+        ));
+    }
+    for w in mutating_api
+        .get("nodewarden-mutating")
+        .await?
+        .webhooks
+        .unwrap_or_default()
+    {
+        kept.push((
+            w.name.clone(),
+            w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
+        ));
+    }
+    let pem = cp.ca_pem().as_bytes().to_vec();
+    for (name, bundle) in &kept {
+        ensure!(
+            bundle.as_ref() == Some(&pem),
+            "helm upgrade dropped the injected caBundle of {name}"
+        );
+    }
+    ensure!(kept.len() == 4, "webhooks after upgrade: {kept:?}");
 
     // Uninstall removes everything the chart created, except the CRDs (Helm never deletes those).
     helm.ok(&["uninstall", RELEASE, "--namespace", NS]).await?;
