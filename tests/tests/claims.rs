@@ -50,7 +50,7 @@ async fn claims_guard_end_to_end() {
             listen_port,
             admin_port,
             "e2e-webhook-a",
-            &[],
+            &["--claims-discovery-interval=1s"],
         )
         .await?;
         register(&env, listen_port).await?;
@@ -66,6 +66,10 @@ async fn claims_guard_end_to_end() {
         cluster_properties(&clients)
             .await
             .context("about.k8s.io ClusterProperty")?;
+        crd_installed_later(&env, &clients)
+            .await
+            .context("Open Cluster Management ClusterClaim installed after start-up")?;
+        decisions_in_metrics(admin_port).await?;
         webhook.stop().await?;
 
         let webhook = Webhook::start(
@@ -440,6 +444,89 @@ async fn cluster_properties(c: &Clients) -> Result<()> {
     Ok(())
 }
 
+/// The OCM ClusterClaim CRD appears while the webhook runs (discovery every second here): the
+/// guard picks it up without a restart. Until its cache has synced, the rules that need the
+/// other claims answer 503 `cache-not-synced`; the others apply at once.
+async fn crd_installed_later(env: &TestEnv, c: &Clients) -> Result<()> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/crds/cluster.open-cluster-management.io_clusterclaims.yaml");
+    apply_crds(env.cp, &env.client, &read_crds(&[file])?).await?;
+    let resource = ApiResource {
+        group: "cluster.open-cluster-management.io".to_string(),
+        version: "v1alpha1".to_string(),
+        api_version: "cluster.open-cluster-management.io/v1alpha1".to_string(),
+        kind: "ClusterClaim".to_string(),
+        plural: "clusterclaims".to_string(),
+    };
+    let ocm = |client: &Client| Api::<DynamicObject>::all_with(client.clone(), &resource);
+    let claim = |name: &str, value: &str| -> Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1alpha1",
+            "kind": "ClusterClaim",
+            "metadata": {"name": name},
+            "spec": {"value": value},
+        }))?)
+    };
+    let pp = PostParams::default();
+    let join = claim("clusterset.k8s.io", "set-1")?;
+    let not_synced = std::sync::atomic::AtomicUsize::new(0);
+    env.cp
+        .poll("the guard to watch OCM ClusterClaims", || {
+            let api = ocm(&c.admin);
+            let join = join.clone();
+            let pp = pp.clone();
+            let not_synced = &not_synced;
+            async move {
+                match api.create(&pp, &join).await {
+                    Ok(_) => bail!("an OCM clusterset.k8s.io without an ID was admitted"),
+                    Err(kube::Error::Api(s)) if s.message.starts_with(&format!("{DENIED}cache-not-synced: ")) => {
+                        ensure!(s.code == 503, "cache-not-synced should be 503, got {}", s.code);
+                        not_synced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        Ok(None)
+                    }
+                    // before the API server calls the webhook for the new resource
+                    Err(kube::Error::Api(s)) if !s.message.starts_with(DENIED) => Ok(None),
+                    Err(kube::Error::Api(s)) => {
+                        let want = format!(
+                            "{DENIED}clusterset-requires-id: ClusterClaim \"clusterset.k8s.io\" (value \"set-1\") \
+                             cannot be created while no ID claim exists; create ClusterClaim \"id.k8s.io\" or \
+                             \"cluster.clusterset.k8s.io\" first"
+                        );
+                        ensure!(s.code == 403 && s.message == want, "got {} {}", s.code, s.message);
+                        Ok(Some(()))
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+        })
+        .await?;
+    eprintln!(
+        "OCM ClusterClaims guarded ({} answers of cache-not-synced before)",
+        not_synced.into_inner()
+    );
+    expect_denied(
+        "jane creates an OCM id.k8s.io",
+        ocm(&c.jane).create(&pp, &claim("id.k8s.io", "cluster-a")?).await,
+        "reserved-name: ClusterClaim \"id.k8s.io\" is reserved (names ending in .k8s.io or .kubernetes.io); \
+         \"jane\" may not create it: only the users, groups and service accounts allowed by the nodewarden configuration may",
+    )?;
+    Ok(())
+}
+
+/// The admin port's metrics count the decisions by rule and outcome.
+async fn decisions_in_metrics(admin_port: u16) -> Result<()> {
+    let (status, text) = http_get(admin_port, "/metrics").await?;
+    ensure!(status == 200, "/metrics answered {status}");
+    for line in [
+        "nodewarden_claims_decisions_total{rule=\"id-lifespan\",outcome=\"denied\"} ",
+        "nodewarden_claims_decisions_total{rule=\"clusterset-claim\",outcome=\"allowed\"} ",
+        "nodewarden_claims_decisions_total{rule=\"value-size\",outcome=\"denied\"} ",
+    ] {
+        ensure!(text.contains(line), "/metrics has no {line:?}");
+    }
+    Ok(())
+}
+
 async fn initializer(env: &TestEnv, c: &Clients) -> Result<()> {
     let uid = Api::<Namespace>::all(c.admin.clone())
         .get("kube-system")
@@ -534,7 +621,7 @@ async fn grant_claim_writes(env: &TestEnv) -> Result<()> {
             &serde_json::from_value(json!({
                 "metadata": {"name": role},
                 "rules": [{
-                    "apiGroups": ["nodewarden.io", "about.k8s.io"],
+                    "apiGroups": ["nodewarden.io", "about.k8s.io", "cluster.open-cluster-management.io"],
                     "resources": ["clusterclaims", "clusterproperties"],
                     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
                 }],
@@ -577,6 +664,16 @@ async fn register(env: &TestEnv, port: u16) -> Result<()> {
         &["CREATE", "UPDATE", "DELETE"],
     );
     hook.rules.extend(about.rules);
+    // registered before its CRD exists, as the chart may be
+    let ocm = Hook::new(
+        WEBHOOK,
+        "/validate/claims",
+        "cluster.open-cluster-management.io",
+        "v1alpha1",
+        &["clusterclaims"],
+        &["CREATE", "UPDATE", "DELETE"],
+    );
+    hook.rules.extend(ocm.rules);
     let endpoint = LoopbackEndpoint {
         port,
         ca_pem: env.cp.ca_pem().to_string(),
@@ -655,9 +752,14 @@ impl Webhook {
 
 /// Status and body of `GET /readyz` on the admin port.
 async fn readyz(port: u16) -> Result<(u16, String)> {
+    http_get(port, "/readyz").await
+}
+
+/// Status and body of a plain-HTTP GET on the admin port.
+async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
         .await?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await?;
