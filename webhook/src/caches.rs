@@ -311,3 +311,98 @@ impl ClaimView for ClaimCaches {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn about() -> ApiResource {
+        ApiResource {
+            group: "about.k8s.io".to_string(),
+            version: "v1beta1".to_string(),
+            api_version: "about.k8s.io/v1beta1".to_string(),
+            kind: "ClusterProperty".to_string(),
+            plural: "clusterproperties".to_string(),
+        }
+    }
+
+    fn property(name: &str, value: &str, deleting: bool) -> DynamicObject {
+        let mut meta = serde_json::json!({"name": name, "uid": format!("uid-{name}")});
+        if deleting {
+            meta["deletionTimestamp"] = serde_json::json!("2026-11-21T07:00:00Z");
+            meta["finalizers"] = serde_json::json!(["example.com/hold"]);
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "about.k8s.io/v1beta1",
+            "kind": "ClusterProperty",
+            "metadata": meta,
+            "spec": {"value": value},
+        }))
+        .expect("object")
+    }
+
+    #[test]
+    fn presence_follows_the_watched_objects() {
+        let caches = ClaimCaches::default();
+        let mut writer: Writer<DynamicObject> = Writer::new(about());
+        let ready = Arc::new(AtomicBool::new(false));
+        caches.write().insert(
+            Shape::About,
+            ShapeCache {
+                resource: about(),
+                store: writer.as_reader(),
+                ready: ready.clone(),
+                stop: CancellationToken::new(),
+            },
+        );
+        // not watched, and not listed yet: unknown
+        assert_eq!(caches.presence(Shape::Nodewarden, "id.k8s.io"), None);
+        assert_eq!(caches.presence(Shape::About, "id.k8s.io"), None);
+
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(property(
+            "id.k8s.io",
+            "cluster-a",
+            false,
+        )));
+        writer.apply_watcher_event(&watcher::Event::InitApply(property(
+            "clusterset.k8s.io",
+            "set-1",
+            true,
+        )));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        ready.store(true, Ordering::Release);
+
+        assert_eq!(
+            caches.presence(Shape::About, "id.k8s.io"),
+            Some(Presence::PRESENT)
+        );
+        // held back by a finalizer: may still exist, but is on its way out
+        assert_eq!(
+            caches.presence(Shape::About, "clusterset.k8s.io"),
+            Some(Presence::UNCERTAIN)
+        );
+        assert_eq!(
+            caches.presence(Shape::About, "cluster.clusterset.k8s.io"),
+            Some(Presence::ABSENT)
+        );
+        assert_eq!(
+            caches.value(Shape::About, "id.k8s.io").as_deref(),
+            Some("cluster-a")
+        );
+
+        writer.apply_watcher_event(&watcher::Event::Delete(property(
+            "clusterset.k8s.io",
+            "set-1",
+            true,
+        )));
+        assert_eq!(
+            caches.presence(Shape::About, "clusterset.k8s.io"),
+            Some(Presence::ABSENT)
+        );
+        assert_eq!(
+            caches.watched(),
+            vec![(Shape::About, "about.k8s.io/v1beta1".to_string(), true)]
+        );
+    }
+}
