@@ -396,6 +396,16 @@ async fn default_agent_daemonset_runs_everywhere_and_reads_cgroups_read_only() -
     ensure!(init["securityContext"]["capabilities"]["drop"] == json!(["ALL"]));
     ensure!(init["securityContext"]["capabilities"]["add"] == json!(["CHOWN", "FOWNER"]));
     ensure!(init["securityContext"]["allowPrivilegeEscalation"] == false);
+    let script = init["command"]
+        .as_array()
+        .and_then(|c| c.last())
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    ensure!(
+        script.contains("owner=65532:65532"),
+        "the folder goes to the agent's user 65532: {script}"
+    );
+    ensure!(mount(init, "checkpoint")?["mountPath"] == "/var/lib/nodewarden");
     ensure!(
         r.has("Service", "nodewarden-agent-metrics"),
         "agent metrics Service"
