@@ -27,4 +27,7 @@ pub use cluster::{
 };
 pub use controlplane::{Binaries, ControlPlane, Impersonate};
 pub use recorder::{RecordingWebhook, Responder, allow_all, allow_with_patch};
-pub use webhooks::{Hook, LoopbackEndpoint, register_mutating_webhooks, register_validating_webhooks};
+pub use webhooks::{
+    Hook, InProcessWebhook, LoopbackEndpoint, http_get, register_mutating_webhooks,
+    register_validating_webhooks,
+};

@@ -177,3 +177,67 @@ pub async fn register_validating_webhooks(
     .await
     .with_context(|| format!("applying ValidatingWebhookConfiguration {name}"))
 }
+
+/// `nodewarden_webhook::run` in the test process, with real flags.
+pub struct InProcessWebhook {
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// Plain-HTTP admin port (`/readyz`, `/metrics`).
+    pub admin_port: u16,
+}
+
+impl InProcessWebhook {
+    /// Starts the webhook with `args` (without the program name; must include
+    /// `--admin-addr=127.0.0.1:<admin_port>`) and waits up to 60 s for `/readyz`.
+    pub async fn start(args: &[String], admin_port: u16) -> Result<Self> {
+        let mut argv = vec!["nodewarden-webhook".to_string()];
+        argv.extend(args.iter().cloned());
+        let config = nodewarden_webhook::config::Config::from_args(&argv)
+            .map_err(|e| anyhow::anyhow!("webhook flags: {e}"))?;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(nodewarden_webhook::run(config, shutdown.clone()));
+        let webhook = InProcessWebhook {
+            shutdown,
+            task,
+            admin_port,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if webhook.task.is_finished() {
+                anyhow::bail!("the webhook exited while starting");
+            }
+            match http_get(admin_port, "/readyz").await {
+                Ok((200, _)) => return Ok(webhook),
+                Ok((_, body)) if std::time::Instant::now() > deadline => {
+                    anyhow::bail!("webhook not ready after 60 s: {body}")
+                }
+                Err(e) if std::time::Instant::now() > deadline => return Err(e.context("webhook admin port")),
+                _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// Cancels it as SIGTERM would and waits for a clean exit.
+    pub async fn stop(self) -> Result<()> {
+        self.shutdown.cancel();
+        self.task.await.context("webhook task")?.context("webhook run")
+    }
+}
+
+/// Status and body of a plain-HTTP GET on 127.0.0.1:`port`.
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("not an HTTP answer: {answer:?}"))?;
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    Ok((status, body))
+}

@@ -8,6 +8,7 @@ use clap::{ArgAction, Parser};
 
 use crate::admission::claims::{ClaimsPolicy, Principals, ServiceAccountName};
 use crate::admission::node_reports::NodeReportsArgs;
+use crate::certmanager::CertArgs;
 use crate::telemetry::LogFormat;
 
 #[derive(Parser, Debug, Clone)]
@@ -122,6 +123,10 @@ pub struct Config {
     /// Who may write NodeRecommendation and NodeFeatureReport objects.
     #[command(flatten)]
     pub node_reports: NodeReportsArgs,
+
+    /// Where the serving certificate comes from (files, or managed in-process).
+    #[command(flatten)]
+    pub certs: CertArgs,
 
     /// How often the leader recomputes every DaemonSetAutoscaler's status (nodes with a
     /// recommendation, fleet figure, conditions).

@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod admission;
 pub mod caches;
+pub mod certmanager;
 pub mod config;
 pub mod controllers;
 pub mod metrics;
@@ -27,6 +28,7 @@ use crate::admission::claims::ClaimsGuard;
 use crate::admission::node_reports::{NodeReportsGuard, NodeReportsPolicy};
 use crate::admission::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use crate::caches::{Caches, CachesOptions};
+use crate::certmanager::CertMode;
 use crate::config::Config;
 use crate::controllers::{CacheControllers, ControllerOptions};
 use crate::metrics::Metrics;
@@ -109,6 +111,7 @@ async fn run_kube(
     caches: Arc<Caches>,
     rightsizing: Arc<RightsizingIndex>,
     readiness: Arc<Readiness>,
+    resolver: Arc<CertResolver>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = retry_backoff();
@@ -124,6 +127,30 @@ async fn run_kube(
                 }
             }
         }
+    };
+    let namespace = config
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let certs_task = match config.certs.cert_mode {
+        CertMode::Managed => match config.certs.options(&namespace) {
+            Ok(options) => {
+                let ready = readiness.clone();
+                Some(tokio::spawn(certmanager::run(
+                    client.clone(),
+                    options,
+                    resolver,
+                    shutdown.clone(),
+                    move |ok| ready.set(READY_CERTIFICATES, ok),
+                )))
+            }
+            // flags were checked at start-up; this only repeats the message
+            Err(why) => {
+                tracing::error!(%why, "managed certificates are off");
+                None
+            }
+        },
+        _ => None,
     };
     let synced = caches.synced();
     let caches_task = tokio::spawn(caches.run(client.clone(), shutdown.clone()));
@@ -151,6 +178,9 @@ async fn run_kube(
     };
     let controllers_task = tokio::spawn(controllers::run_with(client, options, cached, shutdown.clone()));
     let _ = tokio::join!(caches_task, rightsizing_task, readiness_task, controllers_task);
+    if let Some(task) = certs_task {
+        let _ = task.await;
+    }
 }
 
 /// The host name (a pod's name, in a cluster), or a made-up unique name.
@@ -165,6 +195,13 @@ fn host_name() -> String {
 
 /// Runs the webhook until `shutdown` is cancelled, then shuts down gracefully.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if config.certs.cert_mode == CertMode::Managed {
+        // wrong certificate flags are an error at start, not a loop of failures later
+        config
+            .certs
+            .options(config.namespace.as_deref().unwrap_or("default"))
+            .map_err(anyhow::Error::msg)?;
+    }
     let metrics = Arc::new(Metrics::new());
     let readiness = Arc::new(Readiness::default());
     readiness.require(READY_CERTIFICATES);
@@ -237,6 +274,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         caches,
         rightsizing,
         readiness.clone(),
+        resolver.clone(),
         stop_kube.clone(),
     ));
 
