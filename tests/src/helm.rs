@@ -67,6 +67,9 @@ impl Helm {
         cmd.env("HELM_CACHE_HOME", home.join("cache"))
             .env("HELM_CONFIG_HOME", home.join("config"))
             .env("HELM_DATA_HOME", home.join("data"))
+            // helm's Kubernetes client keeps a discovery cache under ~/.kube/cache otherwise.
+            .env("KUBECACHEDIR", home.join("kube-cache"))
+            .env("HOME", home)
             .env_remove("KUBECONFIG")
             .env_remove("HELM_KUBECONTEXT")
             .env_remove("HELM_NAMESPACE");
