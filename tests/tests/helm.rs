@@ -811,9 +811,11 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
 
 /// `helm install` into a control plane of its own: CRDs established; Deployment, DaemonSet,
 /// Service, RBAC and webhook configurations in place; the DaemonSet controller creates an agent pod
-/// on every node (a tainted one too); the fail-closed webhooks are live (claim writes are refused
-/// while no webhook runs); the RBAC grants exactly what the components need; `helm uninstall`
-/// removes it all but the CRDs.
+/// on every node (a tainted one too); the API server sends new DaemonSet pods, and no Deployment
+/// pod, to the mutating webhook and admits them while it is down; the fail-closed webhooks are
+/// live (claim writes are refused while no webhook runs); the RBAC grants exactly what the
+/// components need (asked of the real authorizer); the non-default renderings pass a server-side
+/// dry run; `helm upgrade` keeps an injected caBundle; `helm uninstall` removes it all but the CRDs.
 #[tokio::test]
 async fn install_creates_working_objects_and_uninstall_removes_them() {
     let cp = match ControlPlane::start().await {
