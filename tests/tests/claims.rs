@@ -18,13 +18,11 @@ use kube::{Api, Client};
 use nodewarden_api::{ClusterClaim, ClusterClaimSpec};
 use nodewarden_tests::process::{free_ports, write_file};
 use nodewarden_tests::{
-    ControlPlane, Hook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, e2e, read_crds,
-    register_validating_webhooks,
+    ControlPlane, Hook, InProcessWebhook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, e2e,
+    http_get, read_crds, register_validating_webhooks,
 };
-use nodewarden_webhook::config::Config;
 use nodewarden_webhook::controllers::{self, ControllerOptions};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 const WEBHOOK: &str = "claims.nodewarden.io";
@@ -698,11 +696,8 @@ async fn wait_until_guarded(env: &TestEnv, c: &Clients) -> Result<()> {
         .await
 }
 
-/// `nodewarden_webhook::run` in this process.
-struct Webhook {
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<Result<()>>,
-}
+/// `nodewarden_webhook::run` in this process with the flags this test needs.
+struct Webhook;
 
 impl Webhook {
     async fn start(
@@ -712,9 +707,8 @@ impl Webhook {
         admin_port: u16,
         pod_name: &str,
         extra: &[&str],
-    ) -> Result<Self> {
+    ) -> Result<InProcessWebhook> {
         let mut args = vec![
-            "nodewarden-webhook".to_string(),
             format!("--listen-addr=127.0.0.1:{listen_port}"),
             format!("--admin-addr=127.0.0.1:{admin_port}"),
             format!("--tls-cert-file={}", cert_dir.join("tls.crt").display()),
@@ -726,48 +720,6 @@ impl Webhook {
             "--shutdown-grace=2s".to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let config = Config::from_args(&args).map_err(|e| anyhow!("webhook flags: {e}"))?;
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(nodewarden_webhook::run(config, shutdown.clone()));
-        let webhook = Webhook { shutdown, task };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match readyz(admin_port).await {
-                Ok((200, _)) => return Ok(webhook),
-                Ok((_, body)) if Instant::now() > deadline => bail!("webhook not ready after 60 s: {body}"),
-                Err(e) if Instant::now() > deadline => return Err(e.context("webhook admin port")),
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-            if webhook.task.is_finished() {
-                bail!("the webhook exited while starting");
-            }
-        }
+        InProcessWebhook::start(&args, admin_port).await
     }
-
-    async fn stop(self) -> Result<()> {
-        self.shutdown.cancel();
-        self.task.await.context("webhook task")?.context("webhook run")
-    }
-}
-
-/// Status and body of `GET /readyz` on the admin port.
-async fn readyz(port: u16) -> Result<(u16, String)> {
-    http_get(port, "/readyz").await
-}
-
-/// Status and body of a plain-HTTP GET on the admin port.
-async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await?;
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("not an HTTP answer: {answer:?}"))?;
-    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-    Ok((status, body))
 }

@@ -26,7 +26,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodewarden_certs::{
     Ca, CaConfig, CertInfo, IssuedCert, ServingSpec, TlsSecretContents, ca_bundle, parse_certificate_info,
@@ -449,63 +449,57 @@ fn load(resolver: &CertResolver, contents: &TlsSecretContents) {
     }
 }
 
-/// Sets `caBundle` on every webhook of the configuration `name` by server-side apply with a
-/// field manager of its own, only when it differs.
+/// Sets `caBundle` on every webhook of the configuration `name` (mutating or validating) by
+/// server-side apply with a field manager of its own, only when it differs.
 pub async fn inject(client: &Client, name: &str, bundle: &str) -> Result<(), CertManagerError> {
-    let encoded = k8s_openapi::ByteString(bundle.as_bytes().to_vec());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    if let Some(config) = mutating.get_opt(name).await? {
-        let hooks = config.webhooks.unwrap_or_default();
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
+    let kinds = [
+        ApiResource::erase::<MutatingWebhookConfiguration>(&()),
+        ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
+    ];
+    for resource in kinds {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let Some(config) = api.get_opt(name).await? else {
+            continue;
+        };
+        let hooks = config
+            .data
+            .get("webhooks")
+            .and_then(|w| w.as_array())
+            .cloned()
+            .unwrap_or_default();
+        let current = |h: &serde_json::Value| {
+            h.pointer("/clientConfig/caBundle")
+                .and_then(|b| b.as_str())
+                .map(str::to_owned)
+        };
         if hooks
             .iter()
-            .all(|h| h.client_config.ca_bundle.as_ref() == Some(&encoded))
+            .all(|h| current(h).as_deref() == Some(encoded.as_str()))
         {
             return Ok(());
         }
-        let names: Vec<_> = hooks.iter().map(|h| h.name.clone()).collect();
-        mutating
-            .patch(
-                name,
-                &params,
-                &Patch::Apply(apply_body("MutatingWebhookConfiguration", name, &names, bundle)),
-            )
-            .await?;
-        tracing::info!(configuration = name, "injected caBundle");
-        return Ok(());
-    }
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    if let Some(config) = validating.get_opt(name).await? {
-        let hooks = config.webhooks.unwrap_or_default();
-        if hooks
-            .iter()
-            .all(|h| h.client_config.ca_bundle.as_ref() == Some(&encoded))
-        {
-            return Ok(());
-        }
-        let names: Vec<_> = hooks.iter().map(|h| h.name.clone()).collect();
-        validating
-            .patch(
-                name,
-                &params,
-                &Patch::Apply(apply_body("ValidatingWebhookConfiguration", name, &names, bundle)),
-            )
-            .await?;
-        tracing::info!(configuration = name, "injected caBundle");
+        let body = json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": {"name": name},
+            "webhooks": hooks
+                .iter()
+                .filter_map(|h| h.get("name"))
+                .map(|n| json!({"name": n, "clientConfig": {"caBundle": encoded}}))
+                .collect::<Vec<_>>(),
+        });
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await?;
+        tracing::info!(configuration = name, kind = %resource.kind, "injected caBundle");
         return Ok(());
     }
     Err(CertManagerError::NoSuchConfiguration(name.to_string()))
-}
-
-fn apply_body(kind: &str, name: &str, hooks: &[String], bundle: &str) -> serde_json::Value {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(bundle);
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": kind,
-        "metadata": {"name": name},
-        "webhooks": hooks.iter().map(|h| json!({"name": h, "clientConfig": {"caBundle": b64}})).collect::<Vec<_>>(),
-    })
 }
 
 /// Reconciles every `check_interval` until cancelled; `loaded` is told whether a pair is served.

@@ -19,11 +19,10 @@ use kube::{Api, Client};
 use nodewarden_api::ClusterClaim;
 use nodewarden_tests::{
     ControlPlane, Hook, Impersonate, LoopbackEndpoint, apply_crds, chart_crd_files, create_ready_node,
-    daemonset_pod_target_node, process, read_crds, register_mutating_webhooks, register_validating_webhooks,
-    wait_for_daemonset_pods,
+    daemonset_pod_target_node, http_get, process, read_crds, register_mutating_webhooks,
+    register_validating_webhooks, wait_for_daemonset_pods,
 };
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NAMESPACE: &str = "demo";
 
@@ -171,7 +170,7 @@ impl Webhook {
                     process::tail(&webhook.log, 30)
                 );
             }
-            if http_status(ports[1], "/readyz").await == Some(200) {
+            if http_get(ports[1], "/readyz").await.ok().map(|(status, _)| status) == Some(200) {
                 return Ok(webhook);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -198,22 +197,6 @@ impl Webhook {
         }
         let _ = self.child.kill().await;
     }
-}
-
-/// Status code of a plain-HTTP GET on 127.0.0.1.
-async fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    stream.read_to_end(&mut buf).await.ok()?;
-    String::from_utf8_lossy(&buf)
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 fn claim(name: &str, value: &str) -> ClusterClaim {
