@@ -95,7 +95,7 @@ fn daemonset_owner(pod: &Pod) -> Option<&str> {
 }
 
 /// The autoscaler for a pod's DaemonSet: the one in the pod's namespace targeting it; with
-/// several, the first by name (so every node picks the same one).
+/// several, the oldest (then the first by name), as the webhook picks it.
 pub fn autoscaler_for<'a>(
     namespace: &str,
     daemonset: &str,
@@ -104,7 +104,12 @@ pub fn autoscaler_for<'a>(
     autoscalers
         .iter()
         .filter(|a| a.namespace().as_deref() == Some(namespace) && a.spec.target_ref.name == daemonset)
-        .min_by(|a, b| a.name_any().cmp(&b.name_any()))
+        .min_by(|a, b| {
+            let created = |x: &DaemonSetAutoscaler| x.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            created(a)
+                .cmp(&created(b))
+                .then_with(|| a.name_any().cmp(&b.name_any()))
+        })
         .map(|a| a.as_ref())
 }
 
@@ -154,7 +159,7 @@ fn request_of(c: &Container, name: &str) -> Option<u128> {
 }
 
 fn rfc3339_ms(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
-    i64::try_from(t.0.as_millisecond()).unwrap_or(0)
+    t.0.as_millisecond()
 }
 
 /// The autoscaled, running containers among `pods`.
@@ -418,12 +423,20 @@ mod tests {
     }
 
     #[test]
-    fn two_autoscalers_for_one_daemonset_pick_the_first_by_name() {
+    fn two_autoscalers_for_one_daemonset_pick_the_oldest_then_the_first_by_name() {
         let dsas = vec![
             dsa("mon", "zeta", "agent", json!([])),
             dsa("mon", "alpha", "agent", json!([])),
         ];
         let t = targets(&[ds_pod("DaemonSet")], &dsas);
         assert!(t.iter().all(|t| t.key.autoscaler.name == "alpha"));
+        let aged = |name: &str, at: &str| {
+            let mut a = (*dsa("mon", name, "agent", json!([]))).clone();
+            a.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.parse().unwrap()));
+            Arc::new(a)
+        };
+        let dsas = vec![aged("alpha", "2026-11-21T08:00:00Z"), aged("zeta", "2026-11-21T07:00:00Z")];
+        let t = targets(&[ds_pod("DaemonSet")], &dsas);
+        assert!(t.iter().all(|t| t.key.autoscaler.name == "zeta"));
     }
 }
