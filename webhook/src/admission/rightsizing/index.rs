@@ -1,9 +1,10 @@
 //! What the right-sizing handler reads on the request path, kept in memory from watches:
 //! autoscalers by (namespace, DaemonSet), node targets by node name, LimitRanges by namespace.
 //!
-//! The index holds compact figures, not the objects: a `NodeRecommendation` becomes, per
-//! autoscaler, a map of container name to (millicores, bytes). With 5,000 nodes × 20
-//! autoscalers that is what keeps the cache small (see docs/benchmarks.md).
+//! The index holds compact figures, not the objects: a `NodeRecommendation` becomes a list of
+//! (autoscaler, container, millicores, bytes) with every name interned (one copy shared by all
+//! nodes). With 5,000 nodes × 20 autoscalers that is what keeps the cache small (see
+//! docs/benchmarks.md).
 //!
 //! [`RightsizingIndex::run`] fills it with kube-runtime watchers (list, then watch; a re-list
 //! replaces a kind's contents at once when it is complete) until cancelled.
@@ -26,8 +27,41 @@ use super::mutate::{Amounts, Targets};
 /// (namespace, name).
 pub type Key = (Arc<str>, Arc<str>);
 
-/// One node's targets: per autoscaler (namespace, name), per container.
-pub type NodeTargets = HashMap<Key, Targets>;
+/// One target of one node: autoscaler (namespace, name), container, figures. Names are
+/// interned: every node shares one copy of each.
+#[derive(Clone, Debug)]
+pub struct NodeEntry {
+    pub autoscaler: Key,
+    pub container: Arc<str>,
+    pub amounts: Amounts,
+}
+
+/// One node's targets.
+pub type NodeTargets = Box<[NodeEntry]>;
+
+/// One shared copy of each name.
+#[derive(Default)]
+struct Interner {
+    names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+}
+
+impl Interner {
+    fn get(&self, name: &str) -> Arc<str> {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = names.get(name) {
+            return found.clone();
+        }
+        let new: Arc<str> = Arc::from(name);
+        names.insert(new.clone());
+        new
+    }
+
+    /// Forgets names nothing else holds any more.
+    fn prune(&self) {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        names.retain(|n| Arc::strong_count(n) > 1);
+    }
+}
 
 fn key(namespace: &str, name: &str) -> Key {
     (Arc::from(namespace), Arc::from(name))
@@ -71,6 +105,7 @@ pub struct RightsizingIndex {
     limit_ranges: Watched<Key, Arc<LimitRange>>,
     /// Namespace → its LimitRanges.
     by_namespace: RwLock<HashMap<Arc<str>, Vec<Arc<LimitRange>>>>,
+    names: Interner,
 }
 
 impl RightsizingIndex {
@@ -113,16 +148,17 @@ impl RightsizingIndex {
     /// What node `node` recommends for the containers of autoscaler `namespace/name`.
     pub fn node_targets(&self, node: &str, namespace: &str, name: &str) -> Option<Targets> {
         let nodes = self.nodes.read();
-        nodes.get(node)?.get(&key(namespace, name)).cloned()
+        let targets = targets_of(nodes.get(node)?, namespace, name);
+        (!targets.is_empty()).then_some(targets)
     }
 
     /// Every node's targets for autoscaler `namespace/name`, by node.
     pub fn all_node_targets(&self, namespace: &str, name: &str) -> Vec<(Arc<str>, Targets)> {
-        let k = key(namespace, name);
         let nodes = self.nodes.read();
         nodes
             .iter()
-            .filter_map(|(node, t)| Some((node.clone(), t.get(&k)?.clone())))
+            .map(|(node, t)| (node.clone(), targets_of(t, namespace, name)))
+            .filter(|(_, t)| !t.is_empty())
             .collect()
     }
 
@@ -183,7 +219,26 @@ impl RightsizingIndex {
     /// Adds or replaces a node's recommendation.
     pub fn apply_node_recommendation(&self, rec: &NodeRecommendation) {
         let node: Arc<str> = Arc::from(rec.name_any());
-        self.nodes.write().insert(node, Arc::new(compact(rec)));
+        let compact = Arc::new(self.compact(rec));
+        self.nodes.write().insert(node, compact);
+    }
+
+    /// A node's recommendation reduced to the figures the mutation reads, names interned.
+    pub fn compact(&self, rec: &NodeRecommendation) -> NodeTargets {
+        rec.spec
+            .recommendations
+            .iter()
+            .map(|r| (r, Amounts::from_list(r.target.as_ref())))
+            .filter(|(_, amounts)| !amounts.is_empty())
+            .map(|(r, amounts)| NodeEntry {
+                autoscaler: (
+                    self.names.get(&r.autoscaler.namespace),
+                    self.names.get(&r.autoscaler.name),
+                ),
+                container: self.names.get(&r.container_name),
+                amounts,
+            })
+            .collect()
     }
 
     pub fn delete_node_recommendation(&self, node: &str) {
@@ -213,6 +268,7 @@ impl RightsizingIndex {
                 "daemonsetautoscalers",
                 Api::<DaemonSetAutoscaler>::all(client.clone()),
                 stop.clone(),
+                |a| a,
                 move |change| match change {
                     Change::Apply(a) => index.apply_autoscaler(a),
                     Change::Delete(a) => {
@@ -236,19 +292,21 @@ impl RightsizingIndex {
         };
         let nodes = {
             let index = self.clone();
+            let compactor = self.clone();
             watch_into(
                 "noderecommendations",
                 Api::<NodeRecommendation>::all(client.clone()),
                 stop.clone(),
+                move |r| (Arc::<str>::from(r.name_any()), Arc::new(compactor.compact(&r))),
                 move |change| match change {
-                    Change::Apply(r) => index.apply_node_recommendation(&r),
-                    Change::Delete(r) => index.delete_node_recommendation(&r.name_any()),
+                    Change::Apply((node, targets)) => {
+                        index.nodes.write().insert(node, targets);
+                    }
+                    Change::Delete((node, _)) => index.delete_node_recommendation(&node),
                     Change::Replace(all) => {
-                        let map = all
-                            .iter()
-                            .map(|r| (Arc::from(r.name_any()), Arc::new(compact(r))))
-                            .collect();
+                        let map = all.into_iter().collect();
                         *index.nodes.write() = map;
+                        index.names.prune();
                         index.nodes.synced.store(true, Ordering::Release);
                     }
                 },
@@ -260,6 +318,7 @@ impl RightsizingIndex {
                 "limitranges",
                 Api::<LimitRange>::all(client),
                 stop.clone(),
+                |lr| lr,
                 move |change| match change {
                     Change::Apply(lr) => index.apply_limit_range(lr),
                     Change::Delete(lr) => {
@@ -289,19 +348,13 @@ impl RightsizingIndex {
     }
 }
 
-/// A node's recommendation reduced to the figures the mutation reads.
-pub fn compact(rec: &NodeRecommendation) -> NodeTargets {
-    let mut out: NodeTargets = HashMap::new();
-    for r in &rec.spec.recommendations {
-        let amounts = Amounts::from_list(r.target.as_ref());
-        if amounts.is_empty() {
-            continue;
-        }
-        out.entry(key(&r.autoscaler.namespace, &r.autoscaler.name))
-            .or_default()
-            .insert(r.container_name.clone(), amounts);
-    }
-    out
+/// The targets of autoscaler `namespace/name` among a node's entries.
+fn targets_of(entries: &[NodeEntry], namespace: &str, name: &str) -> Targets {
+    entries
+        .iter()
+        .filter(|e| &*e.autoscaler.0 == namespace && &*e.autoscaler.1 == name)
+        .map(|e| (e.container.to_string(), e.amounts))
+        .collect()
 }
 
 enum Change<K> {
@@ -311,14 +364,22 @@ enum Change<K> {
     Replace(Vec<K>),
 }
 
-async fn watch_into<K, F>(what: &'static str, api: Api<K>, stop: CancellationToken, mut apply: F)
-where
+/// Runs a watcher on `api` until `stop`, handing each object through `convert` (so a list
+/// buffers the compact form, not whole objects) and then to `apply`.
+async fn watch_into<K, V, C, F>(
+    what: &'static str,
+    api: Api<K>,
+    stop: CancellationToken,
+    mut convert: C,
+    mut apply: F,
+) where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    F: FnMut(Change<K>),
+    C: FnMut(K) -> V,
+    F: FnMut(Change<V>),
 {
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
-    let mut buffer: Vec<K> = Vec::new();
+    let mut buffer: Vec<V> = Vec::new();
     loop {
         let next = tokio::select! {
             _ = stop.cancelled() => break,
@@ -326,14 +387,14 @@ where
         };
         match next {
             Some(Ok(watcher::Event::Init)) => buffer.clear(),
-            Some(Ok(watcher::Event::InitApply(obj))) => buffer.push(obj),
+            Some(Ok(watcher::Event::InitApply(obj))) => buffer.push(convert(obj)),
             Some(Ok(watcher::Event::InitDone)) => {
                 let all = std::mem::take(&mut buffer);
                 tracing::info!(cache = what, objects = all.len(), "right-sizing cache listed");
                 apply(Change::Replace(all));
             }
-            Some(Ok(watcher::Event::Apply(obj))) => apply(Change::Apply(obj)),
-            Some(Ok(watcher::Event::Delete(obj))) => apply(Change::Delete(obj)),
+            Some(Ok(watcher::Event::Apply(obj))) => apply(Change::Apply(convert(obj))),
+            Some(Ok(watcher::Event::Delete(obj))) => apply(Change::Delete(convert(obj))),
             Some(Err(err)) => tracing::warn!(cache = what, error = %err, "watch failed; retrying"),
             None => break,
         }

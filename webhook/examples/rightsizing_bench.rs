@@ -1,0 +1,453 @@
+//! Right-sizing admission with a large cache: 5,000 nodes × 20 autoscalers by default.
+//!
+//! Run with `cargo run --release -p nodewarden-webhook --example rightsizing-bench`.
+//!
+//! 1. Memory: growth of the resident set size while the right-sizing index is filled with one
+//!    `NodeRecommendation` per node, each with one entry per autoscaler, and, for comparison,
+//!    of the same objects kept whole (as a kube-runtime reflector store would keep them).
+//! 2. The handler alone, on one thread: DaemonSet pod reviews (a different node and autoscaler
+//!    each time) through the admission pipeline (decode, decide, patch, encode).
+//! 3. Over TLS: the real router and server on one current-thread runtime (one core); a client
+//!    on another thread sends the same reviews over keep-alive HTTP/2, closed loop; the server
+//!    thread's CPU time gives reviews per second of one fully used core.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use nodewarden_api::rightsizing::{
+    AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
+};
+use nodewarden_certs::{Ca, CaConfig, ServingSpec, service_dns_names};
+use nodewarden_webhook::admission::rightsizing::{PodMutator, RightsizingIndex};
+use nodewarden_webhook::admission::{self, Processed, Route};
+use nodewarden_webhook::metrics::Metrics;
+use nodewarden_webhook::server::serve_tls;
+use nodewarden_webhook::tls::{CertResolver, certified_key, server_config};
+use rustls::pki_types::ServerName;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// Resident set size of this process, in bytes (`VmRSS` of `/proc/self/status`).
+fn rss() -> i64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<i64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
+const SERVER_NAME: &str = "nodewarden-webhook.nodewarden.svc";
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Right-sizing admission throughput, latency and cache memory")]
+struct Args {
+    #[arg(long, default_value_t = 5000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 20)]
+    autoscalers: usize,
+    /// Containers per autoscaled DaemonSet (each has a recommendation).
+    #[arg(long, default_value_t = 2)]
+    containers: usize,
+    /// Length of each measured phase.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Requests in flight over TLS.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 2)]
+    h2_connections: usize,
+}
+
+fn mib(bytes: i64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn node_name(i: usize) -> String {
+    format!(
+        "ip-10-{}-{}-{}.eu-west-1.compute.internal",
+        i / 65536,
+        (i / 256) % 256,
+        i % 256
+    )
+}
+
+fn namespace(k: usize) -> String {
+    format!("team-{k}")
+}
+
+fn ds_name(k: usize) -> String {
+    format!("agent-{k}")
+}
+
+fn container_name(c: usize) -> String {
+    if c == 0 {
+        "agent".to_string()
+    } else {
+        format!("sidecar-{c}")
+    }
+}
+
+fn autoscaler(k: usize) -> DaemonSetAutoscaler {
+    serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1",
+        "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": ds_name(k), "namespace": namespace(k)},
+        "spec": {
+            "targetRef": {"kind": "DaemonSet", "name": ds_name(k)},
+            "coldStart": "Fleet",
+            "resourcePolicy": {"containerPolicies": [{"containerName": "*", "maxAllowed": {"cpu": "2", "memory": "2Gi"}}]},
+        },
+        "status": {"fleet": [{"containerName": "agent", "target": {"cpu": "400m", "memory": "300Mi"}}]},
+    }))
+    .expect("autoscaler")
+}
+
+fn recommendation(i: usize, args: &Args) -> NodeRecommendation {
+    let mut recs = Vec::new();
+    for k in 0..args.autoscalers {
+        for c in 0..args.containers {
+            let cpu = 50 + (i * 7 + k * 13 + c) % 900;
+            let mem = 64 + (i * 11 + k * 5 + c) % 900;
+            let q = |s: String| Quantity(s);
+            let list = |f: f64| {
+                BTreeMap::from([
+                    ("cpu".to_string(), q(format!("{}m", (cpu as f64 * f) as u64))),
+                    ("memory".to_string(), q(format!("{}Mi", (mem as f64 * f) as u64))),
+                ])
+            };
+            recs.push(ContainerRecommendation {
+                autoscaler: AutoscalerRef {
+                    namespace: namespace(k),
+                    name: ds_name(k),
+                },
+                container_name: container_name(c),
+                target: Some(list(1.0)),
+                lower_bound: Some(list(0.8)),
+                upper_bound: Some(list(1.5)),
+                uncapped_target: Some(list(1.0)),
+                sample_count: 8640,
+                first_sample_time: None,
+                last_sample_time: None,
+                oom_count: 0,
+            });
+        }
+    }
+    NodeRecommendation::new(
+        &node_name(i),
+        NodeRecommendationSpec {
+            update_time: None,
+            recommendations: recs,
+        },
+    )
+}
+
+/// The recorded DaemonSet pod review, moved to autoscaler `k`'s DaemonSet and to node `i`.
+fn review(i: usize, k: usize, args: &Args) -> Bytes {
+    let mut r: Value = serde_json::from_str(POD_REVIEW).expect("fixture");
+    r["request"]["uid"] = json!(format!("uid-{i}-{k}"));
+    r["request"]["namespace"] = json!(namespace(k));
+    let pod = &mut r["request"]["object"];
+    pod["metadata"]["namespace"] = json!(namespace(k));
+    pod["metadata"]["ownerReferences"][0]["name"] = json!(ds_name(k));
+    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        [0]["matchFields"][0]["values"] = json!([node_name(i)]);
+    let first = pod["spec"]["containers"][0].clone();
+    for c in 1..args.containers {
+        let mut more = first.clone();
+        more["name"] = json!(container_name(c));
+        if let Some(list) = pod["spec"]["containers"].as_array_mut() {
+            list.push(more);
+        }
+    }
+    Bytes::from(serde_json::to_vec(&r).expect("json"))
+}
+
+fn main() {
+    let args = Args::parse();
+
+    // 1. memory
+    let before = rss();
+    let recs: Vec<NodeRecommendation> = (0..args.nodes).map(|i| recommendation(i, &args)).collect();
+    let whole = rss() - before;
+    let before = rss();
+    let index = RightsizingIndex::new();
+    for k in 0..args.autoscalers {
+        index.apply_autoscaler(autoscaler(k));
+    }
+    for rec in &recs {
+        index.apply_node_recommendation(rec);
+    }
+    let indexed = rss() - before;
+    drop(recs);
+    println!(
+        "cache: {} nodes × {} autoscalers × {} containers = {} container recommendations",
+        args.nodes,
+        args.autoscalers,
+        args.containers,
+        args.nodes * args.autoscalers * args.containers
+    );
+    println!("| what | resident memory |");
+    println!("|---|---:|");
+    println!(
+        "| right-sizing index (what the webhook keeps) | {:.1} MiB |",
+        mib(indexed)
+    );
+    println!(
+        "| the same NodeRecommendation objects kept whole | {:.1} MiB |",
+        mib(whole)
+    );
+
+    let bodies: Vec<Bytes> = (0..args.nodes.min(5000))
+        .map(|i| review(i, i % args.autoscalers, &args))
+        .collect();
+    let handler = PodMutator::new(index.clone());
+
+    // sanity: every review is patched
+    for body in bodies.iter().take(50) {
+        match admission::process(body, &handler) {
+            Processed::Review(out, _, _) => assert!(out.response.patch.is_some(), "review not patched"),
+            Processed::BadRequest(m) => panic!("bad request: {m}"),
+        }
+    }
+
+    // 2. the handler alone
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+    let started = Instant::now();
+    let mut n = 0usize;
+    while started.elapsed() < args.duration {
+        let body = &bodies[n % bodies.len()];
+        let t = Instant::now();
+        let out = match admission::process(body, &handler) {
+            Processed::Review(out, _, _) => serde_json::to_vec(&*out).expect("encode"),
+            Processed::BadRequest(m) => panic!("bad request: {m}"),
+        };
+        std::hint::black_box(out);
+        let _ = hist.record(t.elapsed().as_nanos() as u64);
+        n += 1;
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "\nreview body: {} bytes (the recorded DaemonSet pod review with {} containers)",
+        bodies[0].len(),
+        args.containers
+    );
+    println!(
+        "\n| path | reviews/s | server CPU | reviews per server core-second | p50 ms | p99 ms | max ms | fail |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| handler alone, 1 thread | {rate:.0} | 100 % | {rate:.0} | {:.3} | {:.3} | {:.3} | 0 |",
+        hist.value_at_quantile(0.5) as f64 / 1e6,
+        hist.value_at_quantile(0.99) as f64 / 1e6,
+        hist.max() as f64 / 1e6
+    );
+
+    // 3. over TLS
+    let ca = Ca::generate(&CaConfig {
+        common_name: "bench".into(),
+        validity: Duration::from_secs(3600),
+    })
+    .expect("ca");
+    let server = start_server(&ca, handler);
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    client.block_on(async {
+        let mut conns = Vec::new();
+        for _ in 0..args.h2_connections {
+            conns.push(connect(server.addr, &ca.cert_pem).await);
+        }
+        let bodies = Arc::new(bodies);
+        let _ = closed_loop(&conns, bodies.clone(), Duration::from_millis(500), args.concurrency, &server).await;
+        let p = closed_loop(&conns, bodies.clone(), args.duration, args.concurrency, &server).await;
+        let rate = p.reviews as f64 / p.wall.as_secs_f64();
+        let cpu = p.server_cpu.as_secs_f64() / p.wall.as_secs_f64();
+        let per_core = p.reviews as f64 / p.server_cpu.as_secs_f64().max(1e-9);
+        println!(
+            "| TLS HTTP/2, {} connections, {} in flight | {rate:.0} | {:.0} % | {per_core:.0} | {:.3} | {:.3} | {:.3} | {} |",
+            args.h2_connections,
+            args.concurrency,
+            cpu * 100.0,
+            p.latency.value_at_quantile(0.5) as f64 / 1000.0,
+            p.latency.value_at_quantile(0.99) as f64 / 1000.0,
+            p.latency.max() as f64 / 1000.0,
+            p.failures
+        );
+    });
+    server.stop.cancel();
+    let _ = server.thread.join();
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    cpu_ns: Box<dyn Fn() -> u64 + Send + Sync>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn start_server(ca: &Ca, handler: PodMutator) -> Server {
+    let cert = ca
+        .issue_serving(&ServingSpec {
+            dns_names: service_dns_names("nodewarden-webhook", "nodewarden"),
+            ip_addresses: vec![],
+            validity: Duration::from_secs(3600),
+        })
+        .expect("serving certificate");
+    let resolver = Arc::new(CertResolver::default());
+    resolver.set(
+        certified_key(
+            cert.cert_pem.as_bytes(),
+            cert.key_pem.as_bytes(),
+            Path::new("c"),
+            Path::new("k"),
+        )
+        .expect("pair"),
+    );
+    let tls = server_config(resolver).expect("tls");
+    let stop = CancellationToken::new();
+    let stop_server = stop.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let task = std::fs::read_link("/proc/thread-self").expect("procfs");
+            tx.send((listener.local_addr().expect("addr"), task))
+                .expect("send");
+            let app = admission::router(
+                vec![Route::new("/mutate/pods", handler)],
+                Arc::new(Metrics::new()),
+                6 << 20,
+            );
+            serve_tls(listener, tls, app, stop_server, Duration::from_secs(2)).await;
+        });
+    });
+    let (addr, task) = rx.recv().expect("server started");
+    let schedstat = Path::new("/proc").join(task).join("schedstat");
+    let cpu_ns = Box::new(move || {
+        std::fs::read_to_string(&schedstat)
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+            .unwrap_or(0)
+    });
+    Server {
+        addr,
+        stop,
+        cpu_ns,
+        thread,
+    }
+}
+
+type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: SocketAddr, ca_pem: &str) -> Sender {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+        roots.add(cert.expect("pem")).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(SERVER_NAME).expect("name"), tcp)
+        .await
+        .expect("handshake");
+    let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+        .await
+        .expect("h2");
+    tokio::spawn(conn);
+    sender
+}
+
+struct Phase {
+    reviews: u64,
+    failures: u64,
+    wall: Duration,
+    server_cpu: Duration,
+    latency: Histogram<u64>,
+}
+
+async fn closed_loop(
+    conns: &[Sender],
+    bodies: Arc<Vec<Bytes>>,
+    duration: Duration,
+    concurrency: usize,
+    server: &Server,
+) -> Phase {
+    let next = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + duration;
+    let cpu0 = (server.cpu_ns)();
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for w in 0..concurrency {
+        let sender = conns[w % conns.len()].clone();
+        let (bodies, next, failed) = (bodies.clone(), next.clone(), failed.clone());
+        workers.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let body = bodies[i % bodies.len()].clone();
+                let req = http::Request::post(format!("https://{SERVER_NAME}/mutate/pods"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(body))
+                    .expect("request");
+                let t = Instant::now();
+                let ok = match sender.clone().send_request(req).await {
+                    Ok(resp) if resp.status().is_success() => resp.into_body().collect().await.is_ok(),
+                    _ => false,
+                };
+                if ok {
+                    done += 1;
+                    let _ = hist.record(t.elapsed().as_micros() as u64);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            (done, hist)
+        }));
+    }
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+    let mut reviews = 0;
+    for w in workers {
+        let (done, hist) = w.await.expect("worker");
+        reviews += done;
+        latency.add(hist).expect("merge");
+    }
+    Phase {
+        reviews,
+        failures: failed.load(Ordering::Relaxed),
+        wall: started.elapsed(),
+        server_cpu: Duration::from_nanos((server.cpu_ns)().saturating_sub(cpu0)),
+        latency,
+    }
+}
