@@ -285,6 +285,8 @@ async fn default_webhook_deployment_is_hardened_and_configured_by_env() -> Resul
             "system:serviceaccount:nodewarden:nodewarden-webhook",
         ),
         ("NODEWARDEN_CLAIMS_INITIALIZE_ID", "false"),
+        ("NODEWARDEN_AGENT_SERVICE_ACCOUNT", "nodewarden:nodewarden-agent"),
+        ("NODEWARDEN_NODE_REPORTS_ALLOWED_GROUPS", "system:masters"),
     ];
     for (name, want) in expected_env {
         ensure!(
@@ -732,6 +734,10 @@ async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
     );
     let c = container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?;
     ensure!(env_value(c, "NODEWARDEN_WEBHOOK_CONFIGURATIONS") == Some("nodewarden-validating"));
+    ensure!(
+        env_entry(c, "NODEWARDEN_AGENT_SERVICE_ACCOUNT").is_none(),
+        "without the chart's agent, no agent service account is pinned"
+    );
     let cr = r.get("ClusterRole", "nodewarden-webhook")?;
     ensure!(
         rules_for(cr, "validatingwebhookconfigurations")[0]["resourceNames"]
@@ -1283,6 +1289,7 @@ const RBAC_CASES: &[&str] = &[
     "webhook patch admissionregistration.k8s.io/validatingwebhookconfigurations - nodewarden-validating yes",
     "webhook patch admissionregistration.k8s.io/mutatingwebhookconfigurations - nodewarden-mutating yes",
     "webhook patch admissionregistration.k8s.io/validatingwebhookconfigurations - someone-elses no",
+    "webhook get admissionregistration.k8s.io/mutatingwebhookconfigurations - nodewarden-validating yes",
     "webhook get core/secrets nodewarden nodewarden-webhook-tls yes",
     "webhook update core/secrets nodewarden nodewarden-webhook-tls yes",
     "webhook create core/secrets nodewarden - yes",
