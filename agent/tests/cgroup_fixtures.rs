@@ -56,9 +56,12 @@ fn systemd_crio_skips_conmon() {
     let c = cgroup::discover(&fixture("systemd-crio"))
         .into_iter()
         .find(|c| c.container_id == hex("e5"))
-        .unwrap();
+        .expect("test setup");
     assert!(c.path.ends_with(format!("crio-{}.scope", hex("e5"))));
-    assert_eq!(cgroup::read(&c.path).unwrap().memory_current, 104_857_600);
+    assert_eq!(
+        cgroup::read(&c.path).expect("test setup").memory_current,
+        104_857_600
+    );
 }
 
 #[test]
@@ -86,8 +89,8 @@ fn readings_are_the_files_figures() {
     let c = cgroup::discover(&fixture("systemd-containerd"))
         .into_iter()
         .find(|c| c.container_id == hex("a1"))
-        .unwrap();
-    let r = cgroup::read(&c.path).unwrap();
+        .expect("test setup");
+    let r = cgroup::read(&c.path).expect("test setup");
     assert_eq!(r.cpu_usage_usec, 12_500_000);
     assert_eq!(r.memory_current, 314_572_800);
     assert_eq!(r.inactive_file, 52_428_800);
@@ -96,24 +99,31 @@ fn readings_are_the_files_figures() {
     let side = cgroup::discover(&fixture("systemd-containerd"))
         .into_iter()
         .find(|c| c.container_id == hex("b2"))
-        .unwrap();
-    assert_eq!(cgroup::read(&side.path).unwrap().oom_kill, 2);
+        .expect("test setup");
+    assert_eq!(cgroup::read(&side.path).expect("test setup").oom_kill, 2);
     // inactive_file above current: the working set is 0, not negative
     let g = cgroup::discover(&fixture("cgroupfs-containerd"))
         .into_iter()
         .find(|c| c.container_id == hex("8b"))
-        .unwrap();
-    assert_eq!(cgroup::read(&g.path).unwrap().working_set(), 0);
+        .expect("test setup");
+    assert_eq!(cgroup::read(&g.path).expect("test setup").working_set(), 0);
 }
 
 #[test]
 fn unreadable_containers_fail_alone_with_the_file_named() {
     let all = cgroup::discover(&fixture("unreadable"));
     assert_eq!(all.len(), 3);
-    let read = |id: &str| cgroup::read(&all.iter().find(|c| c.container_id == hex(id)).unwrap().path);
-    assert_eq!(read("1e").unwrap().memory_current, 10_485_760);
+    let read = |id: &str| {
+        cgroup::read(
+            &all.iter()
+                .find(|c| c.container_id == hex(id))
+                .expect("test setup")
+                .path,
+        )
+    };
+    assert_eq!(read("1e").expect("test setup").memory_current, 10_485_760);
     for bad in ["2f", "3a"] {
-        let err = read(bad).unwrap_err();
+        let err = read(bad).expect_err("must fail");
         assert!(matches!(err, CgroupError::Read { .. }), "{err}");
         assert!(err.to_string().contains("memory.current"), "{err}");
     }
@@ -127,13 +137,15 @@ fn v2_roots_are_accepted() {
         "cgroupfs-containerd",
         "systemd-prefixed",
     ] {
-        cgroup::check_root(&fixture(tree)).unwrap();
+        cgroup::check_root(&fixture(tree)).expect("test setup");
     }
 }
 
 #[test]
 fn a_v1_root_fails_at_start_with_a_clear_message() {
-    let err = cgroup::check_root(&fixture("v1")).unwrap_err().to_string();
+    let err = cgroup::check_root(&fixture("v1"))
+        .expect_err("must fail")
+        .to_string();
     assert!(err.contains("not a cgroup v2 hierarchy"), "{err}");
     assert!(err.contains("looks like cgroup v1"), "{err}");
     assert!(err.contains("memory"), "{err}");
@@ -142,7 +154,7 @@ fn a_v1_root_fails_at_start_with_a_clear_message() {
 #[test]
 fn a_missing_root_fails_at_start_naming_the_flag() {
     let err = cgroup::check_root(&fixture("does-not-exist"))
-        .unwrap_err()
+        .expect_err("must fail")
         .to_string();
     assert!(err.contains("cannot be read"), "{err}");
     assert!(err.contains("NODEWARDEN_CGROUP_ROOT"), "{err}");

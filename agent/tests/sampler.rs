@@ -23,20 +23,20 @@ fn hex(s: &str) -> String {
 }
 
 fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for e in fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
+    fs::create_dir_all(to).expect("test setup");
+    for e in fs::read_dir(from).expect("test setup") {
+        let e = e.expect("test setup");
         let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
+        if e.file_type().expect("test setup").is_dir() {
             copy_tree(&e.path(), &dest);
         } else {
-            fs::copy(e.path(), dest).unwrap();
+            fs::copy(e.path(), dest).expect("test setup");
         }
     }
 }
 
 fn fixture_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("test setup");
     let root = dir.path().join("cgroup");
     copy_tree(
         &Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -54,7 +54,7 @@ fn dsa() -> Arc<DaemonSetAutoscaler> {
             "metadata": {"name": "agent", "namespace": "mon"},
             "spec": {"targetRef": {"kind": "DaemonSet", "name": "agent"}}
         }))
-        .unwrap(),
+        .expect("test setup"),
     )
 }
 
@@ -79,7 +79,7 @@ fn pod(uid: &str, containers: &[(&str, String)]) -> Arc<Pod> {
             "spec": {"nodeName": "x", "containers": specs},
             "status": {"containerStatuses": statuses}
         }))
-        .unwrap(),
+        .expect("test setup"),
     )
 }
 
@@ -127,7 +127,7 @@ fn set_usage(scope: &Path, usec: u64) {
         scope.join("cpu.stat"),
         format!("usage_usec {usec}\nuser_usec {usec}\nsystem_usec 0\n"),
     )
-    .unwrap();
+    .expect("test setup");
 }
 
 fn targets(p: &Arc<Pod>) -> Vec<Target> {
@@ -176,12 +176,12 @@ fn ticks_measure_recommend_and_publish_on_material_change() {
 
     // the sidecar is OOM-killed (counter 2 → 3): memory goes to at least request 64 Mi + 100 Mi
     let side = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("b2"));
-    let events = fs::read_to_string(side.join("memory.events")).unwrap();
+    let events = fs::read_to_string(side.join("memory.events")).expect("test setup");
     fs::write(
         side.join("memory.events"),
         events.replace("oom_kill 2", "oom_kill 3"),
     )
-    .unwrap();
+    .expect("test setup");
     let tick = s.tick(T0 + 30_000, &t, &alive());
     assert!(tick.publish.is_some());
     let snap = s.snapshot();
@@ -213,8 +213,8 @@ fn a_restart_resumes_history_from_the_checkpoint() {
     }
     let before = s.snapshot();
     let dir = tmp.path().join("checkpoint");
-    fs::create_dir_all(&dir).unwrap();
-    nodewarden_agent::checkpoint::save(&dir, &s.checkpoint(T0 + 50_000)).unwrap();
+    fs::create_dir_all(&dir).expect("test setup");
+    nodewarden_agent::checkpoint::save(&dir, &s.checkpoint(T0 + 50_000)).expect("test setup");
 
     let mut restarted = sampler(&root, Arc::new(Metrics::new()));
     match nodewarden_agent::checkpoint::load(&dir, 1) {
