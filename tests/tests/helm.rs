@@ -622,6 +622,11 @@ async fn everything_on_renders_every_optional_part() -> Result<()> {
                 .is_some_and(|v| v.iter().any(|x| x == "patch")),
         "the Clear task may patch owned resources: {deploy_rules:?}"
     );
+    let cronjobs = rules_for(cr, "cronjobs");
+    ensure!(
+        cronjobs.len() == 1 && cronjobs[0]["verbs"] == json!(["list"]),
+        "waitForAbsence resources may be listed, nothing more: {cronjobs:?}"
+    );
     let claims = webhook(config, "claims.nodewarden.io")?;
     let groups: Vec<&Value> = claims["rules"]
         .as_array()
