@@ -132,6 +132,24 @@ pub struct Config {
     /// recommendation, fleet figure, conditions).
     #[arg(long, env = "NODEWARDEN_RIGHTSIZING_STATUS_INTERVAL", default_value = "15s", value_parser = parse_interval)]
     pub rightsizing_status_interval: Duration,
+
+    /// Run the Feature lifecycle controller in the leader (transitions, uses, ClearField).
+    #[arg(long, env = "NODEWARDEN_FEATURES_CONTROLLER", action = ArgAction::Set, default_value_t = true)]
+    pub features_controller: bool,
+
+    /// Objects per list page of a Feature's ClearField task.
+    #[arg(long, env = "NODEWARDEN_FEATURES_CLEAR_PAGE_SIZE", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=5000))]
+    pub features_clear_page_size: u32,
+
+    /// Most objects per second a ClearField task patches.
+    #[arg(long, env = "NODEWARDEN_FEATURES_CLEAR_RATE", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub features_clear_rate: u32,
+
+    /// How often the leader looks at every Feature, besides when a Feature or report changes.
+    #[arg(long, env = "NODEWARDEN_FEATURES_RESYNC_INTERVAL", default_value = "10s", value_parser = parse_interval)]
+    pub features_resync_interval: Duration,
 }
 
 impl Config {

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Readiness;
 use crate::admission::Route;
 use crate::admission::claims::ClaimsGuard;
+use crate::admission::features::{FeatureCaches, FeaturesGuard};
 use crate::admission::node_reports::{NodeReportsGuard, NodeReportsPolicy};
 use crate::admission::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use crate::caches::{Caches, CachesOptions};
@@ -51,6 +52,8 @@ pub struct Handlers {
     pub autoscalers: Arc<AutoscalerValidator>,
     /// `/validate/node-reports`: only node N's agent writes node N's reports.
     pub node_reports: Arc<NodeReportsGuard>,
+    /// `/validate/features`: Feature objects, and writes to fields of features that are off.
+    pub features: Arc<FeaturesGuard>,
 }
 
 /// The admission routes of every capability; a path without a handler answers 404.
@@ -71,6 +74,10 @@ pub fn routes(handlers: &Handlers) -> Vec<Route> {
         Route {
             path: admission::node_reports::ROUTE,
             handler: handlers.node_reports.clone(),
+        },
+        Route {
+            path: admission::features::ROUTE,
+            handler: handlers.features.clone(),
         },
     ]
 }
@@ -104,6 +111,13 @@ pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result
     kube::Client::try_from(config).context("building the API server client")
 }
 
+/// What the feature lifecycle adds to [`run_kube`]: its caches, and the metrics its controller
+/// counts transitions in.
+struct FeatureParts {
+    caches: Arc<FeatureCaches>,
+    metrics: Arc<Metrics>,
+}
+
 /// Everything that talks to the API server: the client (retried until it can be built), the
 /// caches (readiness follows their sync), the controllers. Returns after `shutdown`.
 async fn run_kube(
@@ -113,7 +127,12 @@ async fn run_kube(
     readiness: Arc<Readiness>,
     resolver: Arc<CertResolver>,
     shutdown: CancellationToken,
+    feature_parts: FeatureParts,
 ) {
+    let FeatureParts {
+        caches: features,
+        metrics,
+    } = feature_parts;
     let mut backoff = retry_backoff();
     let client = loop {
         match kube_client(config.kubeconfig.as_deref()).await {
@@ -155,13 +174,15 @@ async fn run_kube(
     let synced = caches.synced();
     let caches_task = tokio::spawn(caches.run(client.clone(), shutdown.clone()));
     let rightsizing_task = tokio::spawn(rightsizing.clone().run(client.clone(), shutdown.clone()));
+    let features_task = tokio::spawn(features.clone().run(client.clone(), shutdown.clone()));
+    let features_synced = features.clone();
     let ready = readiness.clone();
     let stop = shutdown.clone();
     let index = rightsizing.clone();
     let readiness_task = tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = async { tokio::join!(synced, index.wait_synced()) } => ready.set(READY_CACHES, true),
+            _ = async { tokio::join!(synced, index.wait_synced(), features_synced.wait_synced()) } => ready.set(READY_CACHES, true),
         }
     });
     let options = ControllerOptions {
@@ -175,9 +196,26 @@ async fn run_kube(
     };
     let cached = CacheControllers {
         rightsizing_status: Some((rightsizing, config.rightsizing_status_interval)),
+        features: config
+            .features_controller
+            .then(|| controllers::FeaturesController {
+                caches: features.clone(),
+                options: controllers::features::FeaturesOptions {
+                    clear_page_size: config.features_clear_page_size,
+                    clear_rate: config.features_clear_rate,
+                    resync_interval: config.features_resync_interval,
+                },
+                observer: Some(metrics.clone()),
+            }),
     };
     let controllers_task = tokio::spawn(controllers::run_with(client, options, cached, shutdown.clone()));
-    let _ = tokio::join!(caches_task, rightsizing_task, readiness_task, controllers_task);
+    let _ = tokio::join!(
+        caches_task,
+        rightsizing_task,
+        readiness_task,
+        controllers_task,
+        features_task
+    );
     if let Some(task) = certs_task {
         let _ = task.await;
     }
@@ -212,7 +250,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         discovery_interval: config.claims_discovery_interval,
     });
     let rightsizing = RightsizingIndex::new();
+    let features = FeatureCaches::new();
     let handlers = Handlers {
+        features: Arc::new(FeaturesGuard::new(features.clone()).with_observer(metrics.clone())),
         claims: Arc::new(ClaimsGuard::new(
             config.claims_policy(),
             caches.claims(),
@@ -276,6 +316,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         readiness.clone(),
         resolver.clone(),
         stop_kube.clone(),
+        FeatureParts {
+            caches: features,
+            metrics: metrics.clone(),
+        },
     ));
 
     let max_body = usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX);

@@ -11,7 +11,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::admission::Outcome;
+use crate::admission::features::{Decision as FeatureDecision, FeaturesObserver, state_str};
 use crate::admission::rightsizing::{Reason, RightsizingObserver, Source};
+use nodewarden_api::features::FeatureState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
@@ -37,6 +39,18 @@ pub struct RightsizingPodLabels {
 pub struct RightsizingContainerLabels {
     /// `node-recommendation`, `fleet`, `cold-start-template` or `policy-off`.
     pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureDecisionLabels {
+    /// `allowed`, `ratcheted`, `warned`, `denied`, `feature-accepted` or `feature-rejected`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureTransitionLabels {
+    /// The state entered: `On`, `TurningOff`, `Off` or `TurningOn`.
+    pub state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -66,6 +80,8 @@ pub struct Metrics {
     claims_decisions: Family<ClaimDecisionLabels, Counter>,
     rightsizing_pods: Family<RightsizingPodLabels, Counter>,
     rightsizing_containers: Family<RightsizingContainerLabels, Counter>,
+    features_decisions: Family<FeatureDecisionLabels, Counter>,
+    features_transitions: Family<FeatureTransitionLabels, Counter>,
 }
 
 impl Metrics {
@@ -108,8 +124,22 @@ impl Metrics {
             "Containers of right-sized pods, by where their figures came from (node-recommendation, fleet, cold-start-template, policy-off)",
             rightsizing_containers.clone(),
         );
+        let features_decisions = Family::<FeatureDecisionLabels, Counter>::default();
+        registry.register(
+            "features_decisions",
+            "Decisions of the features guard, by outcome (allowed, ratcheted, warned, denied, feature-accepted, feature-rejected)",
+            features_decisions.clone(),
+        );
+        let features_transitions = Family::<FeatureTransitionLabels, Counter>::default();
+        registry.register(
+            "features_transitions",
+            "Feature states entered by the lifecycle controller, by state (On, TurningOff, Off, TurningOn)",
+            features_transitions.clone(),
+        );
         Metrics {
             registry,
+            features_decisions,
+            features_transitions,
             admission_requests,
             admission_duration,
             certificate_reloads,
@@ -170,6 +200,24 @@ impl RightsizingObserver for Metrics {
                 })
                 .inc();
         }
+    }
+}
+
+impl FeaturesObserver for Metrics {
+    fn decided(&self, decision: FeatureDecision) {
+        self.features_decisions
+            .get_or_create(&FeatureDecisionLabels {
+                outcome: decision.as_str(),
+            })
+            .inc();
+    }
+
+    fn transitioned(&self, state: FeatureState) {
+        self.features_transitions
+            .get_or_create(&FeatureTransitionLabels {
+                state: state_str(state),
+            })
+            .inc();
     }
 }
 

@@ -5,6 +5,7 @@
 //! with `allowed: false` and a message; anything else gets a 4xx with a message.
 
 pub mod claims;
+pub mod features;
 pub mod node_reports;
 pub mod review;
 pub mod rightsizing;

@@ -10,6 +10,7 @@
 //! initializer only ever creates, which the API server makes atomic).
 
 pub mod claims_id;
+pub mod features;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::features::{FeatureCaches, FeaturesObserver};
 use crate::admission::rightsizing::RightsizingIndex;
 use crate::admission::rightsizing::status as rightsizing_status;
 
@@ -55,6 +57,16 @@ impl ControllerOptions {
 pub struct CacheControllers {
     /// Keep `DaemonSetAutoscaler.status` from the right-sizing index, every interval.
     pub rightsizing_status: Option<(Arc<RightsizingIndex>, Duration)>,
+    /// Run the Feature lifecycle controller from the features caches.
+    pub features: Option<FeaturesController>,
+}
+
+/// What the Feature lifecycle controller needs.
+#[derive(Clone)]
+pub struct FeaturesController {
+    pub caches: Arc<FeatureCaches>,
+    pub options: features::FeaturesOptions,
+    pub observer: Option<Arc<dyn FeaturesObserver>>,
 }
 
 /// Takes part in leader election and runs the enabled controllers while this replica leads,
@@ -70,7 +82,7 @@ pub async fn run_with(
     cached: CacheControllers,
     shutdown: CancellationToken,
 ) {
-    if !options.any_enabled() && cached.rightsizing_status.is_none() {
+    if !options.any_enabled() && cached.rightsizing_status.is_none() && cached.features.is_none() {
         tracing::info!("no controller enabled; not taking part in leader election");
         return;
     }
@@ -165,5 +177,10 @@ async fn lead_controllers(
             rightsizing_status::run(client.clone(), index, interval, stop.clone()).await;
         }
     };
-    tokio::join!(id, status);
+    let lifecycle = async {
+        if let Some(f) = cached.features {
+            features::run(client.clone(), f.caches, f.options, f.observer, stop.clone()).await;
+        }
+    };
+    tokio::join!(id, status, lifecycle);
 }

@@ -1,0 +1,719 @@
+//! The Feature lifecycle controller (KEP-3920), run by the leader.
+//!
+//! [`step`] is the whole decision, a pure function of (Feature, node reports, the outcome of
+//! the last action, now): it returns the new status and the action to run next. [`run`] is
+//! the I/O shell around it: it reads the watch caches, runs the actions (list and patch pages
+//! of objects, count objects) and writes `status` by server-side apply when it changed.
+//!
+//! Transitions: when the desired state differs from where the Feature is (or is going), the
+//! Feature enters `TurningOff` / `TurningOn`, `status.transitionTime` is now, and its tasks are
+//! listed in order:
+//! 1. `WaitForReports`: every node that has a `NodeFeatureReport` must have a fresh one (its
+//!    components observed at or after the transition time) that shows the new value of the gate
+//!    in every listed component. Nodes without any report are not waited for; a listed
+//!    component missing from a node's report, or reporting an error, is waited for. A gate a
+//!    component does not report counts as off.
+//! 2. `ClearField <resource>/<path>` (turning off, per `Clear` field): the field is removed from
+//!    every stored object that has it, one page of a list at a time; the continue token is kept
+//!    in `task.progress`, so a restarted controller resumes there.
+//! 3. `WaitForAbsence <resource>` (turning off, per `waitForAbsence`): no object of it is left.
+//!
+//! Tasks run one at a time, in order; a done task stays in the list (state `Done`) until the
+//! next transition. The last one done → the final state. A new Feature starts in the
+//! transitional state of its desired value, so it is only called `On` or `Off` once the reports
+//! say so.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use nodewarden_api::features::{
+    ComponentUses, DesiredState, Feature, FeatureState, FeatureStatus, NodeFeatureReport, OnDisable,
+    OwnedField, ResourceRef, Task, TaskState,
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::features::{FeatureCaches, FeaturesObserver, FieldPath, feature_key, state_str};
+
+/// Name of the task that waits for node reports.
+pub const WAIT_FOR_REPORTS: &str = "WaitForReports";
+/// Condition: the Feature is in the final state its spec asks for.
+pub const CONDITION_SETTLED: &str = "Settled";
+
+/// Settings of the controller.
+#[derive(Clone, Debug)]
+pub struct FeaturesOptions {
+    /// Objects per page (and per patch burst) of a `ClearField` task.
+    pub clear_page_size: u32,
+    /// Most objects patched per second by `ClearField` tasks.
+    pub clear_rate: u32,
+    /// How often every Feature is looked at, besides on changes.
+    pub resync_interval: Duration,
+}
+
+impl Default for FeaturesOptions {
+    fn default() -> Self {
+        FeaturesOptions {
+            clear_page_size: 100,
+            clear_rate: 50,
+            resync_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The name of the `ClearField` task of `field`.
+pub fn clear_task_name(field: &OwnedField) -> String {
+    format!(
+        "ClearField {}/{}",
+        resource_name(&field.group, &field.resource),
+        field.path
+    )
+}
+
+/// The name of the `WaitForAbsence` task of `resource`.
+pub fn absence_task_name(resource: &ResourceRef) -> String {
+    format!(
+        "WaitForAbsence {}",
+        resource_name(&resource.group, &resource.resource)
+    )
+}
+
+fn resource_name(group: &str, resource: &str) -> String {
+    if group.is_empty() {
+        resource.to_string()
+    } else {
+        format!("{resource}.{group}")
+    }
+}
+
+/// What the shell should do next for a Feature.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// List one page of `field`'s resource from `continue_token` and remove the field from
+    /// every object of the page that has it.
+    ClearPage {
+        task: String,
+        field: OwnedField,
+        continue_token: Option<String>,
+    },
+    /// Count the objects of `resource`.
+    CountObjects { task: String, resource: ResourceRef },
+}
+
+/// What came of the last action.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A page was done; `next` is its continue token (`None`: it was the last page).
+    Cleared {
+        task: String,
+        next: Option<String>,
+        cleared: usize,
+    },
+    /// The continue token had expired: start over.
+    Expired { task: String },
+    /// So many objects of the resource are left.
+    Remaining { task: String, count: usize },
+    /// The action failed; it is retried.
+    Failed { task: String, message: String },
+}
+
+impl Outcome {
+    fn task(&self) -> &str {
+        match self {
+            Outcome::Cleared { task, .. }
+            | Outcome::Expired { task }
+            | Outcome::Remaining { task, .. }
+            | Outcome::Failed { task, .. } => task,
+        }
+    }
+}
+
+/// The gate name of a Feature.
+pub fn gate_of(feature: &Feature) -> String {
+    feature
+        .spec
+        .gate
+        .clone()
+        .filter(|g| !g.is_empty())
+        .unwrap_or_else(|| feature.name_any())
+}
+
+/// What one node says about the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeSays {
+    Enabled,
+    Disabled,
+    /// Observed before the transition, missing, or unreadable.
+    Stale,
+}
+
+/// Per component, per node: what the node's report says about the gate.
+/// Per component (in the order the spec lists them), per node: what the node's report says.
+type Read = Vec<(String, BTreeMap<String, NodeSays>)>;
+
+fn read_reports(feature: &Feature, reports: &[Arc<NodeFeatureReport>], since: Option<&Time>) -> Read {
+    let gate = gate_of(feature);
+    let listed: Vec<String> = if feature.spec.components.is_empty() {
+        // no components listed: every component that reports the gate
+        let mut seen: Vec<String> = reports
+            .iter()
+            .flat_map(|r| r.spec.components.iter())
+            .filter(|c| c.gates.iter().any(|g| g.name == gate))
+            .map(|c| c.name.clone())
+            .collect();
+        seen.sort();
+        seen.dedup();
+        seen
+    } else {
+        feature.spec.components.clone()
+    };
+    let mut out: Read = Vec::new();
+    for component in &listed {
+        let mut per_node = BTreeMap::new();
+        for report in reports {
+            let says = match report.spec.components.iter().find(|c| &c.name == component) {
+                None => NodeSays::Stale,
+                Some(c) if c.error.is_some() && c.gates.is_empty() => NodeSays::Stale,
+                Some(c) => {
+                    let fresh = match (since, &c.observed_time) {
+                        (None, _) => true,
+                        (Some(_), None) => false,
+                        (Some(since), Some(seen)) => seen.0 >= since.0,
+                    };
+                    if !fresh {
+                        NodeSays::Stale
+                    } else if c.gates.iter().any(|g| g.name == gate && g.enabled) {
+                        NodeSays::Enabled
+                    } else {
+                        NodeSays::Disabled
+                    }
+                }
+            };
+            per_node.insert(report.name_any(), says);
+        }
+        out.push((component.clone(), per_node));
+    }
+    out
+}
+
+fn uses_of(read: &Read) -> Vec<ComponentUses> {
+    read.iter()
+        .map(|(component, nodes)| {
+            let count =
+                |s: NodeSays| i32::try_from(nodes.values().filter(|n| **n == s).count()).unwrap_or(i32::MAX);
+            ComponentUses {
+                component: component.clone(),
+                enabled: count(NodeSays::Enabled),
+                disabled: count(NodeSays::Disabled),
+                stale: count(NodeSays::Stale),
+            }
+        })
+        .collect()
+}
+
+/// One line for `kubectl get features`: per component, how many nodes report the value the
+/// Feature is heading for, e.g. `kubelet 2/3 off (1 stale), kube-proxy 3/3 off`.
+pub fn uses_summary(uses: &[ComponentUses], desired: DesiredState) -> String {
+    if uses.is_empty() {
+        return "no reports".to_string();
+    }
+    uses.iter()
+        .map(|u| {
+            let total = u.enabled + u.disabled + u.stale;
+            let (n, word) = match desired {
+                DesiredState::On => (u.enabled, "on"),
+                DesiredState::Off => (u.disabled, "off"),
+            };
+            if u.stale > 0 {
+                format!("{} {n}/{total} {word} ({} stale)", u.component, u.stale)
+            } else {
+                format!("{} {n}/{total} {word}", u.component)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The tasks of a transition to `target`, in order.
+pub fn tasks_for(feature: &Feature, target: DesiredState) -> Vec<Task> {
+    let task = |name: String| Task {
+        name,
+        state: TaskState::Pending,
+        message: None,
+        progress: None,
+    };
+    let mut tasks = vec![task(WAIT_FOR_REPORTS.to_string())];
+    if target == DesiredState::Off {
+        for field in &feature.spec.fields {
+            if field.on_disable == OnDisable::Clear {
+                tasks.push(task(clear_task_name(field)));
+            }
+        }
+        for resource in &feature.spec.wait_for_absence {
+            tasks.push(task(absence_task_name(resource)));
+        }
+    }
+    tasks
+}
+
+fn heading_for(state: FeatureState) -> DesiredState {
+    match state {
+        FeatureState::On | FeatureState::TurningOn => DesiredState::On,
+        FeatureState::Off | FeatureState::TurningOff => DesiredState::Off,
+    }
+}
+
+fn set_condition(conditions: &mut Vec<Condition>, mut new: Condition) {
+    if let Some(old) = conditions.iter_mut().find(|c| c.type_ == new.type_) {
+        if old.status == new.status {
+            new.last_transition_time = old.last_transition_time.clone();
+        }
+        *old = new;
+    } else {
+        conditions.push(new);
+    }
+}
+
+/// Checks the `WaitForReports` task: `None` when done, else what it waits for.
+fn waiting_for_reports(read: &Read, target: DesiredState) -> Option<String> {
+    let want = match target {
+        DesiredState::On => NodeSays::Enabled,
+        DesiredState::Off => NodeSays::Disabled,
+    };
+    let mut behind = Vec::new();
+    for (component, nodes) in read {
+        for (node, says) in nodes {
+            if *says != want {
+                let what = match says {
+                    NodeSays::Stale => "no fresh report",
+                    NodeSays::Enabled => "reports on",
+                    NodeSays::Disabled => "reports off",
+                };
+                behind.push(format!("{node} ({component} {what})"));
+            }
+        }
+    }
+    if behind.is_empty() {
+        return None;
+    }
+    let total = behind.len();
+    let mut shown: Vec<String> = behind.into_iter().take(5).collect();
+    if total > 5 {
+        shown.push(format!("{} more", total - 5));
+    }
+    Some(format!("waiting for {}", shown.join(", ")))
+}
+
+/// One decision for a Feature: the status it should have and the action to run next.
+///
+/// `outcome` is what came of the action the previous call asked for (if any); an outcome for
+/// another task than the current one is ignored.
+pub fn step(
+    feature: &Feature,
+    reports: &[Arc<NodeFeatureReport>],
+    outcome: Option<&Outcome>,
+    now: Timestamp,
+) -> (FeatureStatus, Option<Action>) {
+    let mut status = feature.status.clone().unwrap_or_default();
+    let desired = feature.spec.desired;
+    let now_time = Time(now);
+
+    // start a transition when the Feature is not on its way to the desired value
+    let heading = status.state.map(heading_for);
+    if heading != Some(desired) {
+        status.state = Some(match desired {
+            DesiredState::On => FeatureState::TurningOn,
+            DesiredState::Off => FeatureState::TurningOff,
+        });
+        status.transition_time = Some(now_time.clone());
+        status.tasks = tasks_for(feature, desired);
+    }
+    let state = status.state.unwrap_or(FeatureState::TurningOn);
+    let transitioning = matches!(state, FeatureState::TurningOn | FeatureState::TurningOff);
+
+    let read = read_reports(feature, reports, status.transition_time.as_ref());
+    status.uses = uses_of(&read);
+    status.uses_summary = Some(uses_summary(&status.uses, desired));
+    status.observed_generation = feature.metadata.generation;
+
+    let mut action = None;
+    if transitioning {
+        for i in 0..status.tasks.len() {
+            if status.tasks[i].state == TaskState::Done {
+                continue;
+            }
+            let name = status.tasks[i].name.clone();
+            let mine = outcome.filter(|o| o.task() == name);
+            let task = &mut status.tasks[i];
+            if name == WAIT_FOR_REPORTS {
+                match waiting_for_reports(&read, desired) {
+                    None => {
+                        task.state = TaskState::Done;
+                        let nodes = read.iter().map(|(_, n)| n.len()).max().unwrap_or(0);
+                        task.message = Some(if nodes == 0 {
+                            "no node reports the gate".to_string()
+                        } else {
+                            format!(
+                                "{nodes} nodes report {}",
+                                if desired == DesiredState::On { "on" } else { "off" }
+                            )
+                        });
+                        continue;
+                    }
+                    Some(message) => {
+                        task.state = TaskState::Running;
+                        task.message = Some(message);
+                        break;
+                    }
+                }
+            } else if let Some(field) = feature.spec.fields.iter().find(|f| clear_task_name(f) == name) {
+                task.state = TaskState::Running;
+                match mine {
+                    Some(Outcome::Cleared {
+                        next: None, cleared, ..
+                    }) => {
+                        task.state = TaskState::Done;
+                        task.progress = None;
+                        task.message = Some(format!("last page done ({cleared} cleared in it)"));
+                        continue;
+                    }
+                    Some(Outcome::Cleared {
+                        next: Some(token),
+                        cleared,
+                        ..
+                    }) => {
+                        task.progress = Some(token.clone());
+                        task.message = Some(format!("{cleared} cleared in the last page; continuing"));
+                    }
+                    Some(Outcome::Expired { .. }) => {
+                        task.progress = None;
+                        task.message = Some("the list continue token expired; starting over".to_string());
+                    }
+                    Some(Outcome::Failed { message, .. }) => task.message = Some(message.clone()),
+                    _ => {}
+                }
+                action = Some(Action::ClearPage {
+                    task: name,
+                    field: field.clone(),
+                    continue_token: task.progress.clone(),
+                });
+                break;
+            } else if let Some(resource) = feature
+                .spec
+                .wait_for_absence
+                .iter()
+                .find(|r| absence_task_name(r) == name)
+            {
+                task.state = TaskState::Running;
+                match mine {
+                    Some(Outcome::Remaining { count: 0, .. }) => {
+                        task.state = TaskState::Done;
+                        task.message = Some("none left".to_string());
+                        continue;
+                    }
+                    Some(Outcome::Remaining { count, .. }) => {
+                        task.message =
+                            Some(format!("{count} objects left; delete them to finish turning off"))
+                    }
+                    Some(Outcome::Failed { message, .. }) => task.message = Some(message.clone()),
+                    _ => {}
+                }
+                action = Some(Action::CountObjects {
+                    task: name,
+                    resource: resource.clone(),
+                });
+                break;
+            } else {
+                // the spec no longer owns what this task was about
+                task.state = TaskState::Done;
+                task.message = Some("no longer in the Feature's spec".to_string());
+            }
+        }
+        if status.tasks.iter().all(|t| t.state == TaskState::Done) {
+            status.state = Some(match desired {
+                DesiredState::On => FeatureState::On,
+                DesiredState::Off => FeatureState::Off,
+            });
+            action = None;
+        }
+    }
+
+    let final_state = status.state.unwrap_or(FeatureState::TurningOn);
+    let settled = !matches!(final_state, FeatureState::TurningOn | FeatureState::TurningOff);
+    let current = status.tasks.iter().find(|t| t.state != TaskState::Done);
+    let condition = Condition {
+        type_: CONDITION_SETTLED.to_string(),
+        status: if settled { "True" } else { "False" }.to_string(),
+        reason: state_str(final_state).to_string(),
+        message: if settled {
+            format!(
+                "{} since the transition that started at {}",
+                state_str(final_state),
+                fmt_time(status.transition_time.as_ref())
+            )
+        } else {
+            current
+                .map(|t| format!("{}: {}", t.name, t.message.clone().unwrap_or_default()))
+                .unwrap_or_default()
+        },
+        observed_generation: feature.metadata.generation,
+        last_transition_time: now_time,
+    };
+    set_condition(&mut status.conditions, condition);
+    (status, action)
+}
+
+fn fmt_time(t: Option<&Time>) -> String {
+    t.map(|t| t.0.to_string())
+        .unwrap_or_else(|| "an unknown time".to_string())
+}
+
+/// Whether two statuses differ in anything but the time of a condition that did not change.
+fn differs(a: Option<&FeatureStatus>, b: &FeatureStatus) -> bool {
+    a != Some(b)
+}
+
+/// The I/O shell: while `stop` is not cancelled, steps every Feature on each change of the
+/// caches and every resync interval, runs the actions, and writes the statuses.
+pub async fn run(
+    client: Client,
+    caches: Arc<FeatureCaches>,
+    options: FeaturesOptions,
+    observer: Option<Arc<dyn FeaturesObserver>>,
+    stop: CancellationToken,
+) {
+    tracing::info!("feature lifecycle controller started");
+    caches.wait_synced().await;
+    // the outcome of each Feature's last action, by namespace/name
+    let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
+    loop {
+        let mut busy = false;
+        for feature in caches.features() {
+            if stop.is_cancelled() {
+                return;
+            }
+            let key = feature_key(&feature);
+            let reports = caches.reports();
+            let (status, action) = step(&feature, &reports, outcomes.get(&key), Timestamp::now());
+            outcomes.remove(&key);
+            if differs(feature.status.as_ref(), &status) {
+                let before = feature.status.as_ref().and_then(|s| s.state);
+                match write_status(&client, &feature, &status).await {
+                    Ok(written) => {
+                        // the next step must see this status even before the watch brings it
+                        caches.apply_feature(written);
+                        if before != status.state {
+                            if let (Some(o), Some(state)) = (&observer, status.state) {
+                                o.transitioned(state);
+                            }
+                            tracing::info!(feature = %key, state = ?status.state, "feature state");
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(feature = %key, error = %err, "writing the Feature status failed; retrying");
+                        continue;
+                    }
+                }
+            }
+            if let Some(action) = action {
+                busy = true;
+                let outcome = execute(&client, &action, &options).await;
+                if let Outcome::Cleared { cleared, .. } = &outcome {
+                    // bounded rate: at most clear_rate objects per second
+                    let pause =
+                        Duration::from_secs_f64(*cleared as f64 / f64::from(options.clear_rate.max(1)));
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                outcomes.insert(key, outcome);
+            }
+        }
+        let wait = if busy {
+            Duration::from_millis(200)
+        } else {
+            options.resync_interval
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = caches.changed() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn write_status(
+    client: &Client,
+    feature: &Feature,
+    status: &FeatureStatus,
+) -> Result<Feature, kube::Error> {
+    let api: Api<Feature> = Api::namespaced(client.clone(), &feature.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": "nodewarden.io/v1alpha1",
+        "kind": "Feature",
+        "status": status,
+    });
+    api.patch_status(
+        &feature.name_any(),
+        &PatchParams::apply(super::FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+}
+
+fn api_resource(group: &str, version: &str, resource: &str) -> ApiResource {
+    ApiResource {
+        group: group.to_string(),
+        version: version.to_string(),
+        api_version: if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: String::new(),
+        plural: resource.to_string(),
+    }
+}
+
+/// Runs one action against the API server.
+pub async fn execute(client: &Client, action: &Action, options: &FeaturesOptions) -> Outcome {
+    match action {
+        Action::CountObjects { task, resource } => {
+            let ar = api_resource(&resource.group, &resource.version, &resource.resource);
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+            match api.list_metadata(&ListParams::default().limit(1)).await {
+                Ok(list) => {
+                    let more = list.metadata.remaining_item_count.unwrap_or(0);
+                    let count = list.items.len() + usize::try_from(more).unwrap_or(0);
+                    Outcome::Remaining {
+                        task: task.clone(),
+                        count,
+                    }
+                }
+                Err(err) => Outcome::Failed {
+                    task: task.clone(),
+                    message: format!("listing {}: {err}", resource.resource),
+                },
+            }
+        }
+        Action::ClearPage {
+            task,
+            field,
+            continue_token,
+        } => clear_page(client, task, field, continue_token.as_deref(), options).await,
+    }
+}
+
+async fn clear_page(
+    client: &Client,
+    task: &str,
+    field: &OwnedField,
+    continue_token: Option<&str>,
+    options: &FeaturesOptions,
+) -> Outcome {
+    let failed = |message: String| Outcome::Failed {
+        task: task.to_string(),
+        message,
+    };
+    let path = match FieldPath::parse(&field.path) {
+        Ok(p) => p,
+        Err(err) => return failed(err.to_string()),
+    };
+    let ar = api_resource(&field.group, &field.version, &field.resource);
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let mut params = ListParams::default().limit(options.clear_page_size.max(1));
+    if let Some(token) = continue_token {
+        params = params.continue_token(token);
+    }
+    let page = match all.list(&params).await {
+        Ok(page) => page,
+        Err(kube::Error::Api(status)) if status.code == 410 => {
+            return Outcome::Expired {
+                task: task.to_string(),
+            };
+        }
+        Err(err) => return failed(format!("listing {}: {err}", field.resource)),
+    };
+    let mut cleared = 0;
+    for object in &page.items {
+        let Ok(value) = serde_json::to_value(object) else {
+            continue;
+        };
+        let instances = path.instances(&value);
+        if instances.is_empty() {
+            continue;
+        }
+        let api: Api<DynamicObject> = match object.namespace() {
+            Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        let name = object.name_any();
+        let mut result = remove_field(&api, &value, &path).await;
+        if matches!(&result, Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422) {
+            // changed since the list: read it again and retry once
+            result = match api.get_opt(&name).await {
+                Ok(Some(fresh)) => match serde_json::to_value(&fresh) {
+                    Ok(fresh) => remove_field(&api, &fresh, &path).await,
+                    Err(_) => Ok(false),
+                },
+                Ok(None) => Ok(false),
+                Err(err) => Err(err),
+            };
+        }
+        match result {
+            Ok(true) => cleared += 1,
+            Ok(false) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(err) => {
+                return failed(format!(
+                    "removing {} from {}/{}: {err}",
+                    field.path,
+                    object.namespace().unwrap_or_default(),
+                    name
+                ));
+            }
+        }
+    }
+    let next = page.metadata.continue_.filter(|t| !t.is_empty());
+    Outcome::Cleared {
+        task: task.to_string(),
+        next,
+        cleared,
+    }
+}
+
+/// Removes every instance of `path` from `object` (as read) with one JSON patch, guarded by its
+/// resourceVersion. `Ok(false)`: nothing to remove.
+async fn remove_field(
+    api: &Api<DynamicObject>,
+    object: &Value,
+    path: &FieldPath,
+) -> Result<bool, kube::Error> {
+    let instances = path.instances(object);
+    if instances.is_empty() {
+        return Ok(false);
+    }
+    let mut ops: Vec<Value> = Vec::new();
+    if let Some(rv) = object.pointer("/metadata/resourceVersion") {
+        ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}));
+    }
+    // the last instance first, so list indexes stay right
+    for instance in instances.iter().rev() {
+        ops.push(json!({"op": "remove", "path": instance.pointer}));
+    }
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::Array(ops)).map_err(kube::Error::SerdeError)?;
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
+    Ok(true)
+}
