@@ -415,8 +415,39 @@ fn turning_off_waits_for_fresh_reports_then_clears_then_is_off() {
         report("node-a", "kubelet", Some(true), "2026-11-21T08:00:00Z"),
         report("node-b", "kubelet", Some(true), "2026-11-21T08:00:00Z"),
     ];
-    // a new Feature goes TurningOn, and On once every report says on
-    assert!(advance(&mut f, &on, None, "2026-11-21T08:00:00Z").is_none());
+    // a new Feature whose reports already agree is On at once (reports of any age count in
+    // its first step)
+    assert!(advance(&mut f, &on, None, "2026-11-21T08:30:00Z").is_none());
+    assert_eq!(state(&f), FeatureState::On);
+    // one that does not: TurningOn, and from then on reports must be fresh
+    let off_then = [
+        report("node-a", "kubelet", Some(false), "2026-11-21T08:00:00Z"),
+        report("node-b", "kubelet", Some(true), "2026-11-21T08:00:00Z"),
+    ];
+    f.status = None;
+    assert!(advance(&mut f, &off_then, None, "2026-11-21T08:30:00Z").is_none());
+    assert_eq!(state(&f), FeatureState::TurningOn);
+    assert!(advance(&mut f, &on, None, "2026-11-21T08:30:01Z").is_none());
+    assert_eq!(
+        state(&f),
+        FeatureState::TurningOn,
+        "old reports do not count any more"
+    );
+    let on = [
+        report("node-a", "kubelet", Some(true), "2026-11-21T08:30:00Z"),
+        report("node-b", "kubelet", Some(true), "2026-11-21T08:30:05Z"),
+    ];
+    assert!(advance(&mut f, &on, None, "2026-11-21T08:30:06Z").is_none());
+    assert_eq!(
+        state(&f),
+        FeatureState::TurningOn,
+        "nor those from the second it started in"
+    );
+    let on = [
+        report("node-a", "kubelet", Some(true), "2026-11-21T08:30:05Z"),
+        report("node-b", "kubelet", Some(true), "2026-11-21T08:30:05Z"),
+    ];
+    assert!(advance(&mut f, &on, None, "2026-11-21T08:30:06Z").is_none());
     assert_eq!(state(&f), FeatureState::On);
     assert_eq!(
         f.status.as_ref().unwrap().uses_summary.as_deref(),

@@ -12,16 +12,18 @@
 //!    components observed at or after the transition time) that shows the new value of the gate
 //!    in every listed component. Nodes without any report are not waited for; a listed
 //!    component missing from a node's report, or reporting an error, is waited for. A gate a
-//!    component does not report counts as off.
+//!    component does not report counts as off. Times have whole seconds, so a component must
+//!    have been observed in a later second than the one the transition started in.
 //! 2. `ClearField <resource>/<path>` (turning off, per `Clear` field): the field is removed from
 //!    every stored object that has it, one page of a list at a time; the continue token is kept
 //!    in `task.progress`, so a restarted controller resumes there.
 //! 3. `WaitForAbsence <resource>` (turning off, per `waitForAbsence`): no object of it is left.
 //!
 //! Tasks run one at a time, in order; a done task stays in the list (state `Done`) until the
-//! next transition. The last one done → the final state. A new Feature starts in the
-//! transitional state of its desired value, so it is only called `On` or `Off` once the reports
-//! say so.
+//! next transition. The last one done → the final state. A new Feature (no status yet) starts
+//! in the transitional state of its desired value, so it is only called `On` or `Off` once the
+//! reports say so; in that first step reports of any age count, so a Feature that matches the
+//! cluster is settled at once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -183,7 +185,9 @@ fn read_reports(feature: &Feature, reports: &[Arc<NodeFeatureReport>], since: Op
                     let fresh = match (since, &c.observed_time) {
                         (None, _) => true,
                         (Some(_), None) => false,
-                        (Some(since), Some(seen)) => seen.0 >= since.0,
+                        // strictly after: times have whole seconds in the API, so a report
+                        // from the second the transition started may predate it
+                        (Some(since), Some(seen)) => seen.0 > since.0,
                     };
                     if !fresh {
                         NodeSays::Stale
@@ -321,8 +325,12 @@ pub fn step(
 ) -> (FeatureStatus, Option<Action>) {
     let mut status = feature.status.clone().unwrap_or_default();
     let desired = feature.spec.desired;
-    let now_time = Time(now);
+    // the API keeps whole seconds; keep the same here so a step sees what a re-read would
+    let now_time = Time(Timestamp::from_second(now.as_second()).unwrap_or(now));
 
+    // a Feature the controller has never looked at describes the present: reports of any age
+    // count in this first step (there is no earlier value for them to predate)
+    let first = status.state.is_none();
     // start a transition when the Feature is not on its way to the desired value
     let heading = status.state.map(heading_for);
     if heading != Some(desired) {
@@ -336,7 +344,12 @@ pub fn step(
     let state = status.state.unwrap_or(FeatureState::TurningOn);
     let transitioning = matches!(state, FeatureState::TurningOn | FeatureState::TurningOff);
 
-    let read = read_reports(feature, reports, status.transition_time.as_ref());
+    let since = if first {
+        None
+    } else {
+        status.transition_time.as_ref()
+    };
+    let read = read_reports(feature, reports, since);
     status.uses = uses_of(&read);
     status.uses_summary = Some(uses_summary(&status.uses, desired));
     status.observed_generation = feature.metadata.generation;
