@@ -113,8 +113,8 @@ impl Handler for PodMutator {
         {
             return AdmissionResponse::allow(uid);
         }
-        let pod: Pod = match request.object_as() {
-            Ok(pod) => pod,
+        let pod: Pod = match request.object_as::<PodView>() {
+            Ok(view) => view.into_pod(),
             Err(err) => {
                 // right-sizing is best effort: a pod we cannot read is admitted as it is
                 tracing::warn!(uid, error = %err, "pod not readable; admitted unchanged");
@@ -146,6 +146,74 @@ impl Handler for PodMutator {
                 tracing::error!(uid, error = %err, "could not encode the patch; pod admitted unchanged");
                 AdmissionResponse::allow(uid)
             }
+        }
+    }
+}
+
+/// The fields of a pod the decision reads; everything else in the review is skipped while
+/// parsing (a whole `Pod` costs several times more to deserialize than the rest of the pipeline).
+#[derive(serde::Deserialize)]
+struct PodView {
+    #[serde(default)]
+    metadata: MetaView,
+    #[serde(default)]
+    spec: Option<SpecView>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct MetaView {
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    owner_references: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecView {
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    affinity: Option<k8s_openapi::api::core::v1::Affinity>,
+    #[serde(default)]
+    containers: Vec<ContainerView>,
+}
+
+#[derive(serde::Deserialize)]
+struct ContainerView {
+    name: String,
+    #[serde(default)]
+    resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+}
+
+impl PodView {
+    fn into_pod(self) -> Pod {
+        use k8s_openapi::api::core::v1::{Container, PodSpec};
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                namespace: self.metadata.namespace,
+                annotations: self.metadata.annotations,
+                owner_references: self.metadata.owner_references,
+                ..Default::default()
+            },
+            spec: self.spec.map(|s| PodSpec {
+                node_name: s.node_name,
+                affinity: s.affinity,
+                containers: s
+                    .containers
+                    .into_iter()
+                    .map(|c| Container {
+                        name: c.name,
+                        resources: c.resources,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            status: None,
         }
     }
 }
