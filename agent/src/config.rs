@@ -64,6 +64,10 @@ pub struct Config {
 
     #[command(flatten)]
     pub estimator: EstimatorFlags,
+
+    /// Feature gate reports (`NodeFeatureReport/<node>`).
+    #[command(flatten)]
+    pub gates: crate::gates::GatesArgs,
 }
 
 /// The estimator's constants; defaults are the VPA recommender's.

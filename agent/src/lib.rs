@@ -9,12 +9,14 @@
 //! - [`pods`]: watches of this node's pods and of autoscalers, and their join,
 //! - [`publish`]: when and how `NodeRecommendation` is written,
 //! - [`sampler`]: one sample tick tying the above together,
+//! - [`gates`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`,
 //! - [`metrics`], [`admin`], [`config`], [`telemetry`].
 
 pub mod admin;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod config;
+pub mod gates;
 pub mod histogram;
 pub mod metrics;
 pub mod pods;
@@ -135,6 +137,15 @@ pub async fn run_with_client(
     tracing::info!(node = %config.node_name, admin = %config.admin_addr, cgroup_root = %config.cgroup_root.display(), "nodewarden-agent starting");
 
     let stores = pods::watch(client.clone(), &config.node_name, stop.clone());
+    let gates_task = config.gates.gates.then(|| {
+        tokio::spawn(gates::run(
+            config.gates.clone(),
+            client.clone(),
+            config.node_name.clone(),
+            metrics.clone(),
+            stop.clone(),
+        ))
+    });
     let (desired_tx, desired_rx) = watch::channel::<publish::Desired>(None);
     let publisher = tokio::spawn(publish::run_publisher(
         client,
@@ -185,6 +196,9 @@ pub async fn run_with_client(
     write_checkpoint(&sampler, &config, &metrics);
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), publisher).await;
+    if let Some(task) = gates_task {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     let _ = admin_task.await;
     Ok(())
 }

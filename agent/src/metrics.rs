@@ -34,6 +34,19 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GateScrapeLabels {
+    /// `kubelet` or `kube-proxy`.
+    pub component: &'static str,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// CPU in cores, memory in bytes.
@@ -57,6 +70,8 @@ pub struct Metrics {
     checkpoint_writes: Counter,
     checkpoint_errors: Counter,
     tracked: Gauge,
+    gate_scrapes: Family<GateScrapeLabels, Counter>,
+    feature_report_writes: Family<ResultLabels, Counter>,
 }
 
 fn labels(key: &Key, resource: &'static str) -> ResourceLabels {
@@ -151,7 +166,21 @@ impl Metrics {
             "Autoscaled containers running on this node",
             tracked.clone(),
         );
+        let gate_scrapes = Family::<GateScrapeLabels, Counter>::default();
+        registry.register(
+            "gate_scrapes",
+            "Reads of a node component's feature gates, by component and result (ok, error)",
+            gate_scrapes.clone(),
+        );
+        let feature_report_writes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "feature_report_writes",
+            "NodeFeatureReport writes, by result (ok, error)",
+            feature_report_writes.clone(),
+        );
         Metrics {
+            gate_scrapes,
+            feature_report_writes,
             registry,
             usage,
             target,
@@ -248,6 +277,22 @@ impl Metrics {
 
     pub fn unreadable_count(&self) -> u64 {
         self.unreadable.get()
+    }
+
+    /// One read of a component's feature gates.
+    pub fn gate_scrape(&self, component: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.gate_scrapes
+            .get_or_create(&GateScrapeLabels { component, result })
+            .inc();
+    }
+
+    /// One NodeFeatureReport write.
+    pub fn feature_report_write(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.feature_report_writes
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     pub fn checkpoint(&self, ok: bool) {
