@@ -836,3 +836,53 @@ fn worked_example_of_the_docs() {
         }
     }
 }
+
+#[test]
+fn status_reports_nodes_fleet_and_conditions() {
+    use nodewarden_webhook::admission::rightsizing::status::{
+        CONFIG_UNSUPPORTED, RECOMMENDATION_PROVIDED, desired_status,
+    };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let nodes = vec![
+        targets(&[("agent", Some("100m"), Some("100Mi"))]),
+        targets(&[("agent", Some("300m"), Some("200Mi"))]),
+        targets(&[("agent", Some("200m"), None)]),
+    ];
+    let status = desired_status(&autoscaler(json!({})), &nodes, false, &now);
+    assert_eq!(status.nodes_with_recommendation, Some(3));
+    let fleet = serde_json::to_value(&status.fleet).expect("json");
+    assert_eq!(
+        fleet,
+        json!([{"containerName": "agent", "target": {"cpu": "300m", "memory": "200Mi"}}])
+    );
+    let by_type: BTreeMap<&str, (&str, &str)> = status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.as_str(), (c.status.as_str(), c.reason.as_str())))
+        .collect();
+    assert_eq!(by_type[RECOMMENDATION_PROVIDED], ("True", "NodesReported"));
+    assert_eq!(by_type[CONFIG_UNSUPPORTED], ("True", "TargetNotFound"));
+
+    // no node yet, target present; a condition keeps its transition time while its status stays
+    let mut a = autoscaler(json!({}));
+    a.status = Some(desired_status(&a, &[], true, &now));
+    let later = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_second(3600).expect("time"),
+    );
+    let again = desired_status(&a, &[], true, &later);
+    assert_eq!(
+        Some(&again),
+        a.status.as_ref(),
+        "nothing changed, so nothing to write"
+    );
+    let provided = again
+        .conditions
+        .iter()
+        .find(|c| c.type_ == RECOMMENDATION_PROVIDED)
+        .expect("condition");
+    assert_eq!(
+        (provided.status.as_str(), provided.reason.as_str()),
+        ("False", "NoNodeRecommendation")
+    );
+    assert!(again.fleet.is_empty());
+}

@@ -364,7 +364,7 @@ fn lr_default(i: &LimitRangeItem) -> Option<&BTreeMap<String, Quantity>> {
 
 /// One resource of one container the decision covers.
 #[derive(Debug)]
-struct Plan {
+struct Plan<'a> {
     container: usize,
     resource: ResourceName,
     target: u64,
@@ -374,7 +374,7 @@ struct Plan {
     /// Its own limit, else the LimitRange default that applies to it.
     limit: Option<u64>,
     controlled_values: ControlledValues,
-    policy: Option<ContainerPolicy>,
+    policy: Option<&'a ContainerPolicy>,
     value: u64,
     caps: Vec<Cap>,
 }
@@ -479,7 +479,7 @@ pub fn mutate(
                 own_limit,
                 limit: own_limit.or(default_limit),
                 controlled_values: policy.map(|p| p.controlled_values).unwrap_or_default(),
-                policy: policy.cloned(),
+                policy,
                 value: target,
                 caps: Vec::new(),
             });
@@ -539,11 +539,9 @@ pub fn mutate(
         );
         let policy_min = plan
             .policy
-            .as_ref()
             .and_then(|p| Amounts::from_list(p.min_allowed.as_ref()).get(r));
         let policy_max = plan
             .policy
-            .as_ref()
             .and_then(|p| Amounts::from_list(p.max_allowed.as_ref()).get(r));
         clamp(plan, policy_min, policy_max, Cap::MinAllowed, Cap::MaxAllowed);
         if autoscaler.spec.ceiling == Ceiling::Template
