@@ -445,3 +445,137 @@ async fn feature_lifecycle_end_to_end() {
     })
     .await;
 }
+
+/// A kubelet stand-in: HTTPS on loopback with a certificate from `ca`, `/metrics` for the bearer
+/// `token` only (403 otherwise, as the kubelet answers without `nodes/metrics`).
+async fn fake_kubelet(ca: &nodewarden_certs::Ca, token: &'static str) -> Result<u16> {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cert = ca.issue_serving(&nodewarden_certs::ServingSpec {
+        dns_names: vec!["localhost".into()],
+        ip_addresses: vec![std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+        validity: Duration::from_secs(600),
+    })?;
+    let chain = rustls_pemfile::certs(&mut cert.cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+    let key = rustls_pemfile::private_key(&mut cert.key_pem.as_bytes())?.ok_or_else(|| anyhow!("no key"))?;
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&request).to_lowercase();
+                let authorized = text.contains(&format!("authorization: bearer {}", token.to_lowercase()));
+                let on_metrics = text.starts_with("get /metrics ");
+                let (status, body) = if authorized && on_metrics {
+                    (
+                        "200 OK",
+                        include_str!("../../agent/tests/fixtures/gates/kubelet-metrics.txt").to_string(),
+                    )
+                } else {
+                    (
+                        "403 Forbidden",
+                        "Forbidden (user=system:anonymous, verb=get, resource=nodes, subresource(s)=[metrics])".to_string(),
+                    )
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+#[tokio::test]
+async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
+    use nodewarden_agent::gates::{GatesArgs, KUBELET, Scraper, component};
+    let ca = nodewarden_certs::Ca::generate(&nodewarden_certs::CaConfig {
+        common_name: "kubelet-ca".into(),
+        validity: Duration::from_secs(600),
+    })?;
+    let other = nodewarden_certs::Ca::generate(&nodewarden_certs::CaConfig {
+        common_name: "someone-else".into(),
+        validity: Duration::from_secs(600),
+    })?;
+    let port = fake_kubelet(&ca, "node-token").await?;
+    let dir = tempfile::tempdir()?;
+    let file = |name: &str, text: &str| -> Result<std::path::PathBuf> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text)?;
+        Ok(path)
+    };
+    let args = |ca_pem: &str, token: &str, insecure: bool| -> Result<GatesArgs> {
+        Ok(GatesArgs {
+            kubelet_url: Some(format!("https://127.0.0.1:{port}")),
+            node_ip: None,
+            kubelet_ca_file: file("ca.crt", ca_pem)?,
+            kubelet_insecure_skip_verify: insecure,
+            kubelet_token_file: file("token", token)?,
+            kube_proxy_metrics_url: None,
+            gates_interval: Duration::from_secs(1),
+            gates_refresh_interval: Duration::from_secs(60),
+            gates: true,
+        })
+    };
+    let now = k8s_openapi::jiff::Timestamp::now();
+
+    // the kubelet's CA and the token: the gates
+    let scraper = Scraper::kubelet(&args(&ca.cert_pem, "node-token", false)?)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    let report = component(KUBELET, scraper.scrape().await, now);
+    ensure!(report.error.is_none(), "{report:?}");
+    let sidecars = report
+        .gates
+        .iter()
+        .find(|g| g.name == "SidecarContainers")
+        .ok_or_else(|| anyhow!("no gate"))?;
+    assert!(sidecars.enabled && sidecars.stage == "GA");
+
+    // a kubelet certificate from another CA is refused, unless verification is explicitly off
+    let scraper = Scraper::kubelet(&args(&other.cert_pem, "node-token", false)?)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    let report = component(KUBELET, scraper.scrape().await, now);
+    let error = report.error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with("GET /metrics") && report.gates.is_empty(),
+        "{report:?}"
+    );
+    let scraper = Scraper::kubelet(&args(&other.cert_pem, "node-token", true)?)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    ensure!(
+        component(KUBELET, scraper.scrape().await, now).error.is_none(),
+        "insecure-skip-verify"
+    );
+
+    // without nodes/metrics (here: a wrong token) the kubelet says 403, and that is the error
+    let scraper = Scraper::kubelet(&args(&ca.cert_pem, "stolen", false)?)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    let report = component(KUBELET, scraper.scrape().await, now);
+    let error = report.error.unwrap_or_default();
+    assert!(error.contains("Forbidden") || error.contains("403"), "{error}");
+    Ok(())
+}
