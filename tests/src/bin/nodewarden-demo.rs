@@ -24,6 +24,9 @@ use nodewarden_tests::{
 };
 use serde_json::json;
 
+#[path = "nodewarden-demo/features.rs"]
+mod features;
+
 const NAMESPACE: &str = "demo";
 
 #[tokio::main]
@@ -109,6 +112,7 @@ async fn run() -> Result<()> {
 
     let outcome = async {
         claims(&cp, &client).await?;
+        features::features(&cp, &client).await?;
         daemonset_pods(&cp, &client).await
     }
     .await;
