@@ -356,7 +356,7 @@ struct Target {
     name: &'static str,
     conns: Vec<Conn>,
     path: &'static str,
-    cpu_ns: Box<dyn Fn() -> u64 + Send>,
+    cpu_ns: CpuClock,
 }
 
 /// `rate = None`: closed loop with `CONCURRENCY` in flight; else open loop at `rate` per second.
@@ -512,7 +512,7 @@ async fn main() -> Result<()> {
             "VPA admission-controller",
             vpa_addr,
             "/",
-            Box::new(move || process_cpu_ns(vpa_pid)) as Box<dyn Fn() -> u64 + Send>,
+            Box::new(move || process_cpu_ns(vpa_pid)) as CpuClock,
         ),
     ] {
         let mut conns = Vec::new();
