@@ -886,3 +886,49 @@ fn status_reports_nodes_fleet_and_conditions() {
     );
     assert!(again.fleet.is_empty());
 }
+
+#[test]
+fn validator_lets_an_existing_duplicate_keep_its_target_and_status_flags_bad_policies() {
+    let index = index_with("300m");
+    let mut older = autoscaler(json!({}));
+    older.metadata.name = Some("older".to_string());
+    index.apply_autoscaler(older);
+    let validator = AutoscalerValidator::new(index);
+    let mut update = autoscaler_review(
+        "node-agent",
+        json!({"targetRef": {"kind": "DaemonSet", "name": "node-agent"}}),
+    );
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["oldObject"] = update["request"]["object"].clone();
+    assert!(validator.review(&request(&update)).allowed);
+    // moving it onto another autoscaler's DaemonSet is refused
+    let mut moved = update.clone();
+    moved["request"]["oldObject"]["spec"]["targetRef"]["name"] = json!("elsewhere");
+    assert!(!validator.review(&request(&moved)).allowed);
+
+    use nodewarden_webhook::admission::rightsizing::status::{CONFIG_UNSUPPORTED, desired_status};
+    let bad = autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+        {"containerName": "*", "minAllowed": {"cpu": "2"}, "maxAllowed": {"cpu": "1"}}]}}));
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let status = desired_status(&bad, &[], true, &now);
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONFIG_UNSUPPORTED)
+        .expect("condition");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "InvalidPolicy"));
+    assert_eq!(
+        c.message,
+        "spec.resourcePolicy.containerPolicies[0]: minAllowed.cpu 2 is above maxAllowed.cpu 1; minAllowed must be at most maxAllowed"
+    );
+}
+
+#[test]
+fn handler_only_mutates_pod_creates() {
+    let handler = PodMutator::new(index_with("300m"));
+    let mut update = review();
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["oldObject"] = update["request"]["object"].clone();
+    let response = handler.review(&request(&update));
+    assert!(response.allowed && response.patch.is_none());
+}

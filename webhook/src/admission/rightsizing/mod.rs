@@ -301,6 +301,13 @@ impl Handler for AutoscalerValidator {
             .or(request.name.as_deref())
             .unwrap_or_default();
         let target = &autoscaler.spec.target_ref.name;
+        // an update that keeps the target is not held to the one-per-DaemonSet rule, so two
+        // autoscalers stored before the webhook was installed stay editable
+        let keeps_target = request
+            .old_object_as::<DaemonSetAutoscaler>()
+            .ok()
+            .flatten()
+            .is_some_and(|old| old.spec.target_ref.name == autoscaler.spec.target_ref.name);
         let others: Vec<String> = self
             .index
             .autoscalers_for(namespace, target)
@@ -308,7 +315,7 @@ impl Handler for AutoscalerValidator {
             .filter_map(|a| a.metadata.name.clone())
             .filter(|n| n != name)
             .collect();
-        if let Some(other) = others.first() {
+        if let Some(other) = others.first().filter(|_| !keeps_target) {
             problems.push(format!(
                 "spec.targetRef.name: DaemonSet {namespace}/{target} is already right-sized by DaemonSetAutoscaler {other}; one autoscaler per DaemonSet"
             ));

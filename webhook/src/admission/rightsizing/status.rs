@@ -83,7 +83,18 @@ pub fn desired_status(
         )
     };
     let target = &autoscaler.spec.target_ref.name;
-    let unsupported = if target_exists {
+    let problems = super::validate_autoscaler(autoscaler);
+    let unsupported = if !problems.is_empty() {
+        condition(
+            old,
+            CONFIG_UNSUPPORTED,
+            "True",
+            "InvalidPolicy",
+            problems.join("; "),
+            generation,
+            now,
+        )
+    } else if target_exists {
         condition(
             old,
             CONFIG_UNSUPPORTED,
