@@ -408,6 +408,10 @@ async fn feature_lifecycle_end_to_end() {
         let policy = old.spec.and_then(|s| s.init_containers).and_then(|c| c[0].restart_policy.clone());
         assert_eq!(policy.as_deref(), Some("Always"));
         println!("On → TurningOff → Off took {took:?}");
+        // settled: the controller keeps looking (every second here) but writes nothing
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let later = features.get("widget-glow").await?;
+        assert_eq!(later.metadata.resource_version, off.metadata.resource_version, "no writes while settled");
 
         // back On: TurningOn until the nodes report the gate on
         features

@@ -387,7 +387,12 @@ fn advance(
     now: &str,
 ) -> Option<Action> {
     let (status, action) = step(f, reports, outcome, t(now));
-    f.status = Some(status);
+    // through JSON, as the API server stores it: a status must survive that unchanged, or the
+    // controller would write it again on every step
+    let stored: FeatureStatus =
+        serde_json::from_value(serde_json::to_value(&status).expect("to JSON")).expect("from JSON");
+    assert_eq!(stored, status, "status changes on a round trip");
+    f.status = Some(stored);
     action
 }
 
@@ -419,6 +424,14 @@ fn turning_off_waits_for_fresh_reports_then_clears_then_is_off() {
     // its first step)
     assert!(advance(&mut f, &on, None, "2026-11-21T08:30:00Z").is_none());
     assert_eq!(state(&f), FeatureState::On);
+    assert_eq!(
+        f.status.as_ref().unwrap().transition_time,
+        None,
+        "adopted, not a transition"
+    );
+    let adopted = f.status.clone();
+    advance(&mut f, &on, None, "2026-11-21T08:31:00Z");
+    assert_eq!(f.status, adopted, "the reports keep counting");
     // one that does not: TurningOn, and from then on reports must be fresh
     let off_then = [
         report("node-a", "kubelet", Some(false), "2026-11-21T08:00:00Z"),

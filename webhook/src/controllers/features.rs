@@ -23,7 +23,8 @@
 //! next transition. The last one done → the final state. A new Feature (no status yet) starts
 //! in the transitional state of its desired value, so it is only called `On` or `Off` once the
 //! reports say so; in that first step reports of any age count, so a Feature that matches the
-//! cluster is settled at once.
+//! cluster is settled at once (adopted: no `transitionTime`, and reports of any age keep
+//! counting until its first real transition).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -453,6 +454,10 @@ pub fn step(
                 DesiredState::Off => FeatureState::Off,
             });
             action = None;
+            if first {
+                // adopted as it is, not a transition: every report keeps counting
+                status.transition_time = None;
+            }
         }
     }
 
@@ -464,11 +469,17 @@ pub fn step(
         status: if settled { "True" } else { "False" }.to_string(),
         reason: state_str(final_state).to_string(),
         message: if settled {
-            format!(
-                "{} since the transition that started at {}",
-                state_str(final_state),
-                fmt_time(status.transition_time.as_ref())
-            )
+            match status.transition_time.as_ref() {
+                Some(t) => format!(
+                    "{} since the transition that started at {}",
+                    state_str(final_state),
+                    fmt_time(Some(t))
+                ),
+                None => format!(
+                    "{}: the node reports matched when the Feature was created",
+                    state_str(final_state)
+                ),
+            }
         } else {
             current
                 .map(|t| format!("{}: {}", t.name, t.message.clone().unwrap_or_default()))
@@ -506,7 +517,9 @@ pub async fn run(
     let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
     loop {
         let mut busy = false;
-        for feature in caches.features() {
+        let all = caches.features();
+        outcomes.retain(|key, _| all.iter().any(|f| &feature_key(f) == key));
+        for feature in all {
             if stop.is_cancelled() {
                 return;
             }
