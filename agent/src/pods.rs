@@ -9,15 +9,86 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::quantity::parse_milli;
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerMode, ContainerPolicy, DaemonSetAutoscaler, ResourceName,
 };
+use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
+
+/// A pod with only the fields the agent reads: the watch decodes and keeps much less than a
+/// full `Pod` (everything else in the API server's answer is skipped).
+#[derive(Resource, Clone, Debug, Default, Deserialize)]
+#[resource(inherit = "Pod")]
+pub struct NodePod {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<NodePodSpec>,
+    #[serde(default)]
+    pub status: Option<NodePodStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NodePodSpec {
+    #[serde(default)]
+    pub containers: Vec<NodeContainer>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NodeContainer {
+    pub name: String,
+    #[serde(default)]
+    pub resources: Option<Requests>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Requests {
+    #[serde(default)]
+    pub requests: Option<BTreeMap<String, Quantity>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePodStatus {
+    #[serde(default)]
+    pub container_statuses: Option<Vec<NodeContainerStatus>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeContainerStatus {
+    pub name: String,
+    #[serde(default, rename = "containerID")]
+    pub container_id: Option<String>,
+    /// Requests applied by the kubelet (in-place resize).
+    #[serde(default)]
+    pub resources: Option<Requests>,
+    #[serde(default)]
+    pub last_state: Option<LastState>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct LastState {
+    #[serde(default)]
+    pub terminated: Option<Terminated>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Terminated {
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default, rename = "containerID")]
+    pub container_id: Option<String>,
+    #[serde(default)]
+    pub finished_at: Option<Time>,
+}
 
 /// Annotation on a mirror pod holding the static pod's own UID (the one its cgroup uses).
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -80,14 +151,14 @@ pub fn strip_runtime(id: &str) -> &str {
 }
 
 /// The UID that names the pod's cgroup.
-pub fn cgroup_uid(pod: &Pod) -> Option<String> {
+pub fn cgroup_uid(pod: &NodePod) -> Option<String> {
     if let Some(uid) = pod.annotations().get(MIRROR_ANNOTATION).filter(|s| !s.is_empty()) {
         return Some(uid.clone());
     }
     pod.metadata.uid.clone()
 }
 
-fn daemonset_owner(pod: &Pod) -> Option<&str> {
+fn daemonset_owner(pod: &NodePod) -> Option<&str> {
     pod.owner_references()
         .iter()
         .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
@@ -150,7 +221,7 @@ fn policy_for(dsa: &DaemonSetAutoscaler, container: &str) -> Option<Policy> {
     })
 }
 
-fn request_of(c: &Container, name: &str) -> Option<u128> {
+fn request_of(c: &NodeContainer, name: &str) -> Option<u128> {
     c.resources
         .as_ref()
         .and_then(|r| r.requests.as_ref())
@@ -158,12 +229,12 @@ fn request_of(c: &Container, name: &str) -> Option<u128> {
         .and_then(|q| parse_milli(&q.0))
 }
 
-fn rfc3339_ms(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
+fn rfc3339_ms(t: &Time) -> i64 {
     t.0.as_millisecond()
 }
 
 /// The autoscaled, running containers among `pods`.
-pub fn targets(pods: &[Arc<Pod>], autoscalers: &[Arc<DaemonSetAutoscaler>]) -> Vec<Target> {
+pub fn targets(pods: &[Arc<NodePod>], autoscalers: &[Arc<DaemonSetAutoscaler>]) -> Vec<Target> {
     let mut out = Vec::new();
     for pod in pods {
         let Some(ds) = daemonset_owner(pod) else { continue };
@@ -254,7 +325,7 @@ pub fn autoscaler_refs(autoscalers: &[Arc<DaemonSetAutoscaler>]) -> BTreeMap<Aut
 /// Reflector stores of this node's pods and of every autoscaler.
 #[derive(Clone)]
 pub struct Stores {
-    pub pods: Store<Pod>,
+    pub pods: Store<NodePod>,
     pub autoscalers: Store<DaemonSetAutoscaler>,
 }
 
@@ -277,11 +348,11 @@ impl Stores {
 pub fn watch(client: Client, node: &str, stop: CancellationToken) -> Stores {
     let (pods, pods_writer) = reflector::store();
     let (autoscalers, dsa_writer) = reflector::store();
-    let pod_api: Api<Pod> = Api::all(client.clone());
+    let pod_api: Api<NodePod> = Api::all(client.clone());
     let pod_cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let pod_stream = reflector::reflector(
         pods_writer,
-        watcher(pod_api, pod_cfg).modify(|p: &mut Pod| {
+        watcher(pod_api, pod_cfg).modify(|p: &mut NodePod| {
             // the agent never reads these; keep memory small
             p.managed_fields_mut().clear();
             p.annotations_mut().retain(|k, _| k == MIRROR_ANNOTATION);
@@ -321,7 +392,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(v: serde_json::Value) -> Arc<Pod> {
+    fn pod(v: serde_json::Value) -> Arc<NodePod> {
         Arc::new(serde_json::from_value(v).unwrap())
     }
 
@@ -339,7 +410,7 @@ mod tests {
     const ID_APP: &str = "aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111aaaa1111";
     const ID_SIDE: &str = "bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222bbbb2222";
 
-    fn ds_pod(owner_kind: &str) -> Arc<Pod> {
+    fn ds_pod(owner_kind: &str) -> Arc<NodePod> {
         pod(json!({
             "metadata": {"name": "agent-x1", "namespace": "mon", "uid": "11111111-2222-3333-4444-555555555555",
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner_kind, "name": "agent", "uid": "u", "controller": true}]},
@@ -432,10 +503,15 @@ mod tests {
         assert!(t.iter().all(|t| t.key.autoscaler.name == "alpha"));
         let aged = |name: &str, at: &str| {
             let mut a = (*dsa("mon", name, "agent", json!([]))).clone();
-            a.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.parse().unwrap()));
+            a.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                at.parse().unwrap(),
+            ));
             Arc::new(a)
         };
-        let dsas = vec![aged("alpha", "2026-11-21T08:00:00Z"), aged("zeta", "2026-11-21T07:00:00Z")];
+        let dsas = vec![
+            aged("alpha", "2026-11-21T08:00:00Z"),
+            aged("zeta", "2026-11-21T07:00:00Z"),
+        ];
         let t = targets(&[ds_pod("DaemonSet")], &dsas);
         assert!(t.iter().all(|t| t.key.autoscaler.name == "zeta"));
     }

@@ -358,7 +358,9 @@ mod tests {
             f(&mut e);
             snap(&[("app", e)])
         };
-        let cases: Vec<(&str, Option<&Snapshot>, Snapshot, i64, Option<&str>)> = vec![
+        // (case, last written, now, now_ms, expected reason)
+        type Case<'a> = (&'a str, Option<&'a Snapshot>, Snapshot, i64, Option<&'a str>);
+        let cases: Vec<Case> = vec![
             ("nothing yet, nothing to say", None, Snapshot::new(), 0, None),
             ("first figures", None, base.clone(), 0, Some("first")),
             ("unchanged", Some(&base), base.clone(), 10, None),

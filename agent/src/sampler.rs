@@ -190,6 +190,11 @@ impl Sampler {
         self.histories.get(key)
     }
 
+    /// How often the cgroup tree was walked to find containers (only when one is new).
+    pub fn locator_walks(&self) -> u64 {
+        self.locator.walks
+    }
+
     pub fn history_count(&self) -> usize {
         self.histories.len()
     }

@@ -7,7 +7,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use nodewarden_agent::metrics::Metrics;
 use nodewarden_agent::pods::{self, Key, Target};
 use nodewarden_agent::publish::Snapshot;
@@ -60,7 +59,7 @@ fn dsa() -> Arc<DaemonSetAutoscaler> {
 
 /// A DaemonSet pod with the given (container name, container ID) pairs; the sandbox's ID is
 /// never among them, as in a real pod status.
-fn pod(uid: &str, containers: &[(&str, String)]) -> Arc<Pod> {
+fn pod(uid: &str, containers: &[(&str, String)]) -> Arc<pods::NodePod> {
     let specs: Vec<_> = containers
         .iter()
         .map(|(n, _)| json!({"name": n, "image": "i", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}))
@@ -130,7 +129,7 @@ fn set_usage(scope: &Path, usec: u64) {
     .expect("test setup");
 }
 
-fn targets(p: &Arc<Pod>) -> Vec<Target> {
+fn targets(p: &Arc<pods::NodePod>) -> Vec<Target> {
     pods::targets(std::slice::from_ref(p), &[dsa()])
 }
 

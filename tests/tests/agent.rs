@@ -3,7 +3,7 @@
 //! holding the autoscaled DaemonSet pod's container, and writes `NodeRecommendation/X`, owned by
 //! Node X. Without write permission it keeps retrying and writes once permission arrives.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -19,44 +19,176 @@ use nodewarden_tests::{TestEnv, apply_crds, chart_crd_files, e2e, read_crds, sim
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-const CONTAINER_ID: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
 const MIB: u64 = 1024 * 1024;
+
+/// Container ID `i` as a runtime would report it (64 hex digits).
+fn container_id(i: usize) -> String {
+    format!("5eed{i:060x}")
+}
 
 /// The agent's ClusterRole rules as the chart renders them.
 async fn chart_agent_rules() -> Result<Vec<PolicyRule>> {
     let helm = Helm::locate().await?;
     let rendered = helm.template("nw", "nw", &[] as &[&str]).await?;
     let role = rendered.get("ClusterRole", "nw-nodewarden-agent")?;
-    Ok(serde_json::from_value(role["rules"].clone()).context("the chart's agent ClusterRole rules")?)
+    serde_json::from_value(role["rules"].clone()).context("the chart's agent ClusterRole rules")
 }
 
-/// A cgroup v2 tree with the pod's container in it (systemd driver, containerd): 300 MiB in
-/// use, 0 inactive file pages, CPU counter standing still.
-fn synthetic_cgroup_tree(root: &Path, pod_uid: &str) -> Result<()> {
-    std::fs::create_dir_all(root)?;
-    std::fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids\n")?;
-    let scope = root
-        .join("kubepods.slice/kubepods-burstable.slice")
-        .join(format!(
-            "kubepods-burstable-pod{}.slice",
-            pod_uid.replace('-', "_")
-        ))
-        .join(format!("cri-containerd-{CONTAINER_ID}.scope"));
-    std::fs::create_dir_all(&scope)?;
+fn write_container(scope: &Path, cpu_usec: u64, memory: u64) -> Result<()> {
+    std::fs::create_dir_all(scope)?;
     std::fs::write(
         scope.join("cpu.stat"),
-        "usage_usec 5000000\nuser_usec 4000000\nsystem_usec 1000000\n",
+        format!("usage_usec {cpu_usec}\nuser_usec {cpu_usec}\nsystem_usec 0\n"),
     )?;
-    std::fs::write(scope.join("memory.current"), format!("{}\n", 300 * MIB))?;
+    std::fs::write(scope.join("memory.current"), format!("{memory}\n"))?;
     std::fs::write(
         scope.join("memory.stat"),
-        "anon 314572800\nfile 0\ninactive_file 0\nactive_file 0\n",
+        format!("anon {memory}\nfile 0\ninactive_file 0\nactive_file 0\n"),
     )?;
     std::fs::write(
         scope.join("memory.events"),
         "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
     )?;
     Ok(())
+}
+
+/// The cgroup scope of container `i` of the pod (systemd driver, containerd).
+fn scope(root: &Path, pod_uid: &str, i: usize) -> PathBuf {
+    root.join("kubepods.slice/kubepods-burstable.slice")
+        .join(format!(
+            "kubepods-burstable-pod{}.slice",
+            pod_uid.replace('-', "_")
+        ))
+        .join(format!("cri-containerd-{}.scope", container_id(i)))
+}
+
+/// A cgroup v2 tree with the pod's `n` containers in it: 300 MiB in use, no inactive file
+/// pages, CPU counters standing still.
+fn synthetic_cgroup_tree(root: &Path, pod_uid: &str, n: usize) -> Result<()> {
+    std::fs::create_dir_all(root)?;
+    std::fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids\n")?;
+    for i in 0..n {
+        write_container(&scope(root, pod_uid, i), 5_000_000, 300 * MIB)?;
+    }
+    Ok(())
+}
+
+/// Creates the agent's service account bound to a ClusterRole `<id>-agent` with `rules`, and
+/// the agent's own pod on `node`; returns a token bound to that pod (and so to the node).
+async fn agent_identity(env: &TestEnv, node: &str, rules: Vec<PolicyRule>) -> Result<(String, String)> {
+    let role_name = format!("{}-agent", env.id);
+    set_rules(env, &role_name, rules).await?;
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "nodewarden-agent"}}))?;
+    env.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": "nodewarden-agent", "namespace": env.namespace}]
+    }))?;
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let agent_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nodewarden-agent-x"},
+        "spec": {"nodeName": node, "serviceAccountName": "nodewarden-agent",
+                 "containers": [{"name": "agent", "image": "nodewarden-agent:e2e"}]}
+    }))?;
+    let agent_pod = env
+        .api::<Pod>()
+        .create(&PostParams::default(), &agent_pod)
+        .await?;
+    let token = env
+        .cp
+        .service_account_token(
+            &env.namespace,
+            "nodewarden-agent",
+            Some((&agent_pod.name_any(), &agent_pod.uid().unwrap_or_default())),
+        )
+        .await?;
+    Ok((role_name, token))
+}
+
+/// A DaemonSet `workload` with containers `c0…` (or the harness's single `agent` container
+/// when `n` is 1) and an autoscaler for it; its pod on `node` is bound like the scheduler
+/// would and given the container statuses a kubelet would report. Returns the pod's UID.
+async fn autoscaled_pod_on(env: &TestEnv, node: &str, n: usize) -> Result<String> {
+    let mut ds = simple_daemonset("workload", &env.node_selector())?;
+    if n > 1 {
+        let spec = ds
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .ok_or_else(|| anyhow!("no pod spec"))?;
+        let template = spec.containers[0].clone();
+        spec.containers = (0..n)
+            .map(|i| {
+                let mut c = template.clone();
+                c.name = format!("c{i}");
+                c
+            })
+            .collect();
+    }
+    let names: Vec<String> = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default();
+    env.api::<DaemonSet>().create(&PostParams::default(), &ds).await?;
+    let dsa: DaemonSetAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": "workload"},
+        "spec": {"targetRef": {"kind": "DaemonSet", "name": "workload"}}
+    }))?;
+    env.api::<DaemonSetAutoscaler>()
+        .create(&PostParams::default(), &dsa)
+        .await?;
+    let pods = env.api::<Pod>();
+    let ds_pod = env
+        .cp
+        .poll("the DaemonSet pod", || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&Default::default()).await?;
+                Ok(list.items.into_iter().find(|p| {
+                    p.owner_references()
+                        .iter()
+                        .any(|o| o.kind == "DaemonSet" && o.name == "workload")
+                }))
+            }
+        })
+        .await?;
+    let pod_name = ds_pod.name_any();
+    let pod_uid = ds_pod.uid().ok_or_else(|| anyhow!("pod without uid"))?;
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": pod_name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+    });
+    pods.create_subresource::<_, serde_json::Value>("binding", &pod_name, &PostParams::default(), &binding)
+        .await
+        .context("binding the DaemonSet pod to the node")?;
+    let statuses: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            json!({
+                "name": name, "image": "registry.invalid/agent:1", "imageID": "", "ready": true,
+                "restartCount": 0, "started": true, "state": {"running": {"startedAt": "2026-11-21T07:00:00Z"}},
+                "containerID": format!("containerd://{}", container_id(i))
+            })
+        })
+        .collect();
+    pods.patch_status(
+        &pod_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "containerStatuses": statuses}})),
+    )
+    .await
+    .context("setting the pod's container statuses")?;
+    Ok(pod_uid)
 }
 
 /// Upper edge of the default memory bucket holding `v` (first bucket 1e7 B, growth 5 %).
@@ -98,91 +230,24 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
             .uid()
             .ok_or_else(|| anyhow!("node without uid"))?;
 
-        // The agent's identity: a service account with the chart's rules, minus the write of
-        // NodeRecommendation for now.
+        // The agent's identity: the chart's rules, minus the write of NodeRecommendation for now.
         let full_rules = chart_agent_rules().await?;
         let read_only: Vec<PolicyRule> = full_rules
             .iter()
             .filter(|r| !r.resources.iter().flatten().any(|x| x == "noderecommendations"))
             .cloned()
             .collect();
-        assert!(read_only.len() < full_rules.len(), "the chart lets the agent write noderecommendations");
-        let role_name = format!("{}-agent", env.id);
-        set_rules(&env, &role_name, read_only).await?;
-        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "nodewarden-agent"}}))?;
-        env.api::<ServiceAccount>().create(&PostParams::default(), &sa).await?;
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": role_name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
-            "subjects": [{"kind": "ServiceAccount", "name": "nodewarden-agent", "namespace": ns}]
-        }))?;
-        Api::<ClusterRoleBinding>::all(env.client.clone())
-            .create(&PostParams::default(), &binding)
-            .await?;
-
-        // The agent's own pod on X, for a token bound to it (and so to X).
-        let agent_pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "nodewarden-agent-x"},
-            "spec": {"nodeName": node, "serviceAccountName": "nodewarden-agent",
-                     "containers": [{"name": "agent", "image": "nodewarden-agent:e2e"}]}
-        }))?;
-        let agent_pod = env.api::<Pod>().create(&PostParams::default(), &agent_pod).await?;
-        let token = cp
-            .service_account_token(
-                &ns,
-                "nodewarden-agent",
-                Some((&agent_pod.name_any(), &agent_pod.uid().unwrap_or_default())),
-            )
-            .await?;
-
-        // The autoscaled DaemonSet; its pod on X is bound like the scheduler would, and given
-        // the container status a kubelet would report.
-        let ds = simple_daemonset("workload", &env.node_selector())?;
-        env.api::<DaemonSet>().create(&PostParams::default(), &ds).await?;
-        let dsa: DaemonSetAutoscaler = serde_json::from_value(json!({
-            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
-            "metadata": {"name": "workload"},
-            "spec": {"targetRef": {"kind": "DaemonSet", "name": "workload"}}
-        }))?;
-        env.api::<DaemonSetAutoscaler>().create(&PostParams::default(), &dsa).await?;
-        let pods = env.api::<Pod>();
-        let ds_pod = cp
-            .poll("the DaemonSet pod", || {
-                let pods = pods.clone();
-                async move {
-                    let list = pods.list(&Default::default()).await?;
-                    Ok(list.items.into_iter().find(|p| {
-                        p.owner_references().iter().any(|o| o.kind == "DaemonSet" && o.name == "workload")
-                    }))
-                }
-            })
-            .await?;
-        let pod_name = ds_pod.name_any();
-        let pod_uid = ds_pod.uid().ok_or_else(|| anyhow!("pod without uid"))?;
-        let binding = json!({
-            "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": pod_name},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node}
-        });
-        pods.create_subresource::<_, serde_json::Value>("binding", &pod_name, &PostParams::default(), &binding)
-        .await
-        .context("binding the DaemonSet pod to the node")?;
-        pods.patch_status(
-            &pod_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Running", "containerStatuses": [{
-                "name": "agent", "image": "registry.invalid/agent:1", "imageID": "", "ready": true,
-                "restartCount": 0, "started": true, "state": {"running": {"startedAt": "2026-11-21T07:00:00Z"}},
-                "containerID": format!("containerd://{CONTAINER_ID}")
-            }]}})),
-        )
-        .await
-        .context("setting the pod's container status")?;
+        assert!(
+            read_only.len() < full_rules.len(),
+            "the chart lets the agent write noderecommendations"
+        );
+        let (role_name, token) = agent_identity(&env, &node, read_only).await?;
+        let pod_uid = autoscaled_pod_on(&env, &node, 1).await?;
 
         // The agent, in-process, with the node-bound token and a synthetic cgroup tree.
         let tmp = tempfile::tempdir()?;
         let cgroup_root = tmp.path().join("cgroup");
-        synthetic_cgroup_tree(&cgroup_root, &pod_uid)?;
+        synthetic_cgroup_tree(&cgroup_root, &pod_uid, 1)?;
         let checkpoint_dir = tmp.path().join("checkpoint");
         let config = Config::try_from_args([
             "nodewarden-agent",
@@ -201,13 +266,23 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
         ])?;
         let agent_client = cp.client_with_token(&token).await?;
         let stop = CancellationToken::new();
-        let agent = tokio::spawn(nodewarden_agent::run_with_client(config, agent_client, stop.clone()));
+        let agent = tokio::spawn(nodewarden_agent::run_with_client(
+            config,
+            agent_client,
+            stop.clone(),
+        ));
 
         // No write permission yet: nothing appears, the agent keeps measuring and retrying.
         let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(recs.get_opt(&node).await?.is_none(), "written without permission?");
-        assert!(!agent.is_finished(), "the agent must keep running while writes fail");
+        assert!(
+            recs.get_opt(&node).await?.is_none(),
+            "written without permission?"
+        );
+        assert!(
+            !agent.is_finished(),
+            "the agent must keep running while writes fail"
+        );
 
         // Permission arrives: the next retry writes.
         set_rules(&env, &role_name, full_rules).await?;
@@ -229,7 +304,10 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
             .first()
             .cloned()
             .ok_or_else(|| anyhow!("no owner reference"))?;
-        assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", node.as_str()));
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("Node", node.as_str())
+        );
         assert_eq!(owner.uid, node_uid);
         let managers: Vec<_> = rec
             .managed_fields()
@@ -254,6 +332,148 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
             checkpoint_dir.join("checkpoint.json").exists(),
             "the agent writes its checkpoint when it stops"
         );
+        Ok(())
+    })
+    .await;
+}
+
+/// `utime + stime` of a process, in seconds (all its threads).
+fn process_cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let hz: f64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0);
+    Ok(ticks as f64 / hz)
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// Benchmark of the real `nodewarden-agent` binary (not a timed test: it prints figures and
+/// checks only that all containers were published). 100 autoscaled containers in one DaemonSet
+/// pod on node X, sampled every 10 s; counters move every 10 s. Run by hand:
+///
+/// ```sh
+/// cargo build --release -p nodewarden-agent
+/// cargo test -p nodewarden-tests --test agent -- --ignored --nocapture agent_binary_footprint
+/// ```
+///
+/// `NODEWARDEN_BENCH_SECONDS` (default 120) sets the measured span, `NODEWARDEN_AGENT_BIN` the
+/// binary (default `target/release/nodewarden-agent`).
+#[tokio::test]
+#[ignore = "benchmark: run by hand, figures go to docs/benchmarks.md"]
+async fn agent_binary_footprint_with_100_containers() {
+    e2e("agent-bench", |env| async move {
+        const N: usize = 100;
+        let cp = env.cp;
+        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let node = env.create_nodes(1).await?.remove(0);
+        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        let pod_uid = autoscaled_pod_on(&env, &node, N).await?;
+        let tmp = tempfile::tempdir()?;
+        let cgroup_root = tmp.path().join("cgroup");
+        synthetic_cgroup_tree(&cgroup_root, &pod_uid, N)?;
+        let kubeconfig = tmp.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            serde_yaml_ng::to_string(&json!({
+                "apiVersion": "v1", "kind": "Config",
+                "clusters": [{"name": "e2e", "cluster": {
+                    "server": cp.apiserver_url(),
+                    "certificate-authority-data": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, cp.ca_pem()),
+                }}],
+                "users": [{"name": "agent", "user": {"token": token}}],
+                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "agent"}}],
+                "current-context": "e2e",
+            }))?,
+        )?;
+        let bin = std::env::var_os("NODEWARDEN_AGENT_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/nodewarden-agent"));
+        anyhow::ensure!(
+            bin.exists(),
+            "{} missing: cargo build --release -p nodewarden-agent",
+            bin.display()
+        );
+        let port = nodewarden_tests::process::free_port()?;
+        let mut child = tokio::process::Command::new(&bin)
+            .env_clear()
+            .env("KUBECONFIG", &kubeconfig)
+            .env("NODEWARDEN_NODE_NAME", &node)
+            .env("NODEWARDEN_CGROUP_ROOT", &cgroup_root)
+            .env("NODEWARDEN_CHECKPOINT_DIR", tmp.path().join("checkpoint"))
+            .env("NODEWARDEN_ADMIN_ADDR", format!("127.0.0.1:{port}"))
+            .env("NODEWARDEN_SAMPLE_INTERVAL", "10s")
+            .env("NODEWARDEN_LOG_LEVEL", "warn")
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().ok_or_else(|| anyhow!("agent exited at once"))?;
+
+        // the workload: container i uses (i % 10 + 1) × 10 millicores; memory wanders
+        let writer_root = cgroup_root.clone();
+        let writer_uid = pod_uid.clone();
+        let writer = tokio::spawn(async move {
+            let mut usage = [5_000_000u64; N];
+            for t in 0u64.. {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                for (i, u) in usage.iter_mut().enumerate() {
+                    *u += (i as u64 % 10 + 1) * 10 * 10_000;
+                    let memory = (64 + (i as u64 * 7 + t * 13) % 512) * MIB;
+                    let _ = write_container(&scope(&writer_root, &writer_uid, i), *u, memory);
+                }
+            }
+        });
+
+        let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
+        let rec = cp
+            .poll("NodeRecommendation with every container", || {
+                let recs = recs.clone();
+                let node = node.clone();
+                async move { Ok(recs.get_opt(&node).await?.filter(|r| r.spec.recommendations.len() == N)) }
+            })
+            .await?;
+        assert_eq!(rec.spec.recommendations.len(), N);
+
+        let seconds: u64 = std::env::var("NODEWARDEN_BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(120);
+        let cpu0 = process_cpu_seconds(pid)?;
+        let started = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let cpu1 = process_cpu_seconds(pid)?;
+        let wall = started.elapsed().as_secs_f64();
+        let rec = recs.get(&node).await?;
+        println!(
+            "agent binary, {N} containers, 10 s samples, {wall:.0} s measured after the first publish:\n  \
+             cpu {:.2} s = {:.2} millicores average\n  VmRSS {} KiB (RssAnon {} KiB, RssFile {} KiB), VmHWM {} KiB\n  \
+             NodeRecommendation resourceVersion {} (containers: {})",
+            cpu1 - cpu0,
+            (cpu1 - cpu0) / wall * 1000.0,
+            status_kib(pid, "VmRSS:"),
+            status_kib(pid, "RssAnon:"),
+            status_kib(pid, "RssFile:"),
+            status_kib(pid, "VmHWM:"),
+            rec.resource_version().unwrap_or_default(),
+            rec.spec.recommendations.len(),
+        );
+        writer.abort();
+        child.kill().await?;
         Ok(())
     })
     .await;
