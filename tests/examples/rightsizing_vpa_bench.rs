@@ -223,7 +223,7 @@ fn nodewarden_index() -> Arc<RightsizingIndex> {
 fn start_nodewarden(
     cert_pem: &str,
     key_pem: &str,
-) -> Result<(SocketAddr, Box<dyn Fn() -> u64 + Send>, CancellationToken)> {
+) -> Result<(SocketAddr, CpuClock, CancellationToken)> {
     let resolver = Arc::new(CertResolver::default());
     resolver.set(certified_key(
         cert_pem.as_bytes(),
@@ -351,6 +351,9 @@ struct Phase {
     cpu: Duration,
     latency: hdrhistogram::Histogram<u64>,
 }
+
+/// CPU time consumed so far by one side of the comparison, in nanoseconds.
+type CpuClock = Box<dyn Fn() -> u64 + Send>;
 
 struct Target {
     name: &'static str,

@@ -107,19 +107,28 @@ fn start_server(ca: &Ca) -> ServerHandle {
         .expect("serving cert");
     let resolver = Arc::new(CertResolver::default());
     resolver.set(
-        certified_key(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes(), Path::new("c"), Path::new("k"))
-            .expect("pair"),
+        certified_key(
+            cert.cert_pem.as_bytes(),
+            cert.key_pem.as_bytes(),
+            Path::new("c"),
+            Path::new("k"),
+        )
+        .expect("pair"),
     );
     let tls = server_config(resolver).expect("tls");
     let stop = CancellationToken::new();
     let (tx, rx) = std::sync::mpsc::channel();
     let stop_server = stop.clone();
     let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let task_dir = std::fs::read_link("/proc/thread-self").expect("procfs");
-            tx.send((listener.local_addr().expect("addr"), task_dir)).expect("send");
+            tx.send((listener.local_addr().expect("addr"), task_dir))
+                .expect("send");
             let routes = vec![Route::new("/allow", allow), Route::new("/parse", parse_pod)];
             let app = admission::router(routes, Arc::new(Metrics::new()), 6 << 20);
             serve_tls(listener, tls, app, stop_server, Duration::from_secs(2)).await;
@@ -133,7 +142,12 @@ fn start_server(ca: &Ca) -> ServerHandle {
             .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
             .unwrap_or(0)
     });
-    ServerHandle { addr, stop, cpu_ns, thread }
+    ServerHandle {
+        addr,
+        stop,
+        cpu_ns,
+        thread,
+    }
 }
 
 #[derive(Clone)]
@@ -162,12 +176,15 @@ async fn connect(addr: SocketAddr, ca_pem: &str, h2: bool) -> Conn {
         .expect("handshake");
     let io = TokioIo::new(tls);
     if h2 {
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.expect("h2 handshake");
+        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .expect("h2 handshake");
         tokio::spawn(conn);
         Conn::H2(sender)
     } else {
-        let (sender, conn) = hyper::client::conn::http1::handshake(io).await.expect("h1 handshake");
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .expect("h1 handshake");
         tokio::spawn(conn);
         Conn::H1(Arc::new(tokio::sync::Mutex::new(sender)))
     }
@@ -242,7 +259,14 @@ async fn closed_loop(conns: &[Conn], path: &'static str, body: Bytes, a: &Args, 
 
 /// Open loop: requests are released every millisecond at `rate` per second, whether or not
 /// earlier ones have finished; latency is measured from release to the last byte of the answer.
-async fn open_loop(conns: &[Conn], path: &'static str, body: Bytes, rate: f64, a: &Args, s: &ServerHandle) -> Phase {
+async fn open_loop(
+    conns: &[Conn],
+    path: &'static str,
+    body: Bytes,
+    rate: f64,
+    a: &Args,
+    s: &ServerHandle,
+) -> Phase {
     let failed = Arc::new(AtomicU64::new(0));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
     let cpu0 = (s.cpu_ns)();
@@ -290,7 +314,11 @@ async fn open_loop(conns: &[Conn], path: &'static str, body: Bytes, rate: f64, a
 fn report(label: &str, p: &Phase) {
     let rate = p.reviews as f64 / p.wall.as_secs_f64();
     let cpu = p.server_cpu.as_secs_f64() / p.wall.as_secs_f64();
-    let per_core = if p.server_cpu.is_zero() { 0.0 } else { p.reviews as f64 / p.server_cpu.as_secs_f64() };
+    let per_core = if p.server_cpu.is_zero() {
+        0.0
+    } else {
+        p.reviews as f64 / p.server_cpu.as_secs_f64()
+    };
     println!(
         "| {label:<34} | {rate:>9.0} | {:>5.0} % | {per_core:>9.0} | {:>7.3} | {:>7.3} | {:>7.3} | {:>4} |",
         cpu * 100.0,
@@ -303,8 +331,11 @@ fn report(label: &str, p: &Phase) {
 
 fn main() {
     let args = Args::parse();
-    let ca = Ca::generate(&CaConfig { common_name: "bench".into(), validity: Duration::from_secs(3600) })
-        .expect("ca");
+    let ca = Ca::generate(&CaConfig {
+        common_name: "bench".into(),
+        validity: Duration::from_secs(3600),
+    })
+    .expect("ca");
     let server = start_server(&ca);
     let body = review_body(args.review_bytes);
     println!(
@@ -316,16 +347,33 @@ fn main() {
         "\n| transport / handler / phase          | reviews/s | server CPU | reviews per server core-second | p50 ms | p99 ms | max ms | fail |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let client = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("rt");
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("rt");
     client.block_on(async {
-        for (transport, h2, n) in [("HTTP/2", true, args.h2_connections), ("HTTP/1.1", false, args.h1_connections)] {
+        for (transport, h2, n) in [
+            ("HTTP/2", true, args.h2_connections),
+            ("HTTP/1.1", false, args.h1_connections),
+        ] {
             let mut conns = Vec::new();
             for _ in 0..n {
                 conns.push(connect(server.addr, &ca.cert_pem, h2).await);
             }
             for (handler, path) in [("pipeline", "/allow"), ("pipeline + Pod parse", "/parse")] {
                 // warm up connections and allocator
-                let _ = closed_loop(&conns, path, body.clone(), &Args { duration: Duration::from_millis(500), ..args_clone(&args) }, &server).await;
+                let _ = closed_loop(
+                    &conns,
+                    path,
+                    body.clone(),
+                    &Args {
+                        duration: Duration::from_millis(500),
+                        ..args_clone(&args)
+                    },
+                    &server,
+                )
+                .await;
                 let max = closed_loop(&conns, path, body.clone(), &args, &server).await;
                 report(&format!("{transport} {handler}, max"), &max);
                 let half = max.reviews as f64 / max.wall.as_secs_f64() / 2.0;

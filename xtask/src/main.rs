@@ -110,32 +110,33 @@ fn run(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<()> {
 
 fn demo(root: &Path) -> Result<()> {
     let cargo = cargo();
-    run(
-        root,
+    let build = [
         "build",
-        &cargo,
-        &[
-            "build",
-            "--quiet",
-            "-p",
-            "nodewarden-webhook",
-            "-p",
-            "nodewarden-tests",
-            "--bins",
-        ],
-    )?;
+        "--quiet",
+        "-p",
+        "nodewarden-webhook",
+        "-p",
+        "nodewarden-agent",
+        "-p",
+        "nodewarden-tests",
+        "--bins",
+    ];
+    run(root, "build", &cargo, &build)?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let bin = |name: &str| target.join("debug").join(name);
-    let webhook = bin("nodewarden-webhook");
-    let demo = bin("nodewarden-demo");
-    let webhook = webhook.to_str().context("target path is not UTF-8")?;
+    let bin = |name: &str| -> Result<String> {
+        let path = target.join("debug").join(name);
+        path.to_str()
+            .map(str::to_owned)
+            .context("target path is not UTF-8")
+    };
+    let (webhook, agent) = (bin("nodewarden-webhook")?, bin("nodewarden-agent")?);
     run(
         root,
         "demo",
-        demo.to_str().context("target path is not UTF-8")?,
-        &["--webhook", webhook],
+        &bin("nodewarden-demo")?,
+        &["--webhook", &webhook, "--agent", &agent],
     )
 }
 

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use nodewarden_api::ClusterClaim;
+use nodewarden_api::{ClusterClaim, DaemonSetAutoscaler, NodeRecommendation};
 use nodewarden_tests::{
     ControlPlane, Hook, Impersonate, LoopbackEndpoint, apply_crds, chart_crd_files, create_ready_node,
     daemonset_pod_target_node, http_get, process, read_crds, register_mutating_webhooks,
@@ -28,6 +28,8 @@ use serde_json::json;
 mod features;
 
 const NAMESPACE: &str = "demo";
+const AGENT_NAMESPACE: &str = "nodewarden";
+const MIB: u64 = 1024 * 1024;
 
 #[tokio::main]
 async fn main() {
@@ -37,24 +39,40 @@ async fn main() {
     }
 }
 
-fn usage() -> Result<PathBuf> {
-    let mut args = std::env::args().skip(1);
-    match (args.next().as_deref(), args.next()) {
-        (Some("--webhook"), Some(path)) => Ok(PathBuf::from(path)),
-        _ => bail!(
-            "usage: nodewarden-demo --webhook <path to the nodewarden-webhook binary> (run it as `cargo xtask demo`)"
-        ),
+struct Bins {
+    webhook: PathBuf,
+    agent: PathBuf,
+}
+
+fn usage() -> Result<Bins> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (mut webhook, mut agent) = (None, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        match (flag.as_str(), it.next()) {
+            ("--webhook", Some(p)) => webhook = Some(PathBuf::from(p)),
+            ("--agent", Some(p)) => agent = Some(PathBuf::from(p)),
+            _ => break,
+        }
     }
+    let (Some(webhook), Some(agent)) = (webhook, agent) else {
+        bail!(
+            "usage: nodewarden-demo --webhook <nodewarden-webhook binary> --agent <nodewarden-agent binary> (run it as `cargo xtask demo`)"
+        )
+    };
+    for bin in [&webhook, &agent] {
+        if !bin.is_file() {
+            bail!(
+                "{} is not a file: build it with `cargo build -p nodewarden-webhook -p nodewarden-agent`",
+                bin.display()
+            );
+        }
+    }
+    Ok(Bins { webhook, agent })
 }
 
 async fn run() -> Result<()> {
-    let webhook_bin = usage()?;
-    if !webhook_bin.is_file() {
-        bail!(
-            "{} is not a file: build it with `cargo build -p nodewarden-webhook`",
-            webhook_bin.display()
-        );
-    }
+    let bins = usage()?;
     step(
         "starting a control plane: etcd, kube-apiserver, kube-controller-manager (first run builds them from Go modules)",
     );
@@ -72,7 +90,7 @@ async fn run() -> Result<()> {
         crds.len()
     ));
 
-    let webhook = Webhook::start(&cp, &webhook_bin).await?;
+    let webhook = Webhook::start(&cp, &bins.webhook).await?;
     step(&format!(
         "nodewarden-webhook ready on 127.0.0.1:{} (log: {})",
         webhook.port,
@@ -86,14 +104,24 @@ async fn run() -> Result<()> {
         &client,
         "nodewarden-demo-validating",
         &endpoint,
-        &[Hook::new(
-            "claims.nodewarden.io",
-            "/validate/claims",
-            "nodewarden.io",
-            "v1alpha1",
-            &["clusterclaims"],
-            &["CREATE", "UPDATE", "DELETE"],
-        )],
+        &[
+            Hook::new(
+                "claims.nodewarden.io",
+                "/validate/claims",
+                "nodewarden.io",
+                "v1alpha1",
+                &["clusterclaims"],
+                &["CREATE", "UPDATE", "DELETE"],
+            ),
+            Hook::new(
+                "node-reports.nodewarden.io",
+                "/validate/node-reports",
+                "nodewarden.io",
+                "v1alpha1",
+                &["noderecommendations", "nodefeaturereports"],
+                &["CREATE", "UPDATE"],
+            ),
+        ],
     )
     .await?;
     let mut pods_hook = Hook::new(
@@ -113,7 +141,7 @@ async fn run() -> Result<()> {
     let outcome = async {
         claims(&cp, &client).await?;
         features::features(&cp, &client).await?;
-        daemonset_pods(&cp, &client).await
+        rightsizing(&cp, &client, &bins.agent).await
     }
     .await;
     webhook.stop().await;
@@ -156,6 +184,11 @@ impl Webhook {
             .env("NODEWARDEN_POD_NAME", "nodewarden-webhook-demo")
             .env("NODEWARDEN_LOG_FORMAT", "text")
             .env("NODEWARDEN_CLAIMS_ALLOWED_GROUPS", "system:masters")
+            .env(
+                "NODEWARDEN_AGENT_SERVICE_ACCOUNT",
+                format!("{AGENT_NAMESPACE}:nodewarden-agent"),
+            )
+            .env("NODEWARDEN_RIGHTSIZING_STATUS_INTERVAL", "1s")
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -327,17 +360,179 @@ async fn claims(cp: &ControlPlane, admin: &Client) -> Result<()> {
     Ok(())
 }
 
-async fn daemonset_pods(cp: &ControlPlane, admin: &Client) -> Result<()> {
-    step("a DaemonSet over three nodes: the real DaemonSet controller creates one pod per node");
+/// What the demo's log shipper does on each node, in the synthetic cgroup tree its agent reads.
+struct Load {
+    node: &'static str,
+    /// CPU the container uses, in millicores.
+    cpu_millis: u64,
+    /// Its working set.
+    memory: u64,
+}
+
+const LOADS: [Load; 2] = [
+    Load {
+        node: "worker-busy",
+        cpu_millis: 600,
+        memory: 700 * MIB,
+    },
+    Load {
+        node: "worker-quiet",
+        cpu_millis: 20,
+        memory: 150 * MIB,
+    },
+];
+const NODES: [&str; 3] = ["worker-busy", "worker-quiet", "worker-new"];
+
+/// Container ID the demo's "runtime" reports for the shipper on `node` (64 hex digits).
+fn container_id(node: &str) -> String {
+    let n = NODES.iter().position(|x| *x == node).unwrap_or(0);
+    format!("{:064x}", 0xd3a0_0000_u64 + n as u64)
+}
+
+/// The cgroup v2 scope of that container (systemd driver, containerd, burstable pod).
+fn scope(root: &Path, pod_uid: &str, node: &str) -> PathBuf {
+    root.join("kubepods.slice/kubepods-burstable.slice")
+        .join(format!(
+            "kubepods-burstable-pod{}.slice",
+            pod_uid.replace('-', "_")
+        ))
+        .join(format!("cri-containerd-{}.scope", container_id(node)))
+}
+
+/// Writes the files the kernel would: CPU used so far and the memory in use.
+fn write_cgroup(scope: &Path, cpu_usec: u64, memory: u64) -> Result<()> {
+    std::fs::create_dir_all(scope)?;
+    std::fs::write(
+        scope.join("cpu.stat"),
+        format!("usage_usec {cpu_usec}\nuser_usec {cpu_usec}\nsystem_usec 0\n"),
+    )?;
+    std::fs::write(scope.join("memory.current"), format!("{memory}\n"))?;
+    std::fs::write(
+        scope.join("memory.stat"),
+        format!("anon {memory}\nfile 0\ninactive_file 0\nactive_file 0\n"),
+    )?;
+    std::fs::write(
+        scope.join("memory.events"),
+        "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
+    )?;
+    Ok(())
+}
+
+/// Binds a DaemonSet pod to its node (no scheduler runs here) and reports its container
+/// running, as a kubelet would, so the node's agent can find it.
+async fn run_on_node(pods: &Api<Pod>, pod: &Pod, node: &str) -> Result<String> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+    pods.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+        .await?;
+    let status = json!({"status": {"phase": "Running", "containerStatuses": [{
+        "name": "shipper", "image": "registry.example/log-shipper:1.0", "imageID": "", "ready": true,
+        "restartCount": 0, "started": true, "state": {"running": {"startedAt": "2026-11-21T07:00:00Z"}},
+        "containerID": format!("containerd://{}", container_id(node))}]}});
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+        .await?;
+    Ok(pod.metadata.uid.clone().unwrap_or_default())
+}
+
+/// The agent's ServiceAccount with the chart's agent ClusterRole, as `helm install` sets it up.
+async fn agent_rbac(admin: &Client) -> Result<()> {
+    let helm = nodewarden_tests::helm::Helm::locate().await?;
+    let rendered = helm.template("nw", AGENT_NAMESPACE, &[] as &[&str]).await?;
+    let mut role = rendered.get("ClusterRole", "nw-nodewarden-agent")?.clone();
+    role["metadata"] = json!({"name": "nodewarden-agent"});
+    let role: ClusterRole = serde_json::from_value(role)?;
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "nodewarden-agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nodewarden-agent"},
+        "subjects": [{"kind": "ServiceAccount", "name": "nodewarden-agent", "namespace": AGENT_NAMESPACE}]
+    }))?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": AGENT_NAMESPACE}}))?;
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "nodewarden-agent"}}))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), AGENT_NAMESPACE)
+        .create(&PostParams::default(), &sa)
+        .await?;
+    Ok(())
+}
+
+/// A kubeconfig for the agent on `node`: a token bound to an agent pod on that node, so the API
+/// server puts the node's name in the agent's user info, as in a real cluster.
+async fn agent_kubeconfig(cp: &ControlPlane, admin: &Client, node: &str, dir: &Path) -> Result<PathBuf> {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), AGENT_NAMESPACE);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("nodewarden-agent-{node}")},
+        "spec": {"nodeName": node, "serviceAccountName": "nodewarden-agent",
+                 "containers": [{"name": "agent", "image": "nodewarden-agent:demo"}]}
+    }))?;
+    let pod = pods.create(&PostParams::default(), &pod).await?;
+    let token = cp
+        .service_account_token(
+            AGENT_NAMESPACE,
+            "nodewarden-agent",
+            Some((
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                pod.metadata.uid.as_deref().unwrap_or_default(),
+            )),
+        )
+        .await?;
+    std::fs::create_dir_all(dir)?;
+    let ca = dir.join("ca.crt");
+    std::fs::write(&ca, cp.ca_pem())?;
+    let kubeconfig = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: demo\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: agent\n  user:\n    token: {token}\ncontexts:\n- name: agent\n  context:\n    cluster: demo\n    user: agent\n    namespace: {AGENT_NAMESPACE}\ncurrent-context: agent\n",
+        cp.apiserver_url(),
+        ca.display()
+    );
+    process::write_file(&kubeconfig, text.as_bytes(), true)?;
+    Ok(kubeconfig)
+}
+
+/// The real `nodewarden-agent` binary for one node.
+async fn start_agent(bin: &Path, node: &str, dir: &Path, kubeconfig: &Path) -> Result<tokio::process::Child> {
+    let log = std::fs::File::create(dir.join("nodewarden-agent.log"))?;
+    tokio::process::Command::new(bin)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("KUBECONFIG", kubeconfig)
+        .env("NODEWARDEN_NODE_NAME", node)
+        .env("NODEWARDEN_CGROUP_ROOT", dir.join("cgroup"))
+        .env("NODEWARDEN_CHECKPOINT_DIR", dir.join("checkpoint"))
+        .env(
+            "NODEWARDEN_ADMIN_ADDR",
+            format!("127.0.0.1:{}", process::free_port()?),
+        )
+        .env("NODEWARDEN_SAMPLE_INTERVAL", "500ms")
+        .env("NODEWARDEN_LOG_FORMAT", "text")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
+async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Result<()> {
+    step(
+        "per-node right-sizing (KEP-4943): a log shipper DaemonSet over three nodes, one busy, one quiet, one new",
+    );
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
     Api::<Namespace>::all(admin.clone())
         .create(&PostParams::default(), &ns)
         .await?;
-    let group = BTreeMap::from([("demo.nodewarden.io/pool".to_string(), "workers".to_string())]);
-    let mut nodes = Vec::new();
-    for name in ["worker-busy", "worker-quiet", "worker-new"] {
-        create_ready_node(cp, admin, name, group.clone()).await?;
-        nodes.push(name.to_string());
+    let pool = BTreeMap::from([("demo.nodewarden.io/pool".to_string(), "workers".to_string())]);
+    let nodes: Vec<String> = NODES.iter().map(|n| n.to_string()).collect();
+    for node in &nodes {
+        create_ready_node(cp, admin, node, pool.clone()).await?;
     }
     let ds: DaemonSet = serde_json::from_value(json!({
         "metadata": {"name": "log-shipper", "namespace": NAMESPACE},
@@ -346,11 +541,11 @@ async fn daemonset_pods(cp: &ControlPlane, admin: &Client) -> Result<()> {
             "template": {
                 "metadata": {"labels": {"app": "log-shipper"}},
                 "spec": {
-                    "nodeSelector": group,
+                    "nodeSelector": pool,
                     "containers": [{
                         "name": "shipper",
                         "image": "registry.example/log-shipper:1.0",
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+                        "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
                     }]
                 }
             }
@@ -359,40 +554,209 @@ async fn daemonset_pods(cp: &ControlPlane, admin: &Client) -> Result<()> {
     Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
         .create(&PostParams::default(), &ds)
         .await?;
-    let pods = wait_for_daemonset_pods(cp, admin, NAMESPACE, "log-shipper", &nodes).await?;
+    let dsa: DaemonSetAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": "log-shipper", "namespace": NAMESPACE},
+        "spec": {"targetRef": {"kind": "DaemonSet", "name": "log-shipper"}, "coldStart": "Fleet"}
+    }))?;
+    Api::<DaemonSetAutoscaler>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &dsa)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    let first = wait_for_daemonset_pods(cp, admin, NAMESPACE, "log-shipper", &nodes).await?;
     println!();
-    println!(
-        "  {:<14} {:<20} {:>8} {:>10} {:>12}",
-        "node", "pod", "cpu req", "mem req", "mem limit"
+    print_pods(
+        "first pods: no node has history yet, so every pod keeps the template's requests",
+        &nodes,
+        &first,
     );
-    for node in &nodes {
-        if let Some(pod) = pods.get(node) {
-            print_pod(node, pod);
-        }
+
+    // one agent per measured node, each with its own node-bound token and cgroup tree
+    agent_rbac(admin).await?;
+    let mut agents = Vec::new();
+    let mut scopes = Vec::new();
+    for load in &LOADS {
+        let pod = first
+            .get(load.node)
+            .ok_or_else(|| anyhow::anyhow!("no pod on {}", load.node))?;
+        let uid = run_on_node(&pods, pod, load.node).await?;
+        let dir = cp.dir().join("agents").join(load.node);
+        let scope = scope(&dir.join("cgroup"), &uid, load.node);
+        std::fs::create_dir_all(dir.join("cgroup"))?;
+        std::fs::write(
+            dir.join("cgroup").join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )?;
+        write_cgroup(&scope, 0, load.memory)?;
+        let kubeconfig = agent_kubeconfig(cp, admin, load.node, &dir).await?;
+        agents.push(start_agent(agent_bin, load.node, &dir, &kubeconfig).await?);
+        scopes.push((scope, load));
     }
-    println!();
+    step(
+        "two nodewarden-agent processes measure the shipper's cgroups: 600m and 700Mi on worker-busy, 20m and 150Mi on worker-quiet",
+    );
+    // the "kernel": CPU counters advance at each node's rate
+    let stop_load = tokio_util::sync::CancellationToken::new();
+    let stop = stop_load.clone();
+    let kernel = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        loop {
+            for (scope, load) in &scopes {
+                let used = started.elapsed().as_micros() as u64 * load.cpu_millis / 1000;
+                let _ = write_cgroup(scope, used, load.memory);
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    });
+    let recs: Api<NodeRecommendation> = Api::all(admin.clone());
+    let published = std::time::Instant::now();
+    for load in &LOADS {
+        cp.poll(&format!("NodeRecommendation/{}", load.node), || {
+            let recs = recs.clone();
+            async move {
+                Ok(recs
+                    .get_opt(load.node)
+                    .await?
+                    .filter(|r| !r.spec.recommendations.is_empty()))
+            }
+        })
+        .await?;
+    }
+    step(&format!(
+        "both agents published their node's recommendation ({:.0?} after start)",
+        published.elapsed()
+    ));
+    // a few seconds of history, so the figures rest on more than one CPU reading; agents
+    // publish again only when a figure moves materially (the busy node's CPU will)
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // one node cannot write another's figures: the node-reports guard compares token and object
+    let quiet_token = {
+        let dir = cp.dir().join("agents").join("worker-quiet");
+        let kubeconfig = kube::config::Kubeconfig::read_from(dir.join("kubeconfig"))?;
+        let options = kube::config::KubeConfigOptions::default();
+        Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?)?
+    };
+    let forged = recs.get("worker-busy").await?;
+    let forged_rec = NodeRecommendation::new("worker-busy", forged.spec.clone());
+    let answer = Api::<NodeRecommendation>::all(quiet_token)
+        .patch(
+            "worker-busy",
+            &PatchParams::apply("nodewarden-agent").force(),
+            &Patch::Apply(&forged_rec),
+        )
+        .await;
+    println!(
+        "\n  the agent of worker-quiet writes NodeRecommendation/worker-busy: {}\n",
+        outcome(answer)
+    );
+
+    // the fleet figure the new node will get, once the status controller has it
+    let dsas: Api<DaemonSetAutoscaler> = Api::namespaced(admin.clone(), NAMESPACE);
+    cp.poll("the autoscaler's fleet figure", || {
+        let dsas = dsas.clone();
+        async move {
+            Ok(dsas.get("log-shipper").await?.status.filter(|s| {
+                s.nodes_with_recommendation == Some(2) && s.fleet.iter().any(|f| fleet_cpu_millis(f) > 100)
+            }))
+        }
+    })
+    .await?;
+
+    // pods are right-sized when they are created: replace them, as a rollout would
+    // (no kubelet confirms a graceful deletion here, so they go at once)
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    for pod in first.values() {
+        pods.delete(pod.metadata.name.as_deref().unwrap_or_default(), &now)
+            .await?;
+    }
+    let old: Vec<_> = first.values().filter_map(|p| p.metadata.uid.clone()).collect();
+    let second = cp
+        .poll("the DaemonSet controller to re-create the pods", || {
+            let pods = pods.clone();
+            let old = old.clone();
+            async move {
+                let fresh: BTreeMap<String, Pod> = pods
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| !old.contains(u)))
+                    .filter_map(|p| Some((daemonset_pod_target_node(&p)?, p)))
+                    .collect();
+                Ok((fresh.len() == NODES.len()).then_some(fresh))
+            }
+        })
+        .await?;
+    print_pods(
+        "re-created pods: each gets its own node's figures (the new node the fleet's)",
+        &nodes,
+        &second,
+    );
+    stop_load.cancel();
+    let _ = kernel.await;
+    for mut agent in agents {
+        let _ = agent.kill().await;
+    }
     Ok(())
 }
 
-fn print_pod(node: &str, pod: &Pod) {
-    let container = pod.spec.as_ref().and_then(|s| s.containers.first());
-    let res = container.and_then(|c| c.resources.as_ref());
-    let get = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
-               k: &str| {
-        m.and_then(|m| m.get(k))
-            .map(|q| q.0.clone())
-            .unwrap_or_else(|| "-".to_string())
-    };
-    let requests = res.and_then(|r| r.requests.as_ref());
-    let limits = res.and_then(|r| r.limits.as_ref());
-    let target = daemonset_pod_target_node(pod).unwrap_or_default();
-    debug_assert_eq!(target, node);
+fn fleet_cpu_millis(f: &nodewarden_api::rightsizing::FleetRecommendation) -> u128 {
+    f.target
+        .as_ref()
+        .and_then(|t| t.get("cpu"))
+        .and_then(|q| nodewarden_api::quantity::parse_milli(&q.0))
+        .unwrap_or(0)
+}
+
+/// Memory in MiB for the table (the pod keeps the exact figure).
+fn mebibytes(q: &str) -> String {
+    match nodewarden_api::quantity::parse_milli(q) {
+        Some(milli) => format!("{}Mi", (milli / 1000).div_ceil(1 << 20)),
+        None => q.to_string(),
+    }
+}
+
+fn print_pods(title: &str, nodes: &[String], pods: &BTreeMap<String, Pod>) {
+    println!("  {title}");
     println!(
-        "  {:<14} {:<20} {:>8} {:>10} {:>12}",
-        node,
-        pod.metadata.name.as_deref().unwrap_or("?"),
-        get(requests, "cpu"),
-        get(requests, "memory"),
-        get(limits, "memory"),
+        "  {:<14} {:>8} {:>10} {:>10}  source",
+        "node", "cpu req", "mem req", "mem limit"
     );
+    for node in nodes {
+        let Some(pod) = pods.get(node) else { continue };
+        let container = pod.spec.as_ref().and_then(|s| s.containers.first());
+        let res = container.and_then(|c| c.resources.as_ref());
+        let get = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+                   k: &str| {
+            m.and_then(|m| m.get(k))
+                .map(|q| q.0.clone())
+                .unwrap_or_else(|| "-".to_string())
+        };
+        let requests = res.and_then(|r| r.requests.as_ref());
+        let limits = res.and_then(|r| r.limits.as_ref());
+        let source = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("rightsizing.nodewarden.io/source"))
+            .map(|s| s.trim_start_matches("shipper=").to_string())
+            .unwrap_or_else(|| "template (no change)".to_string());
+        println!(
+            "  {:<14} {:>8} {:>10} {:>10}  {}",
+            daemonset_pod_target_node(pod).unwrap_or_else(|| node.clone()),
+            get(requests, "cpu"),
+            mebibytes(&get(requests, "memory")),
+            mebibytes(&get(limits, "memory")),
+            source
+        );
+    }
+    println!();
 }
