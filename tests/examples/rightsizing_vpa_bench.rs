@@ -220,10 +220,7 @@ fn nodewarden_index() -> Arc<RightsizingIndex> {
 
 /// The nodewarden server on one current-thread runtime; returns its address, a reader of the
 /// thread's CPU time, and the stop token.
-fn start_nodewarden(
-    cert_pem: &str,
-    key_pem: &str,
-) -> Result<(SocketAddr, CpuClock, CancellationToken)> {
+fn start_nodewarden(cert_pem: &str, key_pem: &str) -> Result<(SocketAddr, CpuClock, CancellationToken)> {
     let resolver = Arc::new(CertResolver::default());
     resolver.set(certified_key(
         cert_pem.as_bytes(),
