@@ -50,6 +50,9 @@ struct Args {
     wall_interval: Duration,
 }
 
+/// The agent's default `--min-publish-interval`.
+const MIN_INTERVAL_MS: i64 = 30_000;
+
 fn thread_cpu_ns() -> u64 {
     fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
@@ -171,6 +174,7 @@ fn main() -> anyhow::Result<()> {
             PublishConfig {
                 change_threshold: 0.1,
                 refresh_ms: 3_600_000,
+                min_interval_ms: MIN_INTERVAL_MS,
             },
             metrics.clone(),
         );

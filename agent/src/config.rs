@@ -50,6 +50,11 @@ pub struct Config {
     #[arg(long, env = "NODEWARDEN_REFRESH_INTERVAL", default_value = "1h", value_parser = parse_interval)]
     pub refresh_interval: Duration,
 
+    /// At most one NodeRecommendation write per this interval; a material change within it
+    /// is written when it ends.
+    #[arg(long, env = "NODEWARDEN_MIN_PUBLISH_INTERVAL", default_value = "30s", value_parser = parse_interval)]
+    pub min_publish_interval: Duration,
+
     /// A target must move by more than this fraction to be published before the refresh.
     #[arg(long, env = "NODEWARDEN_CHANGE_THRESHOLD", default_value_t = 0.1, value_parser = parse_fraction)]
     pub change_threshold: f64,
@@ -237,6 +242,7 @@ impl Config {
         PublishConfig {
             change_threshold: self.change_threshold,
             refresh_ms: millis(self.refresh_interval),
+            min_interval_ms: millis(self.min_publish_interval),
         }
     }
 }

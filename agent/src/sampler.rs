@@ -32,6 +32,9 @@ pub struct PublishConfig {
     /// 0.1: a target must move by more than 10 %.
     pub change_threshold: f64,
     pub refresh_ms: i64,
+    /// At most one write per this many milliseconds: a material change within it waits for
+    /// its end (so writes stay bounded even with a very short sample interval).
+    pub min_interval_ms: i64,
 }
 
 pub struct Sampler {
@@ -345,13 +348,21 @@ impl Sampler {
         let snapshot = self.snapshot();
         let running: BTreeSet<&Key> = targets.iter().map(|t| &t.key).collect();
         self.metrics.tracked(running.len());
-        let decision = publish::decide(
-            self.last_published.as_ref().map(|(s, at)| (s, *at)),
-            &snapshot,
-            now_ms,
-            self.publish.change_threshold,
-            self.publish.refresh_ms,
-        );
+        let too_soon = self
+            .last_published
+            .as_ref()
+            .is_some_and(|(_, at)| now_ms - at < self.publish.min_interval_ms);
+        let decision = if too_soon {
+            None
+        } else {
+            publish::decide(
+                self.last_published.as_ref().map(|(s, at)| (s, *at)),
+                &snapshot,
+                now_ms,
+                self.publish.change_threshold,
+                self.publish.refresh_ms,
+            )
+        };
         let publish = decision.map(|reason| {
             self.metrics.decided(reason.as_str());
             let spec = publish::spec(&snapshot, now_ms);

@@ -16,6 +16,8 @@ use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler};
 use serde_json::json;
 
 const T0: i64 = 1_763_700_000_000;
+/// No minimum between writes unless a test says so.
+const MIN_INTERVAL_MS: i64 = 0;
 
 fn hex(s: &str) -> String {
     s.repeat(64)[..64].to_string()
@@ -87,6 +89,10 @@ fn alive() -> BTreeMap<AutoscalerRef, ()> {
 }
 
 fn sampler(root: &Path, metrics: Arc<Metrics>) -> Sampler {
+    sampler_with_min_interval(root, metrics, MIN_INTERVAL_MS)
+}
+
+fn sampler_with_min_interval(root: &Path, metrics: Arc<Metrics>, min_interval_ms: i64) -> Sampler {
     Sampler::new(
         "x".into(),
         root.to_path_buf(),
@@ -94,6 +100,7 @@ fn sampler(root: &Path, metrics: Arc<Metrics>) -> Sampler {
         PublishConfig {
             change_threshold: 0.1,
             refresh_ms: 3_600_000,
+            min_interval_ms,
         },
         metrics,
     )
@@ -280,4 +287,31 @@ fn a_pod_going_away_keeps_its_recommendation_for_the_replacement() {
     // pod deleted, autoscaler still there: the webhook needs the figures for the new pod
     assert!(s.tick(T0 + 10_000, &[], &alive()).publish.is_none());
     assert!(s.snapshot().contains_key(&key("app")));
+}
+
+#[test]
+fn material_changes_within_the_minimum_interval_wait_for_its_end() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let mut s = sampler_with_min_interval(&root, Arc::new(Metrics::new()), 30_000);
+    let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
+    let t = targets(&p);
+    let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));
+    assert!(s.tick(T0, &t, &alive()).publish.is_some(), "first write");
+    // CPU jumps from nothing to 0.5 core: material, but only 10 s after the last write
+    set_usage(&app, 12_500_000 + 5_000_000);
+    assert!(s.tick(T0 + 10_000, &t, &alive()).publish.is_none());
+    set_usage(&app, 12_500_000 + 10_000_000);
+    assert!(s.tick(T0 + 20_000, &t, &alive()).publish.is_none());
+    // 30 s after the last write the pending change goes out
+    set_usage(&app, 12_500_000 + 15_000_000);
+    let (reason, spec) = s
+        .tick(T0 + 30_000, &t, &alive())
+        .publish
+        .expect("the change is written once allowed");
+    assert_eq!(reason.as_str(), "target-moved");
+    let cpu = &spec.recommendations[0].target.as_ref().expect("target")["cpu"].0;
+    assert_eq!(
+        cpu,
+        &format!("{}m", (edge(0.01, 0.5) * 1.15 * 1000.0).ceil() as u64)
+    );
 }
