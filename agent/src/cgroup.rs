@@ -13,7 +13,7 @@
 //! Every container cgroup of a pod is returned, the sandbox (pause) container included; the
 //! join with the pod's `containerStatuses` keeps only real containers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -276,12 +276,20 @@ pub fn single_value(path: &Path, text: &str) -> Result<u64, CgroupError> {
     })
 }
 
+/// After a walk, containers still missing cause another walk only after this many calls
+/// (a crash-looping container keeps its last ID in the status while its cgroup is gone).
+const MISSING_RETRY_CALLS: u32 = 6;
+
 /// Where each known container's cgroup is, refreshed by walking the tree only when a wanted
-/// container is missing.
+/// container is new, or its directory went away; containers the last walk did not find are
+/// looked for again every [`MISSING_RETRY_CALLS`] calls.
 #[derive(Debug)]
 pub struct Locator {
     root: PathBuf,
     by_id: HashMap<String, ContainerCgroup>,
+    /// Wanted container IDs the last walk did not find.
+    not_found: HashSet<String>,
+    calls_since_walk: u32,
     /// How many full walks were made (for tests and metrics).
     pub walks: u64,
 }
@@ -291,6 +299,8 @@ impl Locator {
         Locator {
             root,
             by_id: HashMap::new(),
+            not_found: HashSet::new(),
+            calls_since_walk: 0,
             walks: 0,
         }
     }
@@ -299,21 +309,28 @@ impl Locator {
         &self.root
     }
 
-    /// The cgroups of `wanted` (pod UID, container ID) pairs that exist; walks the tree again
-    /// when one is not known yet or its directory went away.
+    /// The cgroups of `wanted` (pod UID, container ID) pairs that exist.
     pub fn locate<'a>(
         &mut self,
         wanted: impl Iterator<Item = (&'a str, &'a str)> + Clone,
     ) -> HashMap<String, PathBuf> {
-        let missing = wanted.clone().any(|(uid, id)| match self.by_id.get(id) {
+        self.calls_since_walk = self.calls_since_walk.saturating_add(1);
+        let retry_missing = self.calls_since_walk >= MISSING_RETRY_CALLS;
+        let walk = wanted.clone().any(|(uid, id)| match self.by_id.get(id) {
             Some(c) => c.pod_uid != uid || !c.path.is_dir(),
-            None => true,
+            None => retry_missing || !self.not_found.contains(id),
         });
-        if missing {
+        if walk {
             self.walks += 1;
+            self.calls_since_walk = 0;
             self.by_id = discover(&self.root)
                 .into_iter()
                 .map(|c| (c.container_id.clone(), c))
+                .collect();
+            self.not_found = wanted
+                .clone()
+                .filter(|(_, id)| !self.by_id.contains_key(*id))
+                .map(|(_, id)| id.to_string())
                 .collect();
         }
         wanted
@@ -412,6 +429,41 @@ mod tests {
         assert!(err.contains("non-negative integer"), "{err}");
         assert_eq!(single_value(Path::new("memory.current"), "4096\n").unwrap(), 4096);
         assert!(single_value(Path::new("memory.current"), "max\n").is_err());
+    }
+
+    #[test]
+    fn the_tree_is_walked_only_for_new_or_vanished_containers() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = dir.path();
+        fs::write(root.join("cgroup.controllers"), "cpu memory\n").expect("write");
+        let pod = root.join("kubepods/burstable/pod11111111-2222-3333-4444-555555555555");
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        fs::create_dir_all(pod.join(&a)).expect("mkdir");
+        let uid = "11111111-2222-3333-4444-555555555555";
+        let mut l = Locator::new(root.to_path_buf());
+        let found = l.locate([(uid, a.as_str())].into_iter());
+        assert_eq!(found.len(), 1);
+        assert_eq!(l.walks, 1);
+        // known and still there: no walk
+        l.locate([(uid, a.as_str())].into_iter());
+        assert_eq!(l.walks, 1);
+        // b is new: one walk; still missing afterwards: no walk on every call…
+        let both = [(uid, a.as_str()), (uid, b.as_str())];
+        assert_eq!(l.locate(both.into_iter()).len(), 1);
+        assert_eq!(l.walks, 2);
+        for _ in 0..(MISSING_RETRY_CALLS - 1) {
+            l.locate(both.into_iter());
+        }
+        assert_eq!(l.walks, 2);
+        // …but again after a few calls, and then it is found
+        fs::create_dir_all(pod.join(&b)).expect("mkdir");
+        assert_eq!(l.locate(both.into_iter()).len(), 2);
+        assert_eq!(l.walks, 3);
+        // a's cgroup goes away: walk at once
+        fs::remove_dir(pod.join(&a)).expect("rmdir");
+        assert_eq!(l.locate(both.into_iter()).len(), 1);
+        assert_eq!(l.walks, 4);
     }
 
     #[test]
