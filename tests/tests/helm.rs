@@ -160,8 +160,9 @@ async fn default_mutating_webhook_fails_open_and_sees_only_daemonset_pods() -> R
     Ok(())
 }
 
-/// The validating webhooks: claims (CREATE/UPDATE/DELETE, Fail), node reports (CREATE/UPDATE, Fail),
-/// features (Feature objects only, with no owned resources configured).
+/// The validating webhooks: claims (CREATE/UPDATE/DELETE, Fail), autoscalers (CREATE/UPDATE, Fail),
+/// node reports (CREATE/UPDATE, Fail), features (Feature objects only, with no owned resources
+/// configured).
 #[tokio::test]
 async fn default_validating_webhooks_fail_closed_with_their_rules() -> Result<()> {
     let r = render_default().await?;
@@ -172,6 +173,7 @@ async fn default_validating_webhooks_fail_closed_with_their_rules() -> Result<()
         names
             == [
                 "claims.nodewarden.io",
+                "autoscalers.nodewarden.io",
                 "node-reports.nodewarden.io",
                 "features.nodewarden.io"
             ],
@@ -204,6 +206,15 @@ async fn default_validating_webhooks_fail_closed_with_their_rules() -> Result<()
                        "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["clusterclaims"], "scope": "Cluster"}]),
         "claims rules (foreign claim kinds are opt-in): {}",
         claims["rules"]
+    );
+    let autoscalers = webhook(config, "autoscalers.nodewarden.io")?;
+    ensure!(autoscalers["clientConfig"]["service"]["path"] == "/validate/autoscalers");
+    ensure!(
+        autoscalers["rules"]
+            == json!([{"apiGroups": ["nodewarden.io"], "apiVersions": ["v1alpha1"],
+                       "operations": ["CREATE", "UPDATE"], "resources": ["daemonsetautoscalers"], "scope": "Namespaced"}]),
+        "autoscalers rules: {}",
+        autoscalers["rules"]
     );
     let reports = webhook(config, "node-reports.nodewarden.io")?;
     ensure!(reports["clientConfig"]["service"]["path"] == "/validate/node-reports");
@@ -287,6 +298,15 @@ async fn default_webhook_deployment_is_hardened_and_configured_by_env() -> Resul
         ("NODEWARDEN_CLAIMS_INITIALIZE_ID", "false"),
         ("NODEWARDEN_AGENT_SERVICE_ACCOUNT", "nodewarden:nodewarden-agent"),
         ("NODEWARDEN_NODE_REPORTS_ALLOWED_GROUPS", "system:masters"),
+        // Managed mode: the certificate timings, the binary's defaults spelled out.
+        ("NODEWARDEN_CERT_CA_VALIDITY", "43800h"),
+        ("NODEWARDEN_CERT_VALIDITY", "8760h"),
+        ("NODEWARDEN_CERT_RENEW_BEFORE", "720h"),
+        ("NODEWARDEN_CERT_CA_RENEW_BEFORE", "8760h"),
+        ("NODEWARDEN_CERT_CA_PROPAGATION", "2m"),
+        ("NODEWARDEN_CERT_CHECK_INTERVAL", "30s"),
+        ("NODEWARDEN_FEATURES_CLEAR_PAGE_SIZE", "100"),
+        ("NODEWARDEN_FEATURES_CLEAR_RATE", "50"),
     ];
     for (name, want) in expected_env {
         ensure!(
@@ -386,11 +406,26 @@ async fn default_agent_daemonset_runs_everywhere_and_reads_cgroups_read_only() -
         ("NODEWARDEN_ADMIN_ADDR", "0.0.0.0:8080"),
         ("NODEWARDEN_SAMPLE_INTERVAL", "10s"),
         ("NODEWARDEN_LOG_FORMAT", "json"),
+        ("NODEWARDEN_GATES_INTERVAL", "30s"),
     ] {
         ensure!(
             env_value(c, name) == Some(want),
             "env {name}: {:?}, want {want}",
             env_value(c, name)
+        );
+    }
+    // Unset kubelet settings leave the binary's defaults: the kubelet's certificate is verified
+    // against the service account's cluster CA, and kube-proxy is not scraped.
+    for name in [
+        "NODEWARDEN_KUBELET_CA_FILE",
+        "NODEWARDEN_KUBELET_INSECURE_SKIP_VERIFY",
+        "NODEWARDEN_KUBE_PROXY_METRICS_URL",
+        "NODEWARDEN_GATES",
+    ] {
+        ensure!(
+            env_entry(c, name).is_none(),
+            "{name} is rendered only when set: {:?}",
+            env_entry(c, name)
         );
     }
     // The one root step hands the checkpoint folder to the agent's user, with two capabilities only.
@@ -538,7 +573,12 @@ async fn cert_manager_mode_renders_issuer_chain_and_injection_annotation() -> Re
     ensure!(r.of_kind("Secret").is_empty());
     let d = r.get("Deployment", "nodewarden-webhook")?;
     ensure!(volume(d, "tls")?["secret"] == json!({"secretName": "nodewarden-webhook-tls"}));
-    ensure!(env_value(container(d, "webhook")?, "NODEWARDEN_CERT_MODE") == Some("certManager"));
+    let c = container(d, "webhook")?;
+    ensure!(env_value(c, "NODEWARDEN_CERT_MODE") == Some("certManager"));
+    ensure!(
+        env_entry(c, "NODEWARDEN_CERT_RENEW_BEFORE").is_none(),
+        "managed-certificate timings are rendered in managed mode only"
+    );
     let cr = r.get("ClusterRole", "nodewarden-webhook")?;
     ensure!(
         rules_for(cr, "validatingwebhookconfigurations").is_empty(),
@@ -586,11 +626,17 @@ async fn secret_mode_puts_the_given_ca_in_every_webhook() -> Result<()> {
             }
         }
     }
-    ensure!(seen == 4, "4 webhooks with a caBundle, saw {seen}");
+    ensure!(seen == 5, "5 webhooks with a caBundle, saw {seen}");
     ensure!(r.of_kind("Secret").is_empty() && r.of_kind("Certificate").is_empty());
     let d = r.get("Deployment", "nodewarden-webhook")?;
     ensure!(volume(d, "tls")?["secret"] == json!({"secretName": "my-webhook-tls"}));
-    ensure!(env_value(container(d, "webhook")?, "NODEWARDEN_CERT_SECRET") == Some("my-webhook-tls"));
+    let c = container(d, "webhook")?;
+    ensure!(env_value(c, "NODEWARDEN_CERT_SECRET") == Some("my-webhook-tls"));
+    ensure!(
+        env_entry(c, "NODEWARDEN_CERT_VALIDITY").is_none()
+            && env_entry(c, "NODEWARDEN_CERT_CHECK_INTERVAL").is_none(),
+        "managed-certificate timings are rendered in managed mode only"
+    );
     Ok(())
 }
 
@@ -693,7 +739,57 @@ async fn everything_on_renders_every_optional_part() -> Result<()> {
     );
     ensure!(ds["spec"]["template"]["spec"]["initContainers"].is_null());
     ensure!(volume(ds, "checkpoint")?["hostPath"]["path"] == "/var/lib/nodewarden-alt");
-    ensure!(container(ds, "agent")?["image"] == "nodewarden/nodewarden-agent:0.1.0-rc1");
+    let agent = container(ds, "agent")?;
+    ensure!(agent["image"] == "nodewarden/nodewarden-agent:0.1.0-rc1");
+    // The kubelet's own CA, mounted from a ConfigMap, verifies its serving certificate; kube-proxy's
+    // URL reaches the agent with the node IP left for the kubelet to expand.
+    for (name, want) in [
+        ("NODEWARDEN_KUBELET_CA_FILE", "/etc/nodewarden/kubelet-ca/ca.crt"),
+        (
+            "NODEWARDEN_KUBE_PROXY_METRICS_URL",
+            "http://$(NODEWARDEN_NODE_IP):10249/metrics",
+        ),
+        ("NODEWARDEN_GATES_INTERVAL", "1m"),
+    ] {
+        ensure!(
+            env_value(agent, name) == Some(want),
+            "env {name}: {:?}, want {want}",
+            env_value(agent, name)
+        );
+    }
+    ensure!(env_entry(agent, "NODEWARDEN_KUBELET_INSECURE_SKIP_VERIFY").is_none());
+    let env_names: Vec<&str> = agent["env"]
+        .as_array()
+        .context("env")?
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    let node_ip = env_names.iter().position(|n| *n == "NODEWARDEN_NODE_IP");
+    let url = env_names
+        .iter()
+        .position(|n| *n == "NODEWARDEN_KUBE_PROXY_METRICS_URL");
+    ensure!(
+        node_ip.is_some() && node_ip < url,
+        "$(NODEWARDEN_NODE_IP) expands only when defined earlier: {env_names:?}"
+    );
+    ensure!(volume(ds, "kubelet-ca")?["configMap"]["name"] == "kubelet-serving-ca");
+    let ca_mount = mount(agent, "kubelet-ca")?;
+    ensure!(ca_mount["mountPath"] == "/etc/nodewarden/kubelet-ca" && ca_mount["readOnly"] == true);
+    ensure!(
+        mount(agent, "cgroup").is_ok() && volume(ds, "checkpoint").is_ok(),
+        "extra volumes come on top of the chart's"
+    );
+    ensure!(webhook(config, "autoscalers.nodewarden.io")?["timeoutSeconds"] == 3);
+    for (name, want) in [
+        ("NODEWARDEN_FEATURES_CLEAR_PAGE_SIZE", "500"),
+        ("NODEWARDEN_FEATURES_CLEAR_RATE", "20"),
+    ] {
+        ensure!(
+            env_value(c, name) == Some(want),
+            "env {name}: {:?}",
+            env_value(c, name)
+        );
+    }
     ensure!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == "25%");
     for o in &r.objects {
         ensure!(
@@ -734,7 +830,12 @@ async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
         .filter_map(|h| h["name"].as_str())
         .collect();
     ensure!(
-        names == ["node-reports.nodewarden.io", "features.nodewarden.io"],
+        names
+            == [
+                "autoscalers.nodewarden.io",
+                "node-reports.nodewarden.io",
+                "features.nodewarden.io"
+            ],
         "{names:?}"
     );
     let c = container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?;
@@ -759,12 +860,94 @@ async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
             ],
         )
         .await?;
+    let config = r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?;
+    ensure!(
+        config["webhooks"].as_array().map(Vec::len) == Some(1)
+            && webhook(config, "autoscalers.nodewarden.io").is_ok(),
+        "the autoscaler entry alone keeps the validating configuration: {config}"
+    );
+
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "nodeReports.enabled=false,claims.enabled=false,features.enabled=false,autoscalers.enabled=false",
+            ],
+        )
+        .await?;
     ensure!(
         r.of_kind("ValidatingWebhookConfiguration").is_empty(),
         "{:?}",
         r.names()
     );
     ensure!(r.has("MutatingWebhookConfiguration", "nodewarden-mutating"));
+    let c = container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?;
+    ensure!(env_value(c, "NODEWARDEN_WEBHOOK_CONFIGURATIONS") == Some("nodewarden-mutating"));
+
+    // Gate reports off: the agent is told so, gets none of their settings, and loses the
+    // nodes/metrics rule it no longer needs.
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "agent.gates.enabled=false,agent.kubeProxyMetricsUrl=http://10.0.0.1:10249/metrics",
+            ],
+        )
+        .await?;
+    let c = container(r.get("DaemonSet", "nodewarden-agent")?, "agent")?;
+    ensure!(env_value(c, "NODEWARDEN_GATES") == Some("false"));
+    ensure!(
+        env_entry(c, "NODEWARDEN_GATES_INTERVAL").is_none()
+            && env_entry(c, "NODEWARDEN_KUBE_PROXY_METRICS_URL").is_none(),
+        "no gate settings when gates are off: {}",
+        c["env"]
+    );
+    ensure!(
+        rules_for(r.get("ClusterRole", "nodewarden-agent")?, "nodes/metrics").is_empty(),
+        "no nodes/metrics access without gate reports"
+    );
+    Ok(())
+}
+
+/// Managed-certificate timings and the kubelet opt-out reach the binaries as given.
+#[tokio::test]
+async fn managed_certificate_timings_and_kubelet_opt_out_reach_the_env() -> Result<()> {
+    let r = Helm::locate()
+        .await?
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "certificates.managed.caValidity=87600h,certificates.managed.certValidity=2160h,\
+                 certificates.managed.renewBefore=360h,certificates.managed.caRenewBefore=4380h,\
+                 certificates.managed.caPropagation=5m,certificates.managed.checkInterval=1m,\
+                 agent.kubelet.insecureSkipVerify=true",
+            ],
+        )
+        .await?;
+    let c = container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?;
+    for (name, want) in [
+        ("NODEWARDEN_CERT_CA_VALIDITY", "87600h"),
+        ("NODEWARDEN_CERT_VALIDITY", "2160h"),
+        ("NODEWARDEN_CERT_RENEW_BEFORE", "360h"),
+        ("NODEWARDEN_CERT_CA_RENEW_BEFORE", "4380h"),
+        ("NODEWARDEN_CERT_CA_PROPAGATION", "5m"),
+        ("NODEWARDEN_CERT_CHECK_INTERVAL", "1m"),
+    ] {
+        ensure!(
+            env_value(c, name) == Some(want),
+            "env {name}: {:?}, want {want}",
+            env_value(c, name)
+        );
+    }
+    let agent = container(r.get("DaemonSet", "nodewarden-agent")?, "agent")?;
+    ensure!(env_value(agent, "NODEWARDEN_KUBELET_INSECURE_SKIP_VERIFY") == Some("true"));
+    ensure!(env_entry(agent, "NODEWARDEN_KUBELET_CA_FILE").is_none());
     Ok(())
 }
 
@@ -772,7 +955,7 @@ async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
 #[tokio::test]
 async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result<()> {
     let helm = Helm::locate().await?;
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: &[(&[&str], &[&str])] = &[
         (
             &["--set", "certificates.mode=bogus"],
             &["certificates/mode", "managed", "certManager", "secret"],
@@ -801,10 +984,30 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
             &["certificates.secret.name", "empty"],
         ),
         (&["--set", "webhook.replica=3"], &["replica", "not allowed"]),
+        (
+            &["--set", "autoscalers.timeoutSeconds=10"],
+            &["autoscalers/timeoutSeconds", "5"],
+        ),
+        (
+            &["--set", "certificates.managed.renewBefore=30 days"],
+            &["certificates/managed/renewBefore", "ms|s|m|h"],
+        ),
+        (&["--set", "features.clearRate=0"], &["features/clearRate", "1"]),
+        (
+            &["--set", "agent.kubeProxyMetricsUrl=127.0.0.1:10249"],
+            &["agent/kubeProxyMetricsUrl", "https?://"],
+        ),
+        (
+            &[
+                "--set",
+                "agent.kubelet.caFile=/etc/ca.crt,agent.kubelet.insecureSkipVerify=true",
+            ],
+            &["agent.kubelet.caFile", "insecureSkipVerify"],
+        ),
         // matchConditions are GA from 1.30: older clusters are refused up front.
         (&["--kube-version", "1.29.9"], &[">=1.30.0-0"]),
     ];
-    for (args, needles) in cases {
+    for &(args, needles) in cases {
         let out = helm.template_raw(RELEASE, NS, args).await?;
         ensure!(!out.success, "helm template {args:?} should fail, it rendered");
         for needle in needles {
@@ -951,7 +1154,7 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
     let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
         .get("nodewarden-validating")
         .await?;
-    ensure!(validating.webhooks.as_ref().map(Vec::len) == Some(3));
+    ensure!(validating.webhooks.as_ref().map(Vec::len) == Some(4));
 
     // The DaemonSet controller puts one agent on every node, the tainted one included; the pods
     // are admitted although the mutating webhook is not running (failurePolicy Ignore), with the
@@ -1030,6 +1233,33 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
         ),
     }
 
+    // Likewise a DaemonSetAutoscaler: the API server sends it to the autoscaler webhook.
+    let autoscalers_api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        NS,
+        &ApiResource {
+            group: "nodewarden.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "nodewarden.io/v1alpha1".into(),
+            kind: "DaemonSetAutoscaler".into(),
+            plural: "daemonsetautoscalers".into(),
+        },
+    );
+    let autoscaler: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": "node-exporter", "namespace": NS},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "node-exporter"}},
+    }))?;
+    match autoscalers_api.create(&PostParams::default(), &autoscaler).await {
+        Ok(_) => bail!(
+            "a DaemonSetAutoscaler was written although the autoscaler webhook (failurePolicy Fail) is not running"
+        ),
+        Err(e) => ensure!(
+            e.to_string().contains("autoscalers.nodewarden.io"),
+            "the refusal should name the webhook: {e}"
+        ),
+    }
+
     check_rbac(&client).await?;
 
     // The non-default renderings are valid objects too: the API server accepts every built-in
@@ -1053,6 +1283,7 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
     let inject = PatchParams::apply("nodewarden-webhook");
     let entries: Vec<Value> = [
         "claims.nodewarden.io",
+        "autoscalers.nodewarden.io",
         "node-reports.nodewarden.io",
         "features.nodewarden.io",
     ]
@@ -1128,7 +1359,7 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
             "helm upgrade dropped the injected caBundle of {name}"
         );
     }
-    ensure!(kept.len() == 4, "webhooks after upgrade: {kept:?}");
+    ensure!(kept.len() == 5, "webhooks after upgrade: {kept:?}");
 
     // Uninstall removes everything the chart created, except the CRDs (Helm never deletes those).
     helm.ok(&["uninstall", RELEASE, "--namespace", NS]).await?;

@@ -115,7 +115,7 @@ app.kubernetes.io/component: agent
 {{- end -}}
 
 {{- define "nodewarden.validatingEnabled" -}}
-{{- if or .Values.claims.enabled .Values.nodeReports.enabled .Values.features.enabled -}}true{{- end -}}
+{{- if or .Values.claims.enabled .Values.autoscalers.enabled .Values.nodeReports.enabled .Values.features.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{/* Comma-separated names of the webhook configurations this release renders; the webhook keeps their
@@ -178,6 +178,9 @@ clientConfig:
 {{- fail "certificates.secret.caBundle is neither a PEM certificate nor base64-encoded PEM: it must start with -----BEGIN CERTIFICATE----- before or after base64 decoding" -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.agent.kubelet.insecureSkipVerify .Values.agent.kubelet.caFile -}}
+{{- fail "agent.kubelet.caFile is set but agent.kubelet.insecureSkipVerify is true, so the CA would never be used: keep the caFile and set insecureSkipVerify=false (verified), or empty the caFile" -}}
 {{- end -}}
 {{- if and .Values.certificates.certManager.issuerRef (ne .Values.certificates.mode "certManager") -}}
 {{- fail "certificates.certManager.issuerRef is set but certificates.mode is not \"certManager\": set certificates.mode=certManager to use it, or remove the issuerRef" -}}
