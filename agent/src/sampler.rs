@@ -239,6 +239,27 @@ impl Sampler {
         readings: &HashMap<String, Result<Reading, CgroupError>>,
     ) -> Tick {
         let cfg = self.cfg.clone();
+        // OOM kills of previous instances, from the pod status (first, so that a kill just before
+        // the first reading opens the memory interval)
+        for t in targets {
+            let Some((id, at)) = &t.last_oom else { continue };
+            if self.oom_recorded.contains(id) {
+                continue;
+            }
+            if !self.histories.contains_key(&t.key)
+                && let Ok(h) = History::new(&cfg)
+            {
+                // an OOM kill before the first reading still counts
+                self.histories.insert(t.key.clone(), h);
+            }
+            if let Some(h) = self.histories.get_mut(&t.key)
+                && *at > h.last_oom_ms
+            {
+                h.record_oom(&cfg, *at, t.memory_request_bytes.unwrap_or(0) as f64);
+                tracing::info!(pod = %t.pod_name, container = %t.key.container, "container was OOM-killed; memory recommendation bumped");
+            }
+            self.oom_recorded.insert(id.clone());
+        }
         for t in targets {
             self.meta.insert(
                 t.key.clone(),
@@ -304,20 +325,6 @@ impl Sampler {
             }
             self.oom_counters.insert(t.container_id.clone(), reading.oom_kill);
             self.metrics.usage(&t.key, cpu_cores, ws);
-        }
-        // OOM kills of previous instances, from the pod status
-        for t in targets {
-            let Some((id, at)) = &t.last_oom else { continue };
-            if self.oom_recorded.contains(id) {
-                continue;
-            }
-            if let Some(h) = self.histories.get_mut(&t.key)
-                && *at > h.last_oom_ms
-            {
-                h.record_oom(&cfg, *at, t.memory_request_bytes.unwrap_or(0) as f64);
-                tracing::info!(pod = %t.pod_name, container = %t.key.container, "container was OOM-killed; memory recommendation bumped");
-            }
-            self.oom_recorded.insert(id.clone());
         }
         // forget what no longer exists
         let live_ids: HashSet<&str> = targets

@@ -315,3 +315,38 @@ fn material_changes_within_the_minimum_interval_wait_for_its_end() {
         &format!("{}m", (edge(0.01, 0.5) * 1.15 * 1000.0).ceil() as u64)
     );
 }
+
+#[test]
+fn an_oom_kill_in_the_pod_status_bumps_memory_once() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let mut s = sampler(&root, Arc::new(Metrics::new()));
+    // the sidecar was OOM-killed before (its previous ID); the current one is b2, whose
+    // working set is only 19 MiB; two containers, so the floor is 125 MiB each
+    let mut p = (*pod(
+        "0a1b2c3d-0000-4000-8000-000000000001",
+        &[("app", hex("a1")), ("side", hex("b2"))],
+    ))
+    .clone();
+    let status = &mut p
+        .status
+        .as_mut()
+        .expect("status")
+        .container_statuses
+        .as_mut()
+        .expect("statuses")[1];
+    status.last_state = serde_json::from_value(json!({"terminated": {
+        "reason": "OOMKilled", "containerID": format!("containerd://{}", hex("9f")),
+        "finishedAt": "2025-11-21T04:39:50Z"}}))
+    .expect("last state");
+    let p = Arc::new(p);
+    let t = targets(&p);
+    // T0 is 2025-11-21T04:40:00Z: the kill was 10 s before the first reading
+    s.tick(T0, &t, &alive());
+    s.tick(T0 + 10_000, &t, &alive());
+    s.tick(T0 + 20_000, &t, &alive());
+    let e = &s.snapshot()[&key("side")];
+    assert_eq!(e.oom_count, 1, "recorded once, not at every tick");
+    // used = max(request 64 Mi, no peak yet) → max(64 + 100 Mi, 64 Mi × 1.2) = 164 Mi
+    let want = (edge(1e7, 164.0 * MIB) * 1.15).ceil() as u64;
+    assert_eq!(e.target.memory_bytes, Some(want));
+}
