@@ -1,7 +1,7 @@
 //! Right-sizing admission side by side with the VPA admission-controller, on the same pod
 //! reviews, in the same run.
 //!
-//! Run with `cargo run --release -p nodewarden-tests --example rightsizing-vpa-bench`.
+//! Run with `cargo run --release -p nodewarden-tests --features loadgen --example rightsizing-vpa-bench`.
 //!
 //! * VPA: the admission-controller built from its Go module by `tests/vpa/build.sh`, against a
 //!   control plane of its own (the harness), with one VerticalPodAutoscaler per DaemonSet (20
@@ -17,13 +17,10 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -34,15 +31,12 @@ use nodewarden_api::rightsizing::{
 };
 use nodewarden_tests::process::{free_port, write_file};
 use nodewarden_tests::{ControlPlane, apply_crds, create_namespace};
+use nodewarden_webhook::admission::Route;
 use nodewarden_webhook::admission::rightsizing::{PodMutator, RightsizingIndex};
-use nodewarden_webhook::admission::{self, Route};
-use nodewarden_webhook::metrics::Metrics;
-use nodewarden_webhook::server::serve_tls;
-use nodewarden_webhook::tls::{CertResolver, certified_key, server_config};
-use rustls::pki_types::ServerName;
+use nodewarden_webhook::loadgen::{
+    Alpn, CpuClock, Load, Phase, Server, connect, patched, process_cpu_ns, resident_bytes,
+};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 const POD_REVIEW: &str = include_str!("../fixtures/admission/daemonset-pod-create.json");
 const NODES: usize = 5000;
@@ -50,6 +44,8 @@ const AUTOSCALERS: usize = 20;
 const CONCURRENCY: usize = 64;
 const CONNECTIONS: usize = 2;
 const PHASE: Duration = Duration::from_secs(5);
+/// Both servers' certificates are for the loopback address.
+const LOOPBACK: &str = "127.0.0.1";
 
 fn node_name(i: usize) -> String {
     format!(
@@ -218,231 +214,14 @@ fn nodewarden_index() -> Arc<RightsizingIndex> {
     index
 }
 
-/// The nodewarden server on one current-thread runtime; returns its address, a reader of the
-/// thread's CPU time, and the stop token.
-fn start_nodewarden(cert_pem: &str, key_pem: &str) -> Result<(SocketAddr, CpuClock, CancellationToken)> {
-    let resolver = Arc::new(CertResolver::default());
-    resolver.set(certified_key(
-        cert_pem.as_bytes(),
-        key_pem.as_bytes(),
-        Path::new("c"),
-        Path::new("k"),
-    )?);
-    let tls = server_config(resolver)?;
-    let handler = PodMutator::new(nodewarden_index());
-    let stop = CancellationToken::new();
-    let stop_server = stop.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let task = std::fs::read_link("/proc/thread-self").expect("procfs");
-            tx.send((listener.local_addr().expect("addr"), task))
-                .expect("send");
-            let app = admission::router(
-                vec![Route::new("/mutate/pods", handler)],
-                Arc::new(Metrics::new()),
-                6 << 20,
-            );
-            serve_tls(listener, tls, app, stop_server, Duration::from_secs(2)).await;
-        });
-    });
-    let (addr, task) = rx.recv()?;
-    let schedstat = Path::new("/proc").join(task).join("schedstat");
-    let cpu = Box::new(move || {
-        std::fs::read_to_string(&schedstat)
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
-            .unwrap_or(0)
-    });
-    Ok((addr, cpu, stop))
-}
-
-/// CPU time of a whole process, in nanoseconds (utime + stime of `/proc/<pid>/stat`, at 100 Hz).
-fn process_cpu_ns(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks * 10_000_000
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-#[derive(Clone)]
-enum Conn {
-    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
-    H1(Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>),
-}
-
-async fn connect(addr: SocketAddr, ca_pem: &str) -> Result<Conn> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let tcp = TcpStream::connect(addr).await?;
-    tcp.set_nodelay(true)?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp)
-        .await?;
-    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    let io = TokioIo::new(tls);
-    if h2 {
-        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
-        tokio::spawn(conn);
-        Ok(Conn::H2(sender))
-    } else {
-        let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
-        tokio::spawn(conn);
-        Ok(Conn::H1(Arc::new(tokio::sync::Mutex::new(sender))))
-    }
-}
-
-/// Sends one review; the decoded response, or `None` on failure.
-async fn send(conn: &Conn, path: &str, body: Bytes) -> Option<Value> {
-    let req = http::Request::post(format!("https://127.0.0.1{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .ok()?;
-    let resp = match conn {
-        Conn::H2(s) => s.clone().send_request(req).await,
-        Conn::H1(s) => {
-            let mut s = s.lock().await;
-            s.ready().await.ok()?;
-            s.send_request(req).await
-        }
-    }
-    .ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
-    serde_json::from_slice(&bytes).ok()
-}
-
-struct Phase {
-    reviews: u64,
-    failures: u64,
-    wall: Duration,
-    cpu: Duration,
-    latency: hdrhistogram::Histogram<u64>,
-}
-
-/// CPU time consumed so far by one side of the comparison, in nanoseconds.
-type CpuClock = Box<dyn Fn() -> u64 + Send>;
-
-struct Target {
-    name: &'static str,
-    conns: Vec<Conn>,
-    path: &'static str,
-    cpu_ns: CpuClock,
-}
-
-/// `rate = None`: closed loop with `CONCURRENCY` in flight; else open loop at `rate` per second.
-async fn phase(t: &Target, bodies: &Arc<Vec<Bytes>>, rate: Option<f64>) -> Phase {
-    let next = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-    let cpu0 = (t.cpu_ns)();
-    let started = Instant::now();
-    let deadline = started + PHASE;
-    let mut tasks = tokio::task::JoinSet::new();
-    match rate {
-        None => {
-            for w in 0..CONCURRENCY {
-                let conn = t.conns[w % t.conns.len()].clone();
-                let (bodies, next, failed, tx, path) =
-                    (bodies.clone(), next.clone(), failed.clone(), tx.clone(), t.path);
-                tasks.spawn(async move {
-                    while Instant::now() < deadline {
-                        let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                        let s = Instant::now();
-                        match send(&conn, path, bodies[i % bodies.len()].clone()).await {
-                            Some(v) if v["response"]["patch"].is_string() => {
-                                let _ = tx.send(s.elapsed().as_micros() as u64);
-                            }
-                            _ => {
-                                failed.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                });
-            }
-        }
-        Some(rate) => {
-            let mut tick = tokio::time::interval(Duration::from_millis(1));
-            let mut released = 0u64;
-            while Instant::now() < deadline {
-                tick.tick().await;
-                let due = (started.elapsed().as_secs_f64() * rate) as u64;
-                while released < due {
-                    let conn = t.conns[released as usize % t.conns.len()].clone();
-                    let body = bodies[released as usize % bodies.len()].clone();
-                    let (failed, tx, path) = (failed.clone(), tx.clone(), t.path);
-                    tasks.spawn(async move {
-                        let s = Instant::now();
-                        match send(&conn, path, body).await {
-                            Some(v) if v["response"]["patch"].is_string() => {
-                                let _ = tx.send(s.elapsed().as_micros() as u64);
-                            }
-                            _ => {
-                                failed.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    });
-                    released += 1;
-                }
-                while tasks.try_join_next().is_some() {}
-            }
-        }
-    }
-    while tasks.join_next().await.is_some() {}
-    drop(tx);
-    let wall = started.elapsed();
-    let mut latency = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
-    let mut reviews = 0;
-    while let Some(us) = rx.recv().await {
-        let _ = latency.record(us);
-        reviews += 1;
-    }
-    Phase {
-        reviews,
-        failures: failed.load(Ordering::Relaxed),
-        wall,
-        cpu: Duration::from_nanos((t.cpu_ns)().saturating_sub(cpu0)),
-        latency,
-    }
-}
-
 fn row(label: &str, p: &Phase) {
-    let rate = p.reviews as f64 / p.wall.as_secs_f64();
-    let per_core = p.reviews as f64 / p.cpu.as_secs_f64().max(1e-9);
     println!(
-        "| {label} | {rate:.0} | {:.0} % | {per_core:.0} | {:.2} | {:.2} | {} |",
-        100.0 * p.cpu.as_secs_f64() / p.wall.as_secs_f64(),
-        p.latency.value_at_quantile(0.5) as f64 / 1000.0,
-        p.latency.value_at_quantile(0.99) as f64 / 1000.0,
+        "| {label} | {:.0} | {:.0} % | {:.0} | {:.2} | {:.2} | {} |",
+        p.rate(),
+        100.0 * p.cpu_share(),
+        p.per_core(),
+        p.ms(0.5),
+        p.ms(0.99),
         p.failures
     );
 }
@@ -480,15 +259,20 @@ async fn main() -> Result<()> {
         .context("starting vpa-admission-controller")?;
     let vpa_pid = vpa.id().ok_or_else(|| anyhow!("no pid"))?;
 
-    let (nw_addr, nw_cpu, nw_stop) = start_nodewarden(&cert.cert_pem, &cert.key_pem)?;
-    let bodies: Arc<Vec<Bytes>> = Arc::new((0..NODES).map(|i| review(i, i % AUTOSCALERS)).collect());
+    let nodewarden = Server::start(
+        &cert.cert_pem,
+        &cert.key_pem,
+        vec![Route::new("/mutate/pods", PodMutator::new(nodewarden_index()))],
+    )?;
+    let bodies: Arc<[Bytes]> = (0..NODES).map(|i| review(i, i % AUTOSCALERS)).collect();
 
     // wait until the VPA answers with a patch (its informers have synced)
     let vpa_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let deadline = Instant::now() + Duration::from_secs(120);
     let first = loop {
-        if let Ok(conn) = connect(vpa_addr, cp.ca_pem()).await
-            && let Some(v) = send(&conn, "/", bodies[0].clone()).await
+        if let Ok(conn) = connect(vpa_addr, cp.ca_pem(), LOOPBACK, Alpn::Either).await
+            && let Some(answer) = conn.send("/", bodies[0].clone()).await
+            && let Ok(v) = serde_json::from_slice::<Value>(&answer)
             && v["response"]["patch"].is_string()
         {
             break v;
@@ -507,26 +291,33 @@ async fn main() -> Result<()> {
 
     let mut targets = Vec::new();
     for (name, addr, path, cpu) in [
-        ("nodewarden", nw_addr, "/mutate/pods", nw_cpu),
+        (
+            "nodewarden",
+            nodewarden.addr,
+            "/mutate/pods",
+            nodewarden.cpu.clone(),
+        ),
         (
             "VPA admission-controller",
             vpa_addr,
             "/",
-            Box::new(move || process_cpu_ns(vpa_pid)) as CpuClock,
+            Arc::new(move || process_cpu_ns(vpa_pid)) as CpuClock,
         ),
     ] {
         let mut conns = Vec::new();
         for _ in 0..CONNECTIONS {
-            conns.push(connect(addr, cp.ca_pem()).await?);
+            conns.push(connect(addr, cp.ca_pem(), LOOPBACK, Alpn::Either).await?);
         }
-        let h2 = matches!(conns[0], Conn::H2(_));
+        let h2 = conns[0].is_h2();
         println!("{name}: {}", if h2 { "HTTP/2" } else { "HTTP/1.1" });
-        targets.push(Target {
-            name,
+        let load = Load {
             conns,
             path,
-            cpu_ns: cpu,
-        });
+            bodies: bodies.clone(),
+            accept: patched,
+            cpu,
+        };
+        targets.push((name, load));
     }
     println!(
         "\nreviews: {} bytes each; {NODES} nodes × {AUTOSCALERS} DaemonSets; {CONCURRENCY} in flight over {CONNECTIONS} connections; phases of {PHASE:?}\n",
@@ -537,22 +328,22 @@ async fn main() -> Result<()> {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let mut max = Vec::new();
-    for t in &targets {
-        let _ = phase(t, &bodies, None).await; // warm-up
-        let p = phase(t, &bodies, None).await;
-        row(&format!("{}, max", t.name), &p);
-        max.push(p.reviews as f64 / p.wall.as_secs_f64());
+    for (name, load) in &targets {
+        let _ = load.closed_loop(PHASE, CONCURRENCY).await; // warm-up
+        let p = load.closed_loop(PHASE, CONCURRENCY).await;
+        row(&format!("{name}, max"), &p);
+        max.push(p.rate());
     }
     let rate = max[1] / 2.0;
-    for t in &targets {
-        let p = phase(t, &bodies, Some(rate)).await;
-        row(&format!("{}, open loop at {rate:.0}/s", t.name), &p);
+    for (name, load) in &targets {
+        let p = load.open_loop(PHASE, rate).await;
+        row(&format!("{name}, open loop at {rate:.0}/s"), &p);
     }
     println!(
         "\nVPA admission-controller resident memory: {:.1} MiB",
-        rss_mib(vpa_pid)
+        resident_bytes(Some(vpa_pid)) as f64 / (1024.0 * 1024.0)
     );
-    nw_stop.cancel();
+    nodewarden.shutdown();
     let _ = vpa.kill().await;
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Right-sizing admission with a large cache: 5,000 nodes × 20 autoscalers by default.
 //!
-//! Run with `cargo run --release -p nodewarden-webhook --example rightsizing-bench`.
+//! Run with `cargo run --release -p nodewarden-webhook --features loadgen --example rightsizing-bench`.
 //!
 //! 1. Memory: growth of the resident set size while the right-sizing index is filled with one
 //!    `NodeRecommendation` per node, each with one entry per autoscaler, and, for comparison,
@@ -12,47 +12,29 @@
 //!    thread's CPU time gives reviews per second of one fully used core.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_certs::{Ca, CaConfig, ServingSpec, service_dns_names};
 use nodewarden_webhook::admission::rightsizing::{PodMutator, RightsizingIndex};
 use nodewarden_webhook::admission::{self, Processed, Route};
-use nodewarden_webhook::metrics::Metrics;
-use nodewarden_webhook::server::serve_tls;
-use nodewarden_webhook::tls::{CertResolver, certified_key, server_config};
-use rustls::pki_types::ServerName;
+use nodewarden_webhook::loadgen::{
+    Alpn, BenchCerts, Load, SERVER_NAME, Server, any_answer, connect, resident_bytes,
+};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
-/// Resident set size of this process, in bytes (`VmRSS` of `/proc/self/status`).
+/// Resident set size of this process, in bytes.
 fn rss() -> i64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<i64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    resident_bytes(None) as i64
 }
 
 const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
-const SERVER_NAME: &str = "nodewarden-webhook.nodewarden.svc";
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Right-sizing admission throughput, latency and cache memory")]
@@ -179,7 +161,7 @@ fn review(i: usize, k: usize, args: &Args) -> Bytes {
     Bytes::from(serde_json::to_vec(&r).expect("json"))
 }
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
 
     // 1. memory
@@ -260,194 +242,44 @@ fn main() {
     );
 
     // 3. over TLS
-    let ca = Ca::generate(&CaConfig {
-        common_name: "bench".into(),
-        validity: Duration::from_secs(3600),
-    })
-    .expect("ca");
-    let server = start_server(&ca, handler);
+    let certs = BenchCerts::generate()?;
+    let server = Server::start(
+        &certs.cert_pem,
+        &certs.key_pem,
+        vec![Route::new("/mutate/pods", handler)],
+    )?;
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
-        .build()
-        .expect("runtime");
+        .build()?;
     client.block_on(async {
         let mut conns = Vec::new();
         for _ in 0..args.h2_connections {
-            conns.push(connect(server.addr, &ca.cert_pem).await);
+            conns.push(connect(server.addr, &certs.ca_pem, SERVER_NAME, Alpn::H2).await?);
         }
-        let bodies = Arc::new(bodies);
-        let _ = closed_loop(&conns, bodies.clone(), Duration::from_millis(500), args.concurrency, &server).await;
-        let p = closed_loop(&conns, bodies.clone(), args.duration, args.concurrency, &server).await;
-        let rate = p.reviews as f64 / p.wall.as_secs_f64();
-        let cpu = p.server_cpu.as_secs_f64() / p.wall.as_secs_f64();
-        let per_core = p.reviews as f64 / p.server_cpu.as_secs_f64().max(1e-9);
+        let load = Load {
+            conns,
+            path: "/mutate/pods",
+            bodies: Arc::from(bodies),
+            accept: any_answer,
+            cpu: server.cpu.clone(),
+        };
+        let _ = load.closed_loop(Duration::from_millis(500), args.concurrency).await;
+        let p = load.closed_loop(args.duration, args.concurrency).await;
         println!(
-            "| TLS HTTP/2, {} connections, {} in flight | {rate:.0} | {:.0} % | {per_core:.0} | {:.3} | {:.3} | {:.3} | {} |",
+            "| TLS HTTP/2, {} connections, {} in flight | {:.0} | {:.0} % | {:.0} | {:.3} | {:.3} | {:.3} | {} |",
             args.h2_connections,
             args.concurrency,
-            cpu * 100.0,
-            p.latency.value_at_quantile(0.5) as f64 / 1000.0,
-            p.latency.value_at_quantile(0.99) as f64 / 1000.0,
-            p.latency.max() as f64 / 1000.0,
+            p.rate(),
+            p.cpu_share() * 100.0,
+            p.per_core(),
+            p.ms(0.5),
+            p.ms(0.99),
+            p.max_ms(),
             p.failures
         );
-    });
-    server.stop.cancel();
-    let _ = server.thread.join();
-}
-
-struct Server {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    cpu_ns: Box<dyn Fn() -> u64 + Send + Sync>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-fn start_server(ca: &Ca, handler: PodMutator) -> Server {
-    let cert = ca
-        .issue_serving(&ServingSpec {
-            dns_names: service_dns_names("nodewarden-webhook", "nodewarden"),
-            ip_addresses: vec![],
-            validity: Duration::from_secs(3600),
-        })
-        .expect("serving certificate");
-    let resolver = Arc::new(CertResolver::default());
-    resolver.set(
-        certified_key(
-            cert.cert_pem.as_bytes(),
-            cert.key_pem.as_bytes(),
-            Path::new("c"),
-            Path::new("k"),
-        )
-        .expect("pair"),
-    );
-    let tls = server_config(resolver).expect("tls");
-    let stop = CancellationToken::new();
-    let stop_server = stop.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let task = std::fs::read_link("/proc/thread-self").expect("procfs");
-            tx.send((listener.local_addr().expect("addr"), task))
-                .expect("send");
-            let app = admission::router(
-                vec![Route::new("/mutate/pods", handler)],
-                Arc::new(Metrics::new()),
-                6 << 20,
-            );
-            serve_tls(listener, tls, app, stop_server, Duration::from_secs(2)).await;
-        });
-    });
-    let (addr, task) = rx.recv().expect("server started");
-    let schedstat = Path::new("/proc").join(task).join("schedstat");
-    let cpu_ns = Box::new(move || {
-        std::fs::read_to_string(&schedstat)
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
-            .unwrap_or(0)
-    });
-    Server {
-        addr,
-        stop,
-        cpu_ns,
-        thread,
-    }
-}
-
-type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
-
-async fn connect(addr: SocketAddr, ca_pem: &str) -> Sender {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-        roots.add(cert.expect("pem")).expect("root");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    tcp.set_nodelay(true).expect("nodelay");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from(SERVER_NAME).expect("name"), tcp)
-        .await
-        .expect("handshake");
-    let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-        .await
-        .expect("h2");
-    tokio::spawn(conn);
-    sender
-}
-
-struct Phase {
-    reviews: u64,
-    failures: u64,
-    wall: Duration,
-    server_cpu: Duration,
-    latency: Histogram<u64>,
-}
-
-async fn closed_loop(
-    conns: &[Sender],
-    bodies: Arc<Vec<Bytes>>,
-    duration: Duration,
-    concurrency: usize,
-    server: &Server,
-) -> Phase {
-    let next = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + duration;
-    let cpu0 = (server.cpu_ns)();
-    let started = Instant::now();
-    let mut workers = Vec::new();
-    for w in 0..concurrency {
-        let sender = conns[w % conns.len()].clone();
-        let (bodies, next, failed) = (bodies.clone(), next.clone(), failed.clone());
-        workers.push(tokio::spawn(async move {
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
-            let mut done = 0u64;
-            while Instant::now() < deadline {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                let body = bodies[i % bodies.len()].clone();
-                let req = http::Request::post(format!("https://{SERVER_NAME}/mutate/pods"))
-                    .header("content-type", "application/json")
-                    .body(Full::new(body))
-                    .expect("request");
-                let t = Instant::now();
-                let ok = match sender.clone().send_request(req).await {
-                    Ok(resp) if resp.status().is_success() => resp.into_body().collect().await.is_ok(),
-                    _ => false,
-                };
-                if ok {
-                    done += 1;
-                    let _ = hist.record(t.elapsed().as_micros() as u64);
-                } else {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            (done, hist)
-        }));
-    }
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
-    let mut reviews = 0;
-    for w in workers {
-        let (done, hist) = w.await.expect("worker");
-        reviews += done;
-        latency.add(hist).expect("merge");
-    }
-    Phase {
-        reviews,
-        failures: failed.load(Ordering::Relaxed),
-        wall: started.elapsed(),
-        server_cpu: Duration::from_nanos((server.cpu_ns)().saturating_sub(cpu0)),
-        latency,
-    }
+        anyhow::Ok(())
+    })?;
+    server.shutdown();
+    Ok(())
 }

@@ -9,6 +9,8 @@ pub mod caches;
 pub mod certmanager;
 pub mod config;
 pub mod controllers;
+#[cfg(feature = "loadgen")]
+pub mod loadgen;
 pub mod metrics;
 pub mod server;
 pub mod telemetry;

@@ -56,6 +56,8 @@ fn main() -> Result<()> {
                 "--quiet",
                 "-p",
                 "nodewarden-webhook",
+                "--features",
+                "loadgen",
                 "--example",
                 "admission-bench",
                 "--",
@@ -155,6 +157,8 @@ fn ci(root: &Path) -> Result<()> {
             "clippy",
             "--workspace",
             "--all-targets",
+            // the benchmarks need the `loadgen` features; lint them too
+            "--all-features",
             "--locked",
             "--",
             "-D",

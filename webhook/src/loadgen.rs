@@ -1,0 +1,448 @@
+//! Load generation for the admission benchmarks (`cargo xtask bench admission`, the
+//! `rightsizing-bench` example and the tests crate's `rightsizing-vpa-bench`), behind the
+//! `loadgen` feature.
+//!
+//! * [`Server`]: the real router and TLS server on one current-thread runtime (one core) in a
+//!   thread of its own, with a clock of that thread's CPU time.
+//! * [`connect`]: one keep-alive TLS connection, HTTP/2 or HTTP/1.1 as ALPN settles it.
+//! * [`Load`]: closed-loop (as fast as the connections go) and open-loop (a fixed release
+//!   rate) phases, each giving a [`Phase`] with an hdrhistogram of latencies in microseconds
+//!   and the server's CPU time over the phase.
+//!
+//! CPU clocks read `/proc`, so figures are Linux-only; elsewhere they read zero.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use nodewarden_certs::{Ca, CaConfig, ServingSpec, service_dns_names};
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::{self, Route};
+use crate::metrics::Metrics;
+use crate::server::serve_tls;
+use crate::tls::{CertResolver, certified_key, server_config};
+
+/// The name the benchmark server's certificate carries (the chart's Service).
+pub const SERVER_NAME: &str = "nodewarden-webhook.nodewarden.svc";
+
+/// CPU time consumed so far by the server under test, in nanoseconds.
+pub type CpuClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Largest latency the histograms hold: one minute, in microseconds.
+const MAX_LATENCY_US: u64 = 60_000_000;
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs .. 1 min at 3 significant digits: constant bounds that hdrhistogram accepts
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("constant histogram bounds are valid")
+}
+
+/// A throwaway CA and a serving certificate for [`SERVER_NAME`], valid for an hour.
+pub struct BenchCerts {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl BenchCerts {
+    pub fn generate() -> Result<Self> {
+        let ca = Ca::generate(&CaConfig {
+            common_name: "bench".into(),
+            validity: Duration::from_secs(3600),
+        })
+        .context("generating the benchmark CA")?;
+        let cert = ca
+            .issue_serving(&ServingSpec {
+                dns_names: service_dns_names("nodewarden-webhook", "nodewarden"),
+                ip_addresses: vec![],
+                validity: Duration::from_secs(3600),
+            })
+            .context("issuing the benchmark serving certificate")?;
+        Ok(BenchCerts {
+            ca_pem: ca.cert_pem.clone(),
+            cert_pem: cert.cert_pem,
+            key_pem: cert.key_pem,
+        })
+    }
+}
+
+/// The admission router behind the TLS server, on one current-thread runtime in its own thread.
+pub struct Server {
+    pub addr: SocketAddr,
+    /// CPU time of the server's thread (`/proc/thread-self/schedstat`).
+    pub cpu: CpuClock,
+    stop: CancellationToken,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Server {
+    /// Starts serving `routes` on a loopback port with the given certificate.
+    pub fn start(cert_pem: &str, key_pem: &str, routes: Vec<Route>) -> Result<Server> {
+        let resolver = Arc::new(CertResolver::default());
+        resolver.set(
+            certified_key(
+                cert_pem.as_bytes(),
+                key_pem.as_bytes(),
+                Path::new("c"),
+                Path::new("k"),
+            )
+            .context("loading the serving certificate")?,
+        );
+        let tls = server_config(resolver).context("building the TLS configuration")?;
+        let stop = CancellationToken::new();
+        let stop_server = stop.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(SocketAddr, PathBuf)>>();
+        let thread = std::thread::spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(anyhow!("building the server runtime: {e}")));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let bound = async {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .context("binding a loopback port")?;
+                    let addr = listener.local_addr()?;
+                    let task =
+                        std::fs::read_link("/proc/thread-self").context("reading /proc/thread-self")?;
+                    Ok::<_, anyhow::Error>((listener, addr, task))
+                };
+                let listener = match bound.await {
+                    Ok((listener, addr, task)) => {
+                        let _ = tx.send(Ok((addr, task)));
+                        listener
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let app = admission::router(routes, Arc::new(Metrics::new()), 6 << 20);
+                serve_tls(listener, tls, app, stop_server, Duration::from_secs(2)).await;
+            });
+        });
+        let (addr, task) = rx.recv().context("the server thread ended before listening")??;
+        let schedstat = Path::new("/proc").join(task).join("schedstat");
+        let cpu: CpuClock = Arc::new(move || {
+            std::fs::read_to_string(&schedstat)
+                .ok()
+                .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+                .unwrap_or(0)
+        });
+        Ok(Server {
+            addr,
+            cpu,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stops the server and waits for its thread.
+    pub fn shutdown(self) {
+        self.stop.cancel();
+        let _ = self.thread.join();
+    }
+}
+
+/// CPU time of a whole process, in nanoseconds (utime + stime of `/proc/<pid>/stat`, at 100 Hz).
+pub fn process_cpu_ns(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks * 10_000_000
+}
+
+/// Resident set size in bytes (`VmRSS` of `/proc/<pid>/status`; `None` for this process).
+pub fn resident_bytes(pid: Option<u32>) -> u64 {
+    let file = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Which protocols the client offers by ALPN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alpn {
+    H2,
+    Http1,
+    /// Both, HTTP/2 first: the server picks.
+    Either,
+}
+
+#[derive(Clone)]
+enum Sender {
+    H1(Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+/// One keep-alive TLS connection; clones share it (HTTP/1.1: one request in flight at a time).
+#[derive(Clone)]
+pub struct Conn {
+    sender: Sender,
+    authority: Arc<str>,
+}
+
+/// Connects to `addr`, trusting `ca_pem` and checking the certificate for `server_name`.
+pub async fn connect(addr: SocketAddr, ca_pem: &str, server_name: &str, alpn: Alpn) -> Result<Conn> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+        roots.add(cert.context("reading the CA bundle")?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = match alpn {
+        Alpn::H2 => vec![b"h2".to_vec()],
+        Alpn::Http1 => vec![b"http/1.1".to_vec()],
+        Alpn::Either => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+    };
+    let tcp = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from(server_name)
+        .with_context(|| format!("{server_name:?} is not a DNS name or IP address"))?
+        .to_owned();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .context("TLS handshake")?;
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(tls);
+    let sender = if h2 {
+        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+        tokio::spawn(conn);
+        Sender::H2(sender)
+    } else {
+        let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(conn);
+        Sender::H1(Arc::new(tokio::sync::Mutex::new(sender)))
+    };
+    Ok(Conn {
+        sender,
+        authority: server_name.into(),
+    })
+}
+
+impl Conn {
+    pub fn is_h2(&self) -> bool {
+        matches!(self.sender, Sender::H2(_))
+    }
+
+    /// POSTs one review to `path`; the whole answer if the status is 2xx, else `None`.
+    pub async fn send(&self, path: &str, body: Bytes) -> Option<Bytes> {
+        let req = http::Request::post(format!("https://{}{path}", self.authority))
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .ok()?;
+        let resp = match &self.sender {
+            Sender::H2(s) => s.clone().send_request(req).await,
+            Sender::H1(s) => {
+                let mut s = s.lock().await;
+                s.ready().await.ok()?;
+                s.send_request(req).await
+            }
+        }
+        .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        Some(resp.into_body().collect().await.ok()?.to_bytes())
+    }
+}
+
+/// Counts any 2xx answer as a success.
+pub fn any_answer(_: &[u8]) -> bool {
+    true
+}
+
+/// Counts an AdmissionReview answer carrying a patch as a success.
+pub fn patched(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v["response"]["patch"].is_string())
+}
+
+/// What one phase sends, where, and how it is judged.
+pub struct Load {
+    /// Requests go round-robin over these connections.
+    pub conns: Vec<Conn>,
+    pub path: &'static str,
+    /// Request bodies, taken in turn.
+    pub bodies: Arc<[Bytes]>,
+    /// Whether an answer counts as a success (its latency is recorded) or a failure.
+    pub accept: fn(&[u8]) -> bool,
+    /// The server's CPU clock.
+    pub cpu: CpuClock,
+}
+
+/// The outcome of one phase.
+pub struct Phase {
+    pub reviews: u64,
+    pub failures: u64,
+    pub wall: Duration,
+    pub server_cpu: Duration,
+    /// Latency of each successful review, in microseconds.
+    pub latency: Histogram<u64>,
+}
+
+impl Phase {
+    /// Successful reviews per second of wall time.
+    pub fn rate(&self) -> f64 {
+        self.reviews as f64 / self.wall.as_secs_f64()
+    }
+
+    /// Server CPU time as a share of wall time (1.0 = one core fully used).
+    pub fn cpu_share(&self) -> f64 {
+        self.server_cpu.as_secs_f64() / self.wall.as_secs_f64()
+    }
+
+    /// Successful reviews per second of server CPU time (0 when no CPU time was seen).
+    pub fn per_core(&self) -> f64 {
+        if self.server_cpu.is_zero() {
+            0.0
+        } else {
+            self.reviews as f64 / self.server_cpu.as_secs_f64()
+        }
+    }
+
+    /// Latency at quantile `q`, in milliseconds.
+    pub fn ms(&self, q: f64) -> f64 {
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    /// Largest latency, in milliseconds.
+    pub fn max_ms(&self) -> f64 {
+        self.latency.max() as f64 / 1000.0
+    }
+}
+
+/// Sends one review; its latency if the answer is accepted.
+async fn one(conn: &Conn, path: &str, body: Bytes, accept: fn(&[u8]) -> bool) -> Option<Duration> {
+    let t = Instant::now();
+    let answer = conn.send(path, body).await?;
+    accept(&answer).then(|| t.elapsed())
+}
+
+impl Load {
+    /// Closed loop: `concurrency` workers, each sending back to back until `duration` is over.
+    pub async fn closed_loop(&self, duration: Duration, concurrency: usize) -> Phase {
+        let next = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let deadline = Instant::now() + duration;
+        let cpu0 = (self.cpu)();
+        let started = Instant::now();
+        let mut workers = Vec::new();
+        for w in 0..concurrency {
+            let conn = self.conns[w % self.conns.len()].clone();
+            let (bodies, next, failed) = (self.bodies.clone(), next.clone(), failed.clone());
+            let (path, accept) = (self.path, self.accept);
+            workers.push(tokio::spawn(async move {
+                let mut hist = histogram();
+                let mut done = 0u64;
+                while Instant::now() < deadline {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let body = bodies[i % bodies.len()].clone();
+                    match one(&conn, path, body, accept).await {
+                        Some(took) => {
+                            done += 1;
+                            let _ = hist.record(took.as_micros() as u64);
+                        }
+                        None => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                (done, hist)
+            }));
+        }
+        let mut latency = histogram();
+        let mut reviews = 0;
+        for w in workers {
+            if let Ok((done, hist)) = w.await {
+                reviews += done;
+                let _ = latency.add(hist);
+            }
+        }
+        Phase {
+            reviews,
+            failures: failed.load(Ordering::Relaxed),
+            wall: started.elapsed(),
+            server_cpu: Duration::from_nanos((self.cpu)().saturating_sub(cpu0)),
+            latency,
+        }
+    }
+
+    /// Open loop: requests are released every millisecond at `rate` per second, whether or not
+    /// earlier ones have finished; latency is measured from release to the last byte of the answer.
+    pub async fn open_loop(&self, duration: Duration, rate: f64) -> Phase {
+        let failed = Arc::new(AtomicU64::new(0));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let cpu0 = (self.cpu)();
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut released: u64 = 0;
+        let mut tasks = tokio::task::JoinSet::new();
+        while started.elapsed() < duration {
+            tick.tick().await;
+            let due = (started.elapsed().as_secs_f64() * rate) as u64;
+            while released < due {
+                let conn = self.conns[released as usize % self.conns.len()].clone();
+                let body = self.bodies[released as usize % self.bodies.len()].clone();
+                let (path, accept, tx, failed) = (self.path, self.accept, tx.clone(), failed.clone());
+                tasks.spawn(async move {
+                    match one(&conn, path, body, accept).await {
+                        Some(took) => {
+                            let _ = tx.send(took.as_micros() as u64);
+                        }
+                        None => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+                released += 1;
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+        let wall = started.elapsed();
+        drop(tx);
+        let mut latency = histogram();
+        let mut reviews = 0;
+        while let Some(us) = rx.recv().await {
+            let _ = latency.record(us);
+            reviews += 1;
+        }
+        Phase {
+            reviews,
+            failures: failed.load(Ordering::Relaxed),
+            wall,
+            server_cpu: Duration::from_nanos((self.cpu)().saturating_sub(cpu0)),
+            latency,
+        }
+    }
+}
