@@ -14,6 +14,7 @@
 //!
 //! See `tests/README.md` for how to run the tests and what they need.
 
+pub mod cgroupfs;
 pub mod cluster;
 pub mod controlplane;
 pub mod helm;
@@ -21,6 +22,7 @@ pub mod process;
 pub mod recorder;
 pub mod webhooks;
 
+pub use cgroupfs::{container_scope, write_container};
 pub use cluster::{
     TestEnv, apply_crds, chart_crd_files, create_namespace, create_ready_node, daemonset_pod_target_node,
     e2e, read_crds, simple_daemonset, unique_name, wait_for_daemonset_pods,

@@ -15,7 +15,7 @@ use kube::{Api, ResourceExt};
 use nodewarden_agent::config::Config;
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use nodewarden_tests::helm::Helm;
-use nodewarden_tests::{TestEnv, apply_crds, chart_crd_files, e2e, read_crds, simple_daemonset};
+use nodewarden_tests::{TestEnv, apply_crds, cgroupfs, chart_crd_files, e2e, read_crds, simple_daemonset};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -34,41 +34,17 @@ async fn chart_agent_rules() -> Result<Vec<PolicyRule>> {
     serde_json::from_value(role["rules"].clone()).context("the chart's agent ClusterRole rules")
 }
 
-fn write_container(scope: &Path, cpu_usec: u64, memory: u64) -> Result<()> {
-    std::fs::create_dir_all(scope)?;
-    std::fs::write(
-        scope.join("cpu.stat"),
-        format!("usage_usec {cpu_usec}\nuser_usec {cpu_usec}\nsystem_usec 0\n"),
-    )?;
-    std::fs::write(scope.join("memory.current"), format!("{memory}\n"))?;
-    std::fs::write(
-        scope.join("memory.stat"),
-        format!("anon {memory}\nfile 0\ninactive_file 0\nactive_file 0\n"),
-    )?;
-    std::fs::write(
-        scope.join("memory.events"),
-        "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
-    )?;
-    Ok(())
-}
-
 /// The cgroup scope of container `i` of the pod (systemd driver, containerd).
 fn scope(root: &Path, pod_uid: &str, i: usize) -> PathBuf {
-    root.join("kubepods.slice/kubepods-burstable.slice")
-        .join(format!(
-            "kubepods-burstable-pod{}.slice",
-            pod_uid.replace('-', "_")
-        ))
-        .join(format!("cri-containerd-{}.scope", container_id(i)))
+    cgroupfs::container_scope(root, pod_uid, &container_id(i))
 }
 
 /// A cgroup v2 tree with the pod's `n` containers in it: 300 MiB in use, no inactive file
 /// pages, CPU counters standing still.
 fn synthetic_cgroup_tree(root: &Path, pod_uid: &str, n: usize) -> Result<()> {
-    std::fs::create_dir_all(root)?;
-    std::fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids\n")?;
+    cgroupfs::write_root(root)?;
     for i in 0..n {
-        write_container(&scope(root, pod_uid, i), 5_000_000, 300 * MIB)?;
+        cgroupfs::write_container(&scope(root, pod_uid, i), 5_000_000, 300 * MIB)?;
     }
     Ok(())
 }
@@ -434,7 +410,7 @@ async fn agent_binary_footprint_with_100_containers() {
                 for (i, u) in usage.iter_mut().enumerate() {
                     *u += (i as u64 % 10 + 1) * 10 * 10_000;
                     let memory = (64 + (i as u64 * 7 + t * 13) % 512) * MIB;
-                    let _ = write_container(&scope(&writer_root, &writer_uid, i), *u, memory);
+                    let _ = cgroupfs::write_container(&scope(&writer_root, &writer_uid, i), *u, memory);
                 }
             }
         });

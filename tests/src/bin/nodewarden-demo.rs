@@ -18,8 +18,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodewarden_api::{ClusterClaim, DaemonSetAutoscaler, NodeRecommendation};
 use nodewarden_tests::{
-    ControlPlane, Hook, Impersonate, LoopbackEndpoint, apply_crds, chart_crd_files, create_ready_node,
-    daemonset_pod_target_node, http_get, process, read_crds, register_mutating_webhooks,
+    ControlPlane, Hook, Impersonate, LoopbackEndpoint, apply_crds, cgroupfs, chart_crd_files,
+    create_ready_node, daemonset_pod_target_node, http_get, process, read_crds, register_mutating_webhooks,
     register_validating_webhooks, wait_for_daemonset_pods,
 };
 use serde_json::json;
@@ -389,35 +389,6 @@ fn container_id(node: &str) -> String {
     format!("{:064x}", 0xd3a0_0000_u64 + n as u64)
 }
 
-/// The cgroup v2 scope of that container (systemd driver, containerd, burstable pod).
-fn scope(root: &Path, pod_uid: &str, node: &str) -> PathBuf {
-    root.join("kubepods.slice/kubepods-burstable.slice")
-        .join(format!(
-            "kubepods-burstable-pod{}.slice",
-            pod_uid.replace('-', "_")
-        ))
-        .join(format!("cri-containerd-{}.scope", container_id(node)))
-}
-
-/// Writes the files the kernel would: CPU used so far and the memory in use.
-fn write_cgroup(scope: &Path, cpu_usec: u64, memory: u64) -> Result<()> {
-    std::fs::create_dir_all(scope)?;
-    std::fs::write(
-        scope.join("cpu.stat"),
-        format!("usage_usec {cpu_usec}\nuser_usec {cpu_usec}\nsystem_usec 0\n"),
-    )?;
-    std::fs::write(scope.join("memory.current"), format!("{memory}\n"))?;
-    std::fs::write(
-        scope.join("memory.stat"),
-        format!("anon {memory}\nfile 0\ninactive_file 0\nactive_file 0\n"),
-    )?;
-    std::fs::write(
-        scope.join("memory.events"),
-        "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
-    )?;
-    Ok(())
-}
-
 /// Binds a DaemonSet pod to its node (no scheduler runs here) and reports its container
 /// running, as a kubelet would, so the node's agent can find it.
 async fn run_on_node(pods: &Api<Pod>, pod: &Pod, node: &str) -> Result<String> {
@@ -581,13 +552,9 @@ async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Res
             .ok_or_else(|| anyhow::anyhow!("no pod on {}", load.node))?;
         let uid = run_on_node(&pods, pod, load.node).await?;
         let dir = cp.dir().join("agents").join(load.node);
-        let scope = scope(&dir.join("cgroup"), &uid, load.node);
-        std::fs::create_dir_all(dir.join("cgroup"))?;
-        std::fs::write(
-            dir.join("cgroup").join("cgroup.controllers"),
-            "cpuset cpu io memory pids\n",
-        )?;
-        write_cgroup(&scope, 0, load.memory)?;
+        let scope = cgroupfs::container_scope(&dir.join("cgroup"), &uid, &container_id(load.node));
+        cgroupfs::write_root(&dir.join("cgroup"))?;
+        cgroupfs::write_container(&scope, 0, load.memory)?;
         let kubeconfig = agent_kubeconfig(cp, admin, load.node, &dir).await?;
         agents.push(start_agent(agent_bin, load.node, &dir, &kubeconfig).await?);
         scopes.push((scope, load));
@@ -603,7 +570,7 @@ async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Res
         loop {
             for (scope, load) in &scopes {
                 let used = started.elapsed().as_micros() as u64 * load.cpu_millis / 1000;
-                let _ = write_cgroup(scope, used, load.memory);
+                let _ = cgroupfs::write_container(scope, used, load.memory);
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
