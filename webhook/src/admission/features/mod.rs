@@ -18,17 +18,15 @@
 
 pub mod path;
 
+use crate::caches::{Change, watch_into};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::features::{
     DesiredState, Feature, FeatureSpec, FeatureState, NodeFeatureReport, OnDisable,
 };
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -286,6 +284,7 @@ impl FeatureCaches {
                 "features",
                 Api::<Feature>::all(client.clone()),
                 stop.clone(),
+                |f| f,
                 move |change| match change {
                     Change::Apply(f) => caches.apply_feature(f),
                     Change::Delete(f) => caches.delete_feature(&feature_key(&f)),
@@ -304,6 +303,7 @@ impl FeatureCaches {
                 "nodefeaturereports",
                 Api::<NodeFeatureReport>::all(client),
                 stop.clone(),
+                |r| r,
                 move |change| {
                     match change {
                         Change::Apply(r) => caches.apply_report(r),
@@ -321,41 +321,6 @@ impl FeatureCaches {
             )
         };
         tokio::join!(features, reports);
-    }
-}
-
-enum Change<K> {
-    Apply(K),
-    Delete(K),
-    Replace(Vec<K>),
-}
-
-async fn watch_into<K, F>(what: &'static str, api: Api<K>, stop: CancellationToken, mut apply: F)
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    F: FnMut(Change<K>),
-{
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut buffer: Vec<K> = Vec::new();
-    loop {
-        let next = tokio::select! {
-            _ = stop.cancelled() => break,
-            next = stream.next() => next,
-        };
-        match next {
-            Some(Ok(watcher::Event::Init)) => buffer.clear(),
-            Some(Ok(watcher::Event::InitApply(obj))) => buffer.push(obj),
-            Some(Ok(watcher::Event::InitDone)) => {
-                let all = std::mem::take(&mut buffer);
-                tracing::info!(cache = what, objects = all.len(), "features cache listed");
-                apply(Change::Replace(all));
-            }
-            Some(Ok(watcher::Event::Apply(obj))) => apply(Change::Apply(obj)),
-            Some(Ok(watcher::Event::Delete(obj))) => apply(Change::Delete(obj)),
-            Some(Err(err)) => tracing::warn!(cache = what, error = %err, "watch failed; retrying"),
-            None => break,
-        }
     }
 }
 

@@ -14,15 +14,13 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::LimitRange;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::mutate::{Amounts, Targets};
+use crate::caches::{Change, watch_into};
 
 /// (namespace, name).
 pub type Key = (Arc<str>, Arc<str>);
@@ -355,48 +353,4 @@ fn targets_of(entries: &[NodeEntry], namespace: &str, name: &str) -> Targets {
         .filter(|e| &*e.autoscaler.0 == namespace && &*e.autoscaler.1 == name)
         .map(|e| (e.container.to_string(), e.amounts))
         .collect()
-}
-
-enum Change<K> {
-    Apply(K),
-    Delete(K),
-    /// A complete (re-)list.
-    Replace(Vec<K>),
-}
-
-/// Runs a watcher on `api` until `stop`, handing each object through `convert` (so a list
-/// buffers the compact form, not whole objects) and then to `apply`.
-async fn watch_into<K, V, C, F>(
-    what: &'static str,
-    api: Api<K>,
-    stop: CancellationToken,
-    mut convert: C,
-    mut apply: F,
-) where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    C: FnMut(K) -> V,
-    F: FnMut(Change<V>),
-{
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut buffer: Vec<V> = Vec::new();
-    loop {
-        let next = tokio::select! {
-            _ = stop.cancelled() => break,
-            next = stream.next() => next,
-        };
-        match next {
-            Some(Ok(watcher::Event::Init)) => buffer.clear(),
-            Some(Ok(watcher::Event::InitApply(obj))) => buffer.push(convert(obj)),
-            Some(Ok(watcher::Event::InitDone)) => {
-                let all = std::mem::take(&mut buffer);
-                tracing::info!(cache = what, objects = all.len(), "right-sizing cache listed");
-                apply(Change::Replace(all));
-            }
-            Some(Ok(watcher::Event::Apply(obj))) => apply(Change::Apply(convert(obj))),
-            Some(Ok(watcher::Event::Delete(obj))) => apply(Change::Delete(convert(obj))),
-            Some(Err(err)) => tracing::warn!(cache = what, error = %err, "watch failed; retrying"),
-            None => break,
-        }
-    }
 }
