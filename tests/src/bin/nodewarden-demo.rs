@@ -492,7 +492,41 @@ async fn start_agent(bin: &Path, node: &str, dir: &Path, kubeconfig: &Path) -> R
         .with_context(|| format!("starting {}", bin.display()))
 }
 
+/// What the right-sizing section runs beside the control plane: the agent processes and the
+/// task that plays the kernel's CPU counters. Stopped on every way out of the section, so
+/// nothing writes into the control plane's folder after it is removed.
+#[derive(Default)]
+struct Simulation {
+    agents: Vec<tokio::process::Child>,
+    stop: tokio_util::sync::CancellationToken,
+    kernel: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Simulation {
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Some(kernel) = self.kernel {
+            let _ = kernel.await;
+        }
+        for mut agent in self.agents {
+            let _ = agent.kill().await;
+        }
+    }
+}
+
 async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Result<()> {
+    let mut sim = Simulation::default();
+    let result = rightsizing_steps(cp, admin, agent_bin, &mut sim).await;
+    sim.stop().await;
+    result
+}
+
+async fn rightsizing_steps(
+    cp: &ControlPlane,
+    admin: &Client,
+    agent_bin: &Path,
+    sim: &mut Simulation,
+) -> Result<()> {
     step(
         "per-node right-sizing (KEP-4943): a log shipper DaemonSet over three nodes, one busy, one quiet, one new",
     );
@@ -544,7 +578,6 @@ async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Res
 
     // one agent per measured node, each with its own node-bound token and cgroup tree
     agent_rbac(admin).await?;
-    let mut agents = Vec::new();
     let mut scopes = Vec::new();
     for load in &LOADS {
         let pod = first
@@ -556,16 +589,16 @@ async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Res
         cgroupfs::write_root(&dir.join("cgroup"))?;
         cgroupfs::write_container(&scope, 0, load.memory)?;
         let kubeconfig = agent_kubeconfig(cp, admin, load.node, &dir).await?;
-        agents.push(start_agent(agent_bin, load.node, &dir, &kubeconfig).await?);
+        sim.agents
+            .push(start_agent(agent_bin, load.node, &dir, &kubeconfig).await?);
         scopes.push((scope, load));
     }
     step(
         "two nodewarden-agent processes measure the shipper's cgroups: 600m and 700Mi on worker-busy, 20m and 150Mi on worker-quiet",
     );
     // the "kernel": CPU counters advance at each node's rate
-    let stop_load = tokio_util::sync::CancellationToken::new();
-    let stop = stop_load.clone();
-    let kernel = tokio::spawn(async move {
+    let stop = sim.stop.clone();
+    sim.kernel = Some(tokio::spawn(async move {
         let started = std::time::Instant::now();
         loop {
             for (scope, load) in &scopes {
@@ -577,7 +610,7 @@ async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Res
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
-    });
+    }));
     let recs: Api<NodeRecommendation> = Api::all(admin.clone());
     let published = std::time::Instant::now();
     for load in &LOADS {
@@ -667,11 +700,6 @@ async fn rightsizing(cp: &ControlPlane, admin: &Client, agent_bin: &Path) -> Res
         &nodes,
         &second,
     );
-    stop_load.cancel();
-    let _ = kernel.await;
-    for mut agent in agents {
-        let _ = agent.kill().await;
-    }
     Ok(())
 }
 
