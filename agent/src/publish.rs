@@ -109,6 +109,18 @@ fn moved(old: Option<u64>, new: Option<u64>, threshold: f64) -> bool {
     }
 }
 
+/// The resources compared, with the figure of each.
+type Pick = fn(&Figures) -> Option<u64>;
+const RESOURCES: [(&str, Pick); 2] = [("cpu", |f| f.cpu_milli), ("memory", |f| f.memory_bytes)];
+
+fn request_of(e: &Entry, resource: &str) -> Option<u64> {
+    if resource == "cpu" {
+        e.request_cpu_milli
+    } else {
+        e.request_memory_bytes
+    }
+}
+
 /// Whether to write `next`, given what was last written (`prev`, at `prev_ms`).
 ///
 /// Material changes: the set of containers changed; a target moved by more than `threshold`
@@ -132,49 +144,31 @@ pub fn decide(
         let Some(p) = prev.get(key) else {
             return Some(Reason::ContainersChanged);
         };
-        if moved(p.target.cpu_milli, n.target.cpu_milli, threshold) {
-            return Some(Reason::TargetMoved {
-                container: key.container.clone(),
-                resource: "cpu",
-            });
+        for (resource, pick) in RESOURCES {
+            if moved(pick(&p.target), pick(&n.target), threshold) {
+                return Some(Reason::TargetMoved {
+                    container: key.container.clone(),
+                    resource,
+                });
+            }
         }
-        if moved(p.target.memory_bytes, n.target.memory_bytes, threshold) {
-            return Some(Reason::TargetMoved {
-                container: key.container.clone(),
-                resource: "memory",
-            });
-        }
-        let cpu_before = side(
-            p.request_cpu_milli,
-            p.lower.cpu_milli,
-            p.upper.map(|u| u.cpu_milli),
-        );
-        let cpu_now = side(
-            n.request_cpu_milli,
-            n.lower.cpu_milli,
-            n.upper.map(|u| u.cpu_milli),
-        );
-        if cpu_before.is_some() && cpu_now.is_some() && cpu_before != cpu_now {
-            return Some(Reason::BoundCrossedRequest {
-                container: key.container.clone(),
-                resource: "cpu",
-            });
-        }
-        let mem_before = side(
-            p.request_memory_bytes,
-            p.lower.memory_bytes,
-            p.upper.map(|u| u.memory_bytes),
-        );
-        let mem_now = side(
-            n.request_memory_bytes,
-            n.lower.memory_bytes,
-            n.upper.map(|u| u.memory_bytes),
-        );
-        if mem_before.is_some() && mem_now.is_some() && mem_before != mem_now {
-            return Some(Reason::BoundCrossedRequest {
-                container: key.container.clone(),
-                resource: "memory",
-            });
+        for (resource, pick) in RESOURCES {
+            let before = side(
+                request_of(p, resource),
+                pick(&p.lower),
+                p.upper.as_ref().map(pick),
+            );
+            let now = side(
+                request_of(n, resource),
+                pick(&n.lower),
+                n.upper.as_ref().map(pick),
+            );
+            if before.is_some() && now.is_some() && before != now {
+                return Some(Reason::BoundCrossedRequest {
+                    container: key.container.clone(),
+                    resource,
+                });
+            }
         }
     }
     (now_ms - prev_ms >= refresh_ms).then_some(Reason::Refresh)

@@ -316,6 +316,29 @@ fn add(tokens: &[&str], value: Value) -> PatchOperation {
     PatchOperation::Add(AddOperation { path, value })
 }
 
+/// Adds `<base>/<map>/<resource>` (`map` is `requests` or `limits`), first adding `<base>`
+/// (the container's `resources`) and `<base>/<map>` when the pod has neither yet; `parents`
+/// records what exists so far.
+fn add_amount(
+    ops: &mut Vec<PatchOperation>,
+    base: &[&str],
+    parents: (&mut bool, &mut bool),
+    map: &str,
+    resource: &str,
+    amount: String,
+) {
+    let (has_resources, has_map) = parents;
+    if !*has_resources {
+        ops.push(add(base, Value::Object(Default::default())));
+        *has_resources = true;
+    }
+    if !*has_map {
+        ops.push(add(&[base, &[map]].concat(), Value::Object(Default::default())));
+        *has_map = true;
+    }
+    ops.push(add(&[base, &[map, resource]].concat(), Value::String(amount)));
+}
+
 /// The policy of a container: its own, else `*`.
 fn policy_for<'a>(autoscaler: &'a DaemonSetAutoscaler, container: &str) -> Option<&'a ContainerPolicy> {
     let policies = autoscaler
@@ -605,41 +628,29 @@ pub fn mutate(
             };
             let mut text = format!("{} request {}", r.as_str(), format_amount(r, request));
             if plan.request != Some(request) {
-                if !has_resources {
-                    ops.push(add(&base, Value::Object(Default::default())));
-                    has_resources = true;
-                }
-                if !has_requests {
-                    ops.push(add(
-                        &[&base[..], &["requests"]].concat(),
-                        Value::Object(Default::default()),
-                    ));
-                    has_requests = true;
-                }
-                ops.push(add(
-                    &[&base[..], &["requests", r.as_str()]].concat(),
-                    Value::String(format_amount(r, request)),
-                ));
+                let parents = (&mut has_resources, &mut has_requests);
+                add_amount(
+                    &mut ops,
+                    &base,
+                    parents,
+                    "requests",
+                    r.as_str(),
+                    format_amount(r, request),
+                );
                 changed = true;
             }
             if let Some(limit) = limit {
                 text.push_str(&format!(" limit {}", format_amount(r, limit)));
                 if plan.own_limit != Some(limit) {
-                    if !has_resources {
-                        ops.push(add(&base, Value::Object(Default::default())));
-                        has_resources = true;
-                    }
-                    if !has_limits {
-                        ops.push(add(
-                            &[&base[..], &["limits"]].concat(),
-                            Value::Object(Default::default()),
-                        ));
-                        has_limits = true;
-                    }
-                    ops.push(add(
-                        &[&base[..], &["limits", r.as_str()]].concat(),
-                        Value::String(format_amount(r, limit)),
-                    ));
+                    let parents = (&mut has_resources, &mut has_limits);
+                    add_amount(
+                        &mut ops,
+                        &base,
+                        parents,
+                        "limits",
+                        r.as_str(),
+                        format_amount(r, limit),
+                    );
                     changed = true;
                 }
             }
