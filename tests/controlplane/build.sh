@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the binaries nodewarden's end-to-end tests run: kube-apiserver,
-# kube-controller-manager and etcd (from this Go module) and helm (from ./helm).
+# kube-controller-manager, etcd, and for the real-node tier kube-scheduler, kubelet
+# and kube-proxy (from this Go module), and helm (from ./helm).
 #
 # Output: ${NODEWARDEN_CACHE:-$HOME/.cache/nodewarden}/controlplane/<key>/bin
 # where <key> is a short hash of everything that decides what gets built. When
@@ -13,7 +14,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${NODEWARDEN_CACHE:-$HOME/.cache/nodewarden}/controlplane"
-binaries=(etcd kube-apiserver kube-controller-manager helm)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy helm)
 
 log() { echo "controlplane/build.sh: $*" >&2; }
 
@@ -82,11 +83,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 start=$SECONDS
-log "building etcd, kube-apiserver, kube-controller-manager ($kube_version) into $tmp (this takes a while on a cold Go build cache)"
+log "building etcd and the Kubernetes $kube_version components into $tmp (this takes a while on a cold Go build cache)"
 go build -trimpath -ldflags "-s -w$version_ldflags" -o "$tmp/" \
     ./cmd/etcd \
     k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy
 log "control plane built in $((SECONDS - start))s"
 
 start=$SECONDS
