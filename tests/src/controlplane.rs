@@ -127,6 +127,7 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     admin_kubeconfig_yaml: String,
     processes: Mutex<Processes>,
+    network: Option<NodeNetwork>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -140,13 +141,26 @@ impl std::fmt::Debug for ControlPlane {
 
 static SHARED: OnceCell<std::result::Result<ControlPlane, String>> = OnceCell::const_new();
 
+/// Where a control plane serves when real nodes join it: kube-apiserver listens on `apiserver_ip`
+/// (an address of the host's own, so kubelets and pods reach it), advertises it as the `kubernetes`
+/// Service's endpoint, reaches kubelets by their InternalIP and webhook Services through their
+/// endpoints. See [`crate::node`].
+#[derive(Clone, Debug)]
+pub struct NodeNetwork {
+    pub apiserver_ip: Ipv4Addr,
+}
+
 impl ControlPlane {
     /// The control plane shared by every test of this test binary, started on first use.
     /// It is never dropped: the watchdog kills it and removes its folder when the test
     /// process exits. A failed start is remembered, so later tests fail fast with it.
     pub async fn shared() -> Result<&'static ControlPlane> {
         let r = SHARED
-            .get_or_init(|| async { ControlPlane::start_with(true).await.map_err(|e| format!("{e:#}")) })
+            .get_or_init(|| async {
+                ControlPlane::start_with(true, None)
+                    .await
+                    .map_err(|e| format!("{e:#}"))
+            })
             .await;
         r.as_ref()
             .map_err(|e| anyhow!("the shared control plane did not start: {e}"))
@@ -154,10 +168,24 @@ impl ControlPlane {
 
     /// Starts a control plane of its own for the caller.
     pub async fn start() -> Result<ControlPlane> {
-        Self::start_with(false).await
+        Self::start_with(false, None).await
     }
 
-    async fn start_with(shared: bool) -> Result<ControlPlane> {
+    /// Starts a control plane that real nodes can join (see [`crate::node::RealCluster`]).
+    /// `before_boot` runs once the folder and the watchdog exist and before any process starts:
+    /// the real-node harness records the host's state there and sets up the addresses.
+    pub(crate) async fn start_for_nodes(
+        network: NodeNetwork,
+        before_boot: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<ControlPlane> {
+        Self::start_with(false, Some((network, Box::new(before_boot)))).await
+    }
+
+    #[allow(clippy::type_complexity)]
+    async fn start_with(
+        shared: bool,
+        nodes: Option<(NodeNetwork, Box<dyn FnOnce(&Path) -> Result<()> + '_>)>,
+    ) -> Result<ControlPlane> {
         let began = Instant::now();
         let bins = Binaries::locate().await?;
         let keep = std::env::var_os("NODEWARDEN_E2E_KEEP").is_some();
@@ -169,7 +197,14 @@ impl ControlPlane {
         let root = dir.path().to_path_buf();
         // The watchdog removes the folder of a shared control plane (never dropped).
         let processes = Processes::new(&root, shared && !keep)?;
-        let pki = Pki::generate()?;
+        let network = match nodes {
+            Some((network, before_boot)) => {
+                before_boot(&root)?;
+                Some(network)
+            }
+            None => None,
+        };
+        let pki = Pki::generate(network.as_ref())?;
         let mut cp = ControlPlane {
             dir,
             bins,
@@ -178,6 +213,7 @@ impl ControlPlane {
             kubeconfig: root.join("admin.kubeconfig"),
             admin_kubeconfig_yaml: String::new(),
             processes: Mutex::new(processes),
+            network,
         };
         match cp.boot(&pki).await {
             Ok(()) => {
@@ -217,7 +253,11 @@ impl ControlPlane {
         let sa_key = file("sa.key", &pki.sa_key_pem, true)?;
         let sa_pub = file("sa.pub", &pki.sa_pub_pem, false)?;
 
-        self.apiserver_url = format!("https://127.0.0.1:{apiserver_port}");
+        let address = self
+            .network
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |n| n.apiserver_ip);
+        self.apiserver_url = format!("https://{address}:{apiserver_port}");
         self.admin_kubeconfig_yaml = kubeconfig_yaml(&self.apiserver_url, &pki.ca.cert_pem, &pki.admin)?;
         write_file(&self.kubeconfig, self.admin_kubeconfig_yaml.as_bytes(), true)?;
         let kcm_kubeconfig = file(
@@ -242,11 +282,11 @@ impl ControlPlane {
         ];
         self.spawn("etcd", &etcd_args)?;
 
-        let apiserver_args = vec![
+        let mut apiserver_args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
             format!("--secure-port={apiserver_port}"),
-            "--bind-address=127.0.0.1".to_string(),
-            "--advertise-address=127.0.0.1".to_string(),
+            format!("--bind-address={address}"),
+            format!("--advertise-address={address}"),
             format!("--cert-dir={}", root.join("apiserver-certs").display()),
             format!("--tls-cert-file={api_crt}"),
             format!("--tls-private-key-file={api_key}"),
@@ -259,12 +299,31 @@ impl ControlPlane {
             // Both are on by default; named so a reader sees the tests rely on them.
             "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook".to_string(),
             "--allow-privileged=true".to_string(),
-            // Endpoints may not hold loopback addresses, so the `kubernetes` Service
-            // endpoint reconciler would only log errors.
-            "--endpoint-reconciler-type=none".to_string(),
             "--profiling=false".to_string(),
             "--v=1".to_string(),
         ];
+        if self.network.is_some() {
+            let kubelet_client = file(
+                "apiserver-kubelet-client.crt",
+                &pki.kubelet_client.cert_pem,
+                false,
+            )?;
+            let kubelet_client_key = file("apiserver-kubelet-client.key", &pki.kubelet_client.key_pem, true)?;
+            apiserver_args.extend([
+                // Node names do not resolve here: reach kubelets (logs, exec) by their address.
+                "--kubelet-preferred-address-types=InternalIP".to_string(),
+                format!("--kubelet-client-certificate={kubelet_client}"),
+                format!("--kubelet-client-key={kubelet_client_key}"),
+                format!("--kubelet-certificate-authority={ca_crt}"),
+                // Call webhook Services at their endpoints' pod IPs: no Service IP ever has to be
+                // routed from the host.
+                "--enable-aggregator-routing=true".to_string(),
+            ]);
+        } else {
+            // Endpoints may not hold loopback addresses, so the `kubernetes` Service
+            // endpoint reconciler would only log errors.
+            apiserver_args.push("--endpoint-reconciler-type=none".to_string());
+        }
         self.spawn("kube-apiserver", &apiserver_args)?;
         self.wait_ready("kube-apiserver /readyz", &self.apiserver_url.clone(), "/readyz")
             .await?;
@@ -317,6 +376,34 @@ impl ControlPlane {
         let program = self.bins.path(name);
         self.lock_processes().spawn(name, &program, args)?;
         Ok(())
+    }
+
+    /// Starts `program` as one more process of this control plane (killed with it, and by the
+    /// watchdog), its output in `<dir>/<name>.log`.
+    pub(crate) fn spawn_program(&self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
+        self.lock_processes().spawn(name, program, args)
+    }
+
+    /// The binaries this control plane was started from (kubelet, kube-proxy and kube-scheduler too).
+    pub fn binaries(&self) -> &Binaries {
+        &self.bins
+    }
+
+    /// Fails when one of this control plane's processes has exited.
+    pub fn check_running(&self) -> Result<()> {
+        self.lock_processes().check_running()
+    }
+
+    /// A kubeconfig for a component that authenticates with `cert`.
+    pub(crate) fn kubeconfig_for(&self, cert: &IssuedCert) -> Result<String> {
+        kubeconfig_yaml(&self.apiserver_url, &self.ca.cert_pem, cert)
+    }
+
+    /// Kills every process and puts the host back as it was (see `tests/node/host-state.sh`),
+    /// then returns what still differs from the snapshot: nothing, when all went well.
+    pub(crate) fn stop_and_restore_host(&self) -> Result<Vec<String>> {
+        self.lock_processes().kill_all();
+        crate::node::host_state_diff(self.dir.path())
     }
 
     fn lock_processes(&self) -> std::sync::MutexGuard<'_, Processes> {
@@ -511,12 +598,13 @@ struct Pki {
     kcm_serving: IssuedCert,
     admin: IssuedCert,
     kcm_client: IssuedCert,
+    kubelet_client: IssuedCert,
     sa_key_pem: String,
     sa_pub_pem: String,
 }
 
 impl Pki {
-    fn generate() -> Result<Self> {
+    fn generate(network: Option<&NodeNetwork>) -> Result<Self> {
         let ca = Ca::generate(&CaConfig {
             common_name: "nodewarden-e2e-ca".to_string(),
             validity: CERT_VALIDITY,
@@ -528,6 +616,9 @@ impl Pki {
         let mut api_ips = loopback.clone();
         // First address of the Service range: the `kubernetes` Service's ClusterIP.
         api_ips.push(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)));
+        if let Some(n) = network {
+            api_ips.push(IpAddr::V4(n.apiserver_ip));
+        }
         let apiserver = ca.issue_serving(&ServingSpec {
             dns_names: [
                 "localhost",
@@ -550,6 +641,12 @@ impl Pki {
         let admin = ca.issue_client("nodewarden-e2e-admin", &["system:masters"], CERT_VALIDITY)?;
         // The identity RBAC's bootstrap policy grants kube-controller-manager.
         let kcm_client = ca.issue_client("system:kube-controller-manager", &[], CERT_VALIDITY)?;
+        // What kube-apiserver presents to kubelets (logs, exec, port-forward).
+        let kubelet_client = ca.issue_client(
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+            CERT_VALIDITY,
+        )?;
         let sa = rcgen::KeyPair::generate().context("generating the service-account signing key")?;
         Ok(Self {
             ca,
@@ -557,6 +654,7 @@ impl Pki {
             kcm_serving,
             admin,
             kcm_client,
+            kubelet_client,
             sa_key_pem: sa.serialize_pem(),
             sa_pub_pem: sa.public_key_pem(),
         })

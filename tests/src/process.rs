@@ -11,14 +11,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-/// Watches the test process and, once it is gone, kills every pid listed in `$2/pids` and,
-/// when asked to, removes the folder. Runs in a process group of its own so a Ctrl-C in the
+/// Watches the test process and, once it is gone, kills every pid listed in `$2/pids`, puts the
+/// host back as it was when a real node recorded its state in `$2/host-state` (see
+/// `tests/node/host-state.sh`) and, when asked to, removes the folder. Runs in a process group of its own so a Ctrl-C in the
 /// terminal (sent to the foreground group) does not take it down before it has cleaned up.
 const WATCHDOG: &str = r#"
 parent="$1"; dir="$2"; remove="$3"
 trap '' INT HUP
 while kill -0 "$parent" 2>/dev/null; do sleep 1; done
 if [ -f "$dir/pids" ]; then kill -KILL $(cat "$dir/pids") 2>/dev/null; fi
+if [ -f "$dir/host-state/host-state.sh" ]; then sh "$dir/host-state/host-state.sh" restore "$dir/host-state"; fi
 if [ "$remove" = remove ]; then rm -rf "$dir"; fi
 "#;
 
@@ -138,13 +140,15 @@ impl Processes {
         out
     }
 
-    /// Kills the children, newest first, and waits for them.
+    /// Kills the children, newest first, and waits for them; then, when a real node recorded
+    /// the host's state in `<dir>/host-state`, puts the host back as it was.
     pub fn kill_all(&mut self) {
         for c in self.children.iter_mut().rev() {
             let _ = c.child.kill();
             let _ = c.child.wait();
         }
         self.children.clear();
+        crate::node::restore_host_state(&self.dir);
         if let Some(mut w) = self.watchdog.take() {
             let _ = w.kill();
             let _ = w.wait();

@@ -444,6 +444,11 @@ async fn default_agent_daemonset_runs_everywhere_and_reads_cgroups_read_only() -
     );
     ensure!(mount(init, "checkpoint")?["mountPath"] == "/var/lib/nodewarden");
     ensure!(
+        init["image"] == pod["containers"][0]["image"],
+        "the init container runs from the agent's own image, so no other image is pulled: {}",
+        init["image"]
+    );
+    ensure!(
         r.has("Service", "nodewarden-agent-metrics"),
         "agent metrics Service"
     );

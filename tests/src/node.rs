@@ -1,0 +1,783 @@
+//! Real nodes beside the control plane: a kubelet with containerd, runc and the bridge CNI plugin
+//! per node, plus kube-scheduler and kube-proxy, all as plain processes of the control plane
+//! (killed with it, and by its watchdog).
+//!
+//! What a node changes on the host (sysctls, iptables and nftables, mounts, network namespaces,
+//! links, routes, cgroups, fixed folders, conntrack entries) is recorded before anything starts and
+//! put back when the cluster stops, by `tests/node/host-state.sh`; the watchdog runs the same script
+//! when the test process dies without stopping the cluster (kill -9). [`RealCluster::shutdown`]
+//! returns an error naming whatever still differs.
+//!
+//! The network never leaves the machine: kube-apiserver and the kubelets listen on addresses of
+//! their own (`10.200.0.0/24`, each a /32 on a veth of the host), pods live on one bridge per node
+//! (`10.201.<n>.0/24`), Service IPs are black-holed on the host (kube-proxy rewrites them before
+//! routing, so only a Service kube-proxy does not know is dropped), pod traffic to anything outside
+//! the pod network is dropped, pods get no DNS, and kube-apiserver calls webhook Services at their
+//! endpoints' pod IPs (`--enable-aggregator-routing`).
+//!
+//! Needs Linux, root, and Debian's containerd, runc, containernetworking-plugins, iptables and
+//! conntrack, which [`RealCluster::start`] installs with `tests/node/packages.sh` when missing.
+//! Works on cgroup v1 (cgroupfs driver) and v2 hosts.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use nodewarden_certs::ServingSpec;
+
+use crate::controlplane::{ControlPlane, NodeNetwork, SERVICE_CLUSTER_IP_RANGE};
+use crate::process::{free_ports, pause, write_file};
+
+/// Debian packages a real node needs.
+pub const NODE_PACKAGES: &[&str] = &[
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "iptables",
+    "conntrack",
+];
+
+/// kube-apiserver's address when real nodes join.
+pub const APISERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+/// The pod network of all real nodes (node `n` gets `10.201.<n+1>.0/24`).
+pub const POD_NETWORK: &str = "10.201.0.0/16";
+const NODE_ADDRESSES: &str = "10.200.0.0/24";
+/// Where Debian's CNI plugins live.
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
+const CERT_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why real nodes cannot run here, or `None` when they can (Linux, root).
+pub fn unavailable_reason() -> Option<String> {
+    if !cfg!(target_os = "linux") {
+        return Some("real nodes need Linux".to_string());
+    }
+    match std::process::Command::new("id").arg("-u").output() {
+        Ok(out) if String::from_utf8_lossy(&out.stdout).trim() == "0" => None,
+        Ok(_) => Some("real nodes need root (kubelet, containerd, iptables)".to_string()),
+        Err(e) => Some(format!("cannot tell whether this is root: {e}")),
+    }
+}
+
+/// For a test that needs real nodes: `Ok(true)` when they can run here. Elsewhere it prints a
+/// loud line naming what is missing and returns `Ok(false)` (the test then returns early),
+/// except under `CI=true`, where a missing real node is an error: CI never skips this tier.
+pub fn require_real_nodes(test: &str) -> Result<bool> {
+    let Some(reason) = unavailable_reason() else {
+        return Ok(true);
+    };
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        bail!("{test}: {reason}; CI runs the real-node tier and does not skip it");
+    }
+    eprintln!("\n*** SKIPPED {test}: {reason} (CI=true would fail here) ***\n");
+    Ok(false)
+}
+
+/// What a [`RealCluster`] starts with.
+#[derive(Clone, Debug)]
+pub struct RealClusterConfig {
+    /// How many real nodes (each with a containerd and a kubelet of its own).
+    pub nodes: usize,
+    /// OCI image archives imported into every node's containerd before its kubelet starts.
+    pub images: Vec<PathBuf>,
+    /// The sandbox ("pause") image every pod starts with; must be among `images`.
+    pub sandbox_image: String,
+}
+
+/// One real node.
+#[derive(Debug, Clone)]
+pub struct RealNode {
+    /// The Node's name (also its `kubernetes.io/hostname`).
+    pub name: String,
+    /// Its InternalIP; the kubelet serves on `<ip>:10250`.
+    pub ip: Ipv4Addr,
+    /// The cgroup under which its kubelet puts every pod (`--cgroup-root`), e.g. `/nodewarden-node-a`.
+    pub cgroup_root: String,
+    dir: PathBuf,
+}
+
+impl RealNode {
+    /// containerd's socket.
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.dir.join("containerd/containerd.sock")
+    }
+
+    /// The node's own folder (kubelet root, containerd state, CNI configuration).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What the kubelet applied to the cgroup of `pod`'s first container on this node (cgroupfs
+    /// driver: `<cgroup root>/kubepods[/<qos>]/pod<uid>/<container id>`).
+    pub fn container_cgroup(&self, pod: &Pod) -> Result<ContainerCgroup> {
+        let uid = pod.metadata.uid.as_deref().context("the pod has no uid")?;
+        let status = pod.status.as_ref().context("the pod has no status")?;
+        let id = status
+            .container_statuses
+            .as_ref()
+            .and_then(|s| s.first())
+            .and_then(|c| c.container_id.as_deref())
+            .and_then(|id| id.split_once("://"))
+            .map(|(_, id)| id.to_string())
+            .context("the pod's first container has no ID yet")?;
+        let qos = match status.qos_class.as_deref() {
+            Some("Guaranteed") => String::new(),
+            Some(q) => format!("{}/", q.to_ascii_lowercase()),
+            None => bail!("the pod has no QoS class"),
+        };
+        let rel = format!(
+            "{}/kubepods/{qos}pod{uid}/{id}",
+            self.cgroup_root.trim_start_matches('/')
+        );
+        let read = |path: PathBuf| -> Result<Option<u64>> {
+            match std::fs::read_to_string(&path) {
+                Ok(v) if v.trim() == "max" => Ok(None),
+                Ok(v) => {
+                    Ok(Some(v.trim().parse().with_context(|| {
+                        format!("{}: {v:?} is not a number", path.display())
+                    })?))
+                }
+                Err(e) => Err(anyhow!("reading {}: {e}", path.display())),
+            }
+        };
+        let base = Path::new("/sys/fs/cgroup");
+        if base.join("cgroup.controllers").exists() {
+            let dir = base.join(&rel);
+            Ok(ContainerCgroup {
+                cpu_shares: None,
+                cpu_weight: read(dir.join("cpu.weight"))?,
+                memory_limit: read(dir.join("memory.max"))?,
+            })
+        } else {
+            let memory_limit = read(base.join("memory").join(&rel).join("memory.limit_in_bytes"))?
+                // v1 writes "no limit" as the largest page-aligned value
+                .filter(|v| *v < (1 << 62));
+            Ok(ContainerCgroup {
+                cpu_shares: read(base.join("cpu").join(&rel).join("cpu.shares"))?,
+                cpu_weight: None,
+                memory_limit,
+            })
+        }
+    }
+}
+
+/// What the kubelet applied to a container's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerCgroup {
+    /// cgroup v1 `cpu.shares` (kubelet: millicores × 1024 / 1000, at least 2).
+    pub cpu_shares: Option<u64>,
+    /// cgroup v2 `cpu.weight` (kubelet: 1 + (shares − 2) × 9999 / 262142).
+    pub cpu_weight: Option<u64>,
+    /// The memory limit in bytes; `None` when there is none.
+    pub memory_limit: Option<u64>,
+}
+
+impl ContainerCgroup {
+    /// Whether the CPU figure is what the kubelet sets for a request of `millicores`.
+    pub fn cpu_matches_request(&self, millicores: u64) -> bool {
+        let shares = (millicores * 1024 / 1000).max(2);
+        match (self.cpu_shares, self.cpu_weight) {
+            (Some(s), _) => s == shares,
+            (None, Some(w)) => w == 1 + (shares - 2) * 9999 / 262_142,
+            (None, None) => false,
+        }
+    }
+}
+
+/// A control plane with kube-scheduler, kube-proxy and real nodes.
+pub struct RealCluster {
+    pub cp: ControlPlane,
+    pub nodes: Vec<RealNode>,
+}
+
+impl RealCluster {
+    /// Installs what is missing, records the host's state, and starts the control plane, the
+    /// scheduler, every node (containerd with the images imported, then the kubelet) and
+    /// kube-proxy; returns once every node is Ready and kube-proxy has programmed its rules.
+    pub async fn start(config: &RealClusterConfig) -> Result<RealCluster> {
+        if let Some(reason) = unavailable_reason() {
+            bail!("{reason}");
+        }
+        if config.nodes == 0 || config.nodes > 8 {
+            bail!("a real cluster has 1 to 8 nodes, not {}", config.nodes);
+        }
+        install_packages(NODE_PACKAGES).await?;
+        let began = Instant::now();
+        let nodes: Vec<(String, Ipv4Addr, String)> = (0..config.nodes)
+            .map(|i| {
+                let letter = (b'a' + i as u8) as char;
+                (
+                    format!("nodewarden-node-{letter}"),
+                    Ipv4Addr::new(10, 200, 0, 11 + i as u8),
+                    format!("/nodewarden-node-{letter}"),
+                )
+            })
+            .collect();
+        let prepare_nodes = nodes.clone();
+        let cp = ControlPlane::start_for_nodes(
+            NodeNetwork {
+                apiserver_ip: APISERVER_IP,
+            },
+            move |root| prepare_host(root, &prepare_nodes),
+        )
+        .await?;
+        for name in ["kube-scheduler", "kubelet", "kube-proxy"] {
+            if !cp.binaries().path(name).is_file() {
+                bail!(
+                    "{} is missing: tests/controlplane/build.sh builds it with the control plane",
+                    cp.binaries().path(name).display()
+                );
+            }
+        }
+        let cluster = RealCluster {
+            nodes: nodes
+                .iter()
+                .map(|(name, ip, cgroup_root)| RealNode {
+                    name: name.clone(),
+                    ip: *ip,
+                    cgroup_root: cgroup_root.clone(),
+                    dir: cp.dir().join("nodes").join(name),
+                })
+                .collect(),
+            cp,
+        };
+        let result = async {
+            cluster.start_scheduler()?;
+            for (i, node) in cluster.nodes.iter().enumerate() {
+                cluster.start_node(i, node, config).await?;
+            }
+            cluster.start_proxy().await?;
+            for node in &cluster.nodes {
+                cluster.wait_node_ready(&node.name).await?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            let logs = cluster.cp.log_tails(40);
+            return Err(e.context(format!("real cluster start-up failed; last log lines:\n{logs}")));
+        }
+        eprintln!(
+            "nodewarden-tests: {} real node(s) Ready in {:.1}s",
+            cluster.nodes.len(),
+            began.elapsed().as_secs_f64()
+        );
+        Ok(cluster)
+    }
+
+    fn start_scheduler(&self) -> Result<()> {
+        let cp = &self.cp;
+        let cert = cp
+            .ca()
+            .issue_client("system:kube-scheduler", &[], CERT_VALIDITY)?;
+        let kubeconfig = cp.dir().join("kube-scheduler.kubeconfig");
+        write_file(&kubeconfig, cp.kubeconfig_for(&cert)?.as_bytes(), true)?;
+        let [port]: [u16; 1] = free_ports(1)?
+            .try_into()
+            .map_err(|_| anyhow!("expected one port"))?;
+        let k = kubeconfig.display().to_string();
+        cp.spawn_program(
+            "kube-scheduler",
+            &cp.binaries().path("kube-scheduler"),
+            &[
+                format!("--kubeconfig={k}"),
+                format!("--authentication-kubeconfig={k}"),
+                format!("--authorization-kubeconfig={k}"),
+                format!("--secure-port={port}"),
+                "--bind-address=127.0.0.1".to_string(),
+                "--leader-elect=false".to_string(),
+                "--v=1".to_string(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    async fn start_node(&self, index: usize, node: &RealNode, config: &RealClusterConfig) -> Result<()> {
+        let cp = &self.cp;
+        let dir = &node.dir;
+        for sub in ["containerd", "kubelet", "cni/net.d", "cni/ipam", "certs"] {
+            std::fs::create_dir_all(dir.join(sub))
+                .with_context(|| format!("creating {}", dir.join(sub).display()))?;
+        }
+        let socket = node.containerd_socket();
+        let containerd_config = dir.join("containerd/config.toml");
+        write_file(
+            &containerd_config,
+            containerd_toml(dir, &socket, &config.sandbox_image).as_bytes(),
+            false,
+        )?;
+        write_file(
+            &dir.join("cni/net.d/10-nodewarden.conflist"),
+            cni_conflist(index, dir).as_bytes(),
+            false,
+        )?;
+        cp.spawn_program(
+            &format!("containerd-{}", node.name),
+            Path::new("containerd"),
+            &[format!("--config={}", containerd_config.display())],
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ctr(&socket, &["version"]).await.is_err() {
+            cp.check_running()?;
+            if Instant::now() > deadline {
+                bail!(
+                    "containerd of {} did not answer on {} within 30 s",
+                    node.name,
+                    socket.display()
+                );
+            }
+            pause().await;
+        }
+        for archive in &config.images {
+            import_image(&socket, archive).await?;
+        }
+
+        let ca = cp.ca();
+        let client = ca.issue_client(
+            &format!("system:node:{}", node.name),
+            &["system:nodes"],
+            CERT_VALIDITY,
+        )?;
+        let serving = ca.issue_serving(&ServingSpec {
+            dns_names: vec![node.name.clone()],
+            ip_addresses: vec![IpAddr::V4(node.ip)],
+            validity: CERT_VALIDITY,
+        })?;
+        let certs = dir.join("certs");
+        write_file(&certs.join("ca.crt"), cp.ca_pem().as_bytes(), false)?;
+        write_file(&certs.join("kubelet.crt"), serving.cert_pem.as_bytes(), false)?;
+        write_file(&certs.join("kubelet.key"), serving.key_pem.as_bytes(), true)?;
+        write_file(
+            &dir.join("kubelet.kubeconfig"),
+            cp.kubeconfig_for(&client)?.as_bytes(),
+            true,
+        )?;
+        let [healthz]: [u16; 1] = free_ports(1)?
+            .try_into()
+            .map_err(|_| anyhow!("expected one port"))?;
+        write_file(
+            &dir.join("kubelet.yaml"),
+            kubelet_config(node, &socket, &certs, healthz).as_bytes(),
+            false,
+        )?;
+        cp.spawn_program(
+            &format!("kubelet-{}", node.name),
+            &cp.binaries().path("kubelet"),
+            &[
+                format!("--config={}", dir.join("kubelet.yaml").display()),
+                format!("--kubeconfig={}", dir.join("kubelet.kubeconfig").display()),
+                format!("--root-dir={}", dir.join("kubelet").display()),
+                format!("--hostname-override={}", node.name),
+                format!("--node-ip={}", node.ip),
+                "--v=1".to_string(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    async fn start_proxy(&self) -> Result<()> {
+        let cp = &self.cp;
+        let cert = cp.ca().issue_client("system:kube-proxy", &[], CERT_VALIDITY)?;
+        let kubeconfig = cp.dir().join("kube-proxy.kubeconfig");
+        write_file(&kubeconfig, cp.kubeconfig_for(&cert)?.as_bytes(), true)?;
+        let [metrics, healthz]: [u16; 2] = free_ports(2)?
+            .try_into()
+            .map_err(|_| anyhow!("expected two ports"))?;
+        // One kube-proxy serves every node: the rules are the host's, and a second one would fight
+        // the first over them.
+        let first = self.nodes.first().context("no node")?;
+        cp.spawn_program(
+            "kube-proxy",
+            &cp.binaries().path("kube-proxy"),
+            &[
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--hostname-override={}", first.name),
+                "--proxy-mode=iptables".to_string(),
+                format!("--cluster-cidr={POD_NETWORK}"),
+                format!("--metrics-bind-address=127.0.0.1:{metrics}"),
+                format!("--healthz-bind-address=127.0.0.1:{healthz}"),
+                // Leave the host's conntrack settings alone.
+                "--conntrack-max-per-core=0".to_string(),
+                "--conntrack-tcp-timeout-established=0".to_string(),
+                "--conntrack-tcp-timeout-close-wait=0".to_string(),
+                "--iptables-localhost-nodeports=false".to_string(),
+                "--v=1".to_string(),
+            ],
+        )?;
+        // healthy once it has synced its rules (the `kubernetes` Service among them)
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            cp.check_running()?;
+            if let Ok((200, _)) = crate::webhooks::http_get(healthz, "/healthz").await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("kube-proxy not healthy on 127.0.0.1:{healthz} after 60 s");
+            }
+            pause().await;
+        }
+    }
+
+    /// Waits until the Node reports Ready.
+    pub async fn wait_node_ready(&self, name: &str) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.cp.admin_client().await?);
+        let deadline = Instant::now() + NODE_READY_TIMEOUT;
+        loop {
+            self.cp.check_running()?;
+            if let Some(node) = nodes.get_opt(name).await? {
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if ready {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("node {name} not Ready after {NODE_READY_TIMEOUT:?}");
+            }
+            pause().await;
+        }
+    }
+
+    /// Imports an OCI image archive into every node's containerd (namespace `k8s.io`).
+    pub async fn import_image(&self, archive: &Path) -> Result<()> {
+        for node in &self.nodes {
+            import_image(&node.containerd_socket(), archive).await?;
+        }
+        Ok(())
+    }
+
+    /// Stops everything, puts the host back as it was and fails, naming each difference, when
+    /// anything the nodes changed is still there.
+    pub fn shutdown(self) -> Result<()> {
+        let diff = self.cp.stop_and_restore_host()?;
+        if !diff.is_empty() {
+            bail!(
+                "the host is not as before the real nodes started:\n  {}",
+                diff.join("\n  ")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Runs `tests/node/packages.sh` for `packages` (installs what is missing).
+pub async fn install_packages(packages: &[&str]) -> Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("node/packages.sh");
+    let status = tokio::process::Command::new("bash")
+        .arg(&script)
+        .args(packages)
+        .stdin(Stdio::null())
+        .status()
+        .await
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() {
+        bail!("{} {} failed ({status})", script.display(), packages.join(" "));
+    }
+    Ok(())
+}
+
+async fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
+    let out = tokio::process::Command::new("ctr")
+        .arg("--address")
+        .arg(socket)
+        .args(["--namespace", "k8s.io"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("running ctr (Debian's containerd package)")?;
+    if !out.status.success() {
+        bail!(
+            "ctr {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+async fn import_image(socket: &Path, archive: &Path) -> Result<()> {
+    let path = archive.to_str().context("image archive path is not UTF-8")?;
+    ctr(socket, &["images", "import", "--no-unpack", path])
+        .await
+        .with_context(|| format!("importing {}", archive.display()))?;
+    Ok(())
+}
+
+/// Records the host's state and sets up what the nodes share: the addresses, the black hole for
+/// Service IPs, the guard that keeps pod traffic on the machine, and each node's cgroup root.
+fn prepare_host(root: &Path, nodes: &[(String, Ipv4Addr, String)]) -> Result<()> {
+    let state = root.join("host-state");
+    let script = state.join("host-state.sh");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("node/host-state.sh");
+    run(
+        "sh",
+        &[
+            &source.display().to_string(),
+            "snapshot",
+            &state.display().to_string(),
+        ],
+    )?;
+    // the watchdog runs this copy, so it must not depend on the source tree
+    std::fs::copy(&source, &script).with_context(|| format!("copying {}", source.display()))?;
+    write_file(
+        &state.join("owner"),
+        format!("{}\n", root.display()).as_bytes(),
+        false,
+    )?;
+    let roots: String = nodes.iter().fold(String::new(), |mut s, (_, _, cg)| {
+        let _ = writeln!(s, "{}", cg.trim_start_matches('/'));
+        s
+    });
+    write_file(&state.join("cgroup-roots"), roots.as_bytes(), false)?;
+    write_file(
+        &state.join("conntrack-ranges"),
+        format!("{NODE_ADDRESSES}\n{POD_NETWORK}\n{SERVICE_CLUSTER_IP_RANGE}\n").as_bytes(),
+        false,
+    )?;
+
+    let mut addresses = vec![("nw-apiserver".to_string(), APISERVER_IP)];
+    for (i, (_, ip, _)) in nodes.iter().enumerate() {
+        addresses.push((format!("nw-node-{i}"), *ip));
+    }
+    for (link, ip) in &addresses {
+        // dummy links are not available everywhere; a veth pair is
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                link,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &format!("{link}-p"),
+            ],
+        )?;
+        run("ip", &["addr", "add", &format!("{ip}/32"), "dev", link])?;
+        run("ip", &["link", "set", link, "up"])?;
+        run("ip", &["link", "set", &format!("{link}-p"), "up"])?;
+    }
+    run("ip", &["route", "add", "blackhole", SERVICE_CLUSTER_IP_RANGE])?;
+    run(
+        "iptables",
+        &[
+            "-I",
+            "FORWARD",
+            "-s",
+            POD_NETWORK,
+            "!",
+            "-d",
+            POD_NETWORK,
+            "-j",
+            "DROP",
+        ],
+    )?;
+    for (_, _, cgroup_root) in nodes {
+        create_cgroup_root(cgroup_root)?;
+    }
+    Ok(())
+}
+
+/// Creates `/sys/fs/cgroup/<hierarchy><root>` in every cgroup v1 hierarchy (the kubelet expects its
+/// `--cgroup-root` to exist), or `/sys/fs/cgroup<root>` on a cgroup v2 host.
+fn create_cgroup_root(root: &str) -> Result<()> {
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join("cgroup.controllers").exists() {
+        let dir = base.join(root.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(base).with_context(|| format!("reading {}", base.display()))? {
+        let hierarchy = entry?.path();
+        if !hierarchy.join("cgroup.procs").exists() {
+            continue; // a symlink such as cpuacct -> cpu,cpuacct is created once, at its target
+        }
+        let dir = hierarchy.join(root.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // a new cpuset cgroup has no CPUs or memory nodes: give it its parent's
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            if let Ok(v) = std::fs::read_to_string(hierarchy.join(file)) {
+                std::fs::write(dir.join(file), v.trim())
+                    .with_context(|| format!("writing {}", dir.join(file).display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(program: &str, args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Puts the host back as `<dir>/host-state` recorded it, when it did (a real-node control plane).
+pub(crate) fn restore_host_state(dir: &Path) {
+    let state = dir.join("host-state");
+    let script = state.join("host-state.sh");
+    if script.is_file() {
+        let _ = std::process::Command::new("sh")
+            .arg(&script)
+            .arg("restore")
+            .arg(&state)
+            .stdin(Stdio::null())
+            .status();
+    }
+}
+
+/// What differs from the host state recorded in `<dir>/host-state` (empty: nothing, or no record).
+pub(crate) fn host_state_diff(dir: &Path) -> Result<Vec<String>> {
+    let state = dir.join("host-state");
+    let script = state.join("host-state.sh");
+    if !script.is_file() {
+        return Ok(Vec::new());
+    }
+    let out = std::process::Command::new("sh")
+        .arg(&script)
+        .arg("diff")
+        .arg(&state)
+        .stdin(Stdio::null())
+        .output()
+        .context("running host-state.sh diff")?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+fn containerd_toml(dir: &Path, socket: &Path, sandbox_image: &str) -> String {
+    let d = dir.join("containerd");
+    format!(
+        r#"version = 2
+root = "{root}"
+state = "{state}"
+
+[grpc]
+  address = "{socket}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  # without it, creating a sandbox fails where oom_score_adj cannot be lowered (no CAP_SYS_RESOURCE)
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+"#,
+        root = d.join("root").display(),
+        state = d.join("state").display(),
+        socket = socket.display(),
+        opt = d.join("opt").display(),
+        cni_bin = CNI_BIN_DIR,
+        cni_conf = dir.join("cni/net.d").display(),
+    )
+}
+
+fn cni_conflist(index: usize, dir: &Path) -> String {
+    let subnet = format!("10.201.{}.0/24", index + 1);
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": format!("nodewarden-{index}"),
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": format!("nwbr{index}"),
+                "isGateway": true,
+                // no masquerading: nothing a pod sends may leave the machine
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": dir.join("cni/ipam").display().to_string(),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
+    .to_string()
+}
+
+fn kubelet_config(node: &RealNode, socket: &Path, certs: &Path, healthz_port: u16) -> String {
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: "{ip}"
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz_port}
+cgroupDriver: cgroupfs
+cgroupRoot: "{cgroup_root}"
+# cgroup v1 hosts still run kubelet 1.36 when asked to
+failCgroupV1: {fail_v1}
+containerRuntimeEndpoint: "unix://{socket}"
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: "{ca}"
+authorization:
+  mode: Webhook
+tlsCertFile: "{crt}"
+tlsPrivateKeyFile: "{key}"
+# pods get no DNS: nothing they resolve could be reached anyway
+resolvConf: ""
+failSwapOn: false
+# a shared test machine: evict nothing, collect no images
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  imagefs.available: "1%"
+  nodefs.inodesFree: "1%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+staticPodPath: ""
+"#,
+        ip = node.ip,
+        cgroup_root = node.cgroup_root,
+        fail_v1 = if v2 { "true" } else { "false" },
+        socket = socket.display(),
+        ca = certs.join("ca.crt").display(),
+        crt = certs.join("kubelet.crt").display(),
+        key = certs.join("kubelet.key").display(),
+    )
+}
