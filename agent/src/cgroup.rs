@@ -1,4 +1,5 @@
-//! Finding and reading container cgroups under a cgroup v2 root.
+//! Finding and reading container cgroups, cgroup v2 (here) or v1 ([`v1`]); which one is
+//! decided once at start ([`Hierarchy::detect`]).
 //!
 //! Layouts recognised (any prefix before the `kubepods` part, so
 //! `kubelet.slice/kubelet-kubepods.slice/…` works too):
@@ -13,7 +14,10 @@
 //! Every container cgroup of a pod is returned, the sandbox (pause) container included; the
 //! join with the pod's `containerStatuses` keeps only real containers.
 
+pub mod v1;
+
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,10 +33,21 @@ pub enum CgroupError {
     )]
     RootUnreadable { path: PathBuf, source: io::Error },
     #[error(
-        "cgroup root {path} is not a cgroup v2 hierarchy: {why}; nodewarden-agent needs cgroup v2 \
-         (the unified hierarchy, with cgroup.controllers at its root), as Kubernetes 1.35 does"
+        "cgroup root {path} is not a cgroup v2 hierarchy: {why}; --cgroup-version v2 needs the \
+         unified hierarchy, with cgroup.controllers at its root (`auto` also accepts cgroup v1)"
     )]
     NotV2 { path: PathBuf, why: String },
+    #[error(
+        "cgroup root {path} holds no usable cgroup v1 hierarchies: {why} (a v1 node has the memory \
+         and cpuacct hierarchies mounted below it, e.g. memory/ and cpu,cpuacct/)"
+    )]
+    NotV1 { path: PathBuf, why: String },
+    #[error(
+        "cgroup root {path} is neither cgroup v2 (no cgroup.controllers) nor cgroup v1 ({why}); \
+         mount the host's /sys/fs/cgroup there, read-only, or point --cgroup-root / \
+         NODEWARDEN_CGROUP_ROOT at it"
+    )]
+    Neither { path: PathBuf, why: String },
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
     #[error("{path}: {what} (expected {expected})")]
@@ -64,23 +79,136 @@ pub struct ContainerCgroup {
     pub path: PathBuf,
 }
 
-/// One reading of a container's cgroup files.
+/// CPU throttling counters of a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Throttling {
+    /// Periods in which the container was throttled (`nr_throttled`).
+    pub periods: u64,
+    /// Time throttled: v2 `throttled_usec`, v1 `throttled_time` / 1000.
+    pub time_usec: u64,
+}
+
+/// One reading of a container's cgroup files (v2 names; v1 fills the same fields).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reading {
-    /// `cpu.stat` `usage_usec`.
+    /// `cpu.stat` `usage_usec` (v1: `cpuacct.usage` / 1000).
     pub cpu_usage_usec: u64,
-    /// `memory.current`.
+    /// `memory.current` (v1: `memory.usage_in_bytes`).
     pub memory_current: u64,
-    /// `memory.stat` `inactive_file`.
+    /// `memory.stat` `inactive_file` (v1: `total_inactive_file`).
     pub inactive_file: u64,
-    /// `memory.events` `oom_kill`.
+    /// `memory.events` `oom_kill` (v1: `memory.oom_control` `oom_kill`, 0 before kernel 4.13).
     pub oom_kill: u64,
+    /// Throttling, where the cpu controller reports it.
+    pub throttled: Option<Throttling>,
 }
 
 impl Reading {
     /// Working set as kubelet computes it: current − inactive_file, never below zero.
     pub fn working_set(&self) -> u64 {
         self.memory_current.saturating_sub(self.inactive_file)
+    }
+}
+
+/// Which cgroup version to use: `auto` detects it at start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Version {
+    #[default]
+    Auto,
+    V1,
+    V2,
+}
+
+/// The node's cgroup hierarchy, as detected at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// The unified hierarchy at this root.
+    V2 { root: PathBuf },
+    /// Per-controller hierarchies.
+    V1(v1::Mounts),
+}
+
+/// A bare path is a cgroup v2 root (what the sampler took before v1 was supported).
+impl From<PathBuf> for Hierarchy {
+    fn from(root: PathBuf) -> Self {
+        Hierarchy::V2 { root }
+    }
+}
+
+impl fmt::Display for Hierarchy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Hierarchy::V2 { root } => write!(f, "cgroup v2 at {}", root.display()),
+            Hierarchy::V1(m) => m.fmt(f),
+        }
+    }
+}
+
+impl Hierarchy {
+    /// Detects the hierarchy at `root` with this process's mount table: v2 when
+    /// `cgroup.controllers` is there, else v1 when a `memory` hierarchy is mounted below it.
+    pub fn detect(root: &Path, version: Version) -> Result<Hierarchy, CgroupError> {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok();
+        Self::detect_with(root, version, mountinfo.as_deref())
+    }
+
+    /// [`Hierarchy::detect`] with the mount table given (`None`: use the folders only).
+    pub fn detect_with(
+        root: &Path,
+        version: Version,
+        mountinfo: Option<&str>,
+    ) -> Result<Hierarchy, CgroupError> {
+        let as_v1 = || -> Result<Hierarchy, CgroupError> {
+            match v1::find(root, mountinfo) {
+                Ok(Some(m)) => Ok(Hierarchy::V1(m)),
+                Ok(None) => Err(CgroupError::NotV1 {
+                    path: root.to_path_buf(),
+                    why: "no memory hierarchy is mounted there".to_string(),
+                }),
+                Err(why) => Err(CgroupError::NotV1 {
+                    path: root.to_path_buf(),
+                    why,
+                }),
+            }
+        };
+        match version {
+            Version::V2 => check_root(root).map(|()| Hierarchy::V2 {
+                root: root.to_path_buf(),
+            }),
+            Version::V1 => {
+                fs::read_dir(root).map_err(|source| CgroupError::RootUnreadable {
+                    path: root.to_path_buf(),
+                    source,
+                })?;
+                as_v1()
+            }
+            Version::Auto => match check_root(root) {
+                Ok(()) => Ok(Hierarchy::V2 {
+                    root: root.to_path_buf(),
+                }),
+                Err(CgroupError::NotV2 { .. }) => as_v1().map_err(|e| match e {
+                    CgroupError::NotV1 { path, why } => CgroupError::Neither { path, why },
+                    other => other,
+                }),
+                Err(other) => Err(other),
+            },
+        }
+    }
+
+    /// Where container cgroups are looked for (v1: the memory hierarchy).
+    pub fn walk_root(&self) -> &Path {
+        match self {
+            Hierarchy::V2 { root } => root,
+            Hierarchy::V1(m) => m.walk_root(),
+        }
+    }
+
+    /// Reads the container cgroup `dir` found below [`Hierarchy::walk_root`].
+    pub fn read(&self, dir: &Path) -> Result<Reading, CgroupError> {
+        match self {
+            Hierarchy::V2 { .. } => read(dir),
+            Hierarchy::V1(m) => m.read(dir),
+        }
     }
 }
 
@@ -223,18 +351,25 @@ pub fn container_of(name: &str) -> Option<(Runtime, String)> {
     is_container_id(id).then(|| (runtime, id.to_string()))
 }
 
-/// Reads the four files the agent needs from one container cgroup.
+/// Reads the four files the agent needs from one cgroup v2 container cgroup.
 pub fn read(dir: &Path) -> Result<Reading, CgroupError> {
-    let cpu_stat = read_file(&dir.join("cpu.stat"))?;
+    let cpu_stat_path = dir.join("cpu.stat");
+    let cpu_stat = read_file(&cpu_stat_path)?;
     let memory_current_path = dir.join("memory.current");
     let memory_current = read_file(&memory_current_path)?;
     let memory_stat = read_file(&dir.join("memory.stat"))?;
     let memory_events = read_file(&dir.join("memory.events"))?;
+    // the throttling keys are there only when the cpu controller is enabled for the cgroup
+    let periods = optional_keyed_value(&cpu_stat_path, &cpu_stat, "nr_throttled")?;
+    let time_usec = optional_keyed_value(&cpu_stat_path, &cpu_stat, "throttled_usec")?;
     Ok(Reading {
-        cpu_usage_usec: keyed_value(&dir.join("cpu.stat"), &cpu_stat, "usage_usec")?,
+        cpu_usage_usec: keyed_value(&cpu_stat_path, &cpu_stat, "usage_usec")?,
         memory_current: single_value(&memory_current_path, &memory_current)?,
         inactive_file: keyed_value(&dir.join("memory.stat"), &memory_stat, "inactive_file")?,
         oom_kill: keyed_value(&dir.join("memory.events"), &memory_events, "oom_kill")?,
+        throttled: periods
+            .zip(time_usec)
+            .map(|(periods, time_usec)| Throttling { periods, time_usec }),
     })
 }
 
@@ -246,24 +381,29 @@ fn read_file(path: &Path) -> Result<String, CgroupError> {
 }
 
 /// The value of `key` in a flat-keyed file (`key value` per line), as the kernel writes
-/// `cpu.stat`, `memory.stat` and `memory.events`.
+/// `cpu.stat`, `memory.stat` and `memory.events` (v1: also `memory.oom_control`).
 pub fn keyed_value(path: &Path, text: &str, key: &str) -> Result<u64, CgroupError> {
+    optional_keyed_value(path, text, key)?.ok_or_else(|| CgroupError::Parse {
+        path: path.to_path_buf(),
+        what: format!("no {key} line"),
+        expected: "a line `<key> <value>` as the kernel writes it",
+    })
+}
+
+/// [`keyed_value`] for a key that may be absent (`None`); a malformed value is an error.
+pub fn optional_keyed_value(path: &Path, text: &str, key: &str) -> Result<Option<u64>, CgroupError> {
     for line in text.lines() {
         let mut parts = line.split_ascii_whitespace();
         if parts.next() == Some(key) {
             let value = parts.next().unwrap_or("");
-            return value.parse().map_err(|_| CgroupError::Parse {
+            return value.parse().map(Some).map_err(|_| CgroupError::Parse {
                 path: path.to_path_buf(),
                 what: format!("{key} has value {value:?}"),
                 expected: "a non-negative integer",
             });
         }
     }
-    Err(CgroupError::Parse {
-        path: path.to_path_buf(),
-        what: format!("no {key} line"),
-        expected: "a line `<key> <value>` as the kernel writes it",
-    })
+    Ok(None)
 }
 
 /// A single-value file such as `memory.current`.
@@ -473,6 +613,7 @@ mod tests {
             memory_current: 100,
             inactive_file: 150,
             oom_kill: 0,
+            throttled: None,
         };
         assert_eq!(r.working_set(), 0);
         let r = Reading {

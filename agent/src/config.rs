@@ -22,9 +22,15 @@ pub struct Config {
     #[arg(long, env = "NODEWARDEN_NODE_NAME")]
     pub node_name: String,
 
-    /// Root of the node's cgroup v2 hierarchy, as mounted in the agent's container.
+    /// Root of the node's cgroup hierarchy (v2), or the folder the v1 hierarchies are mounted
+    /// below, as mounted in the agent's container.
     #[arg(long, env = "NODEWARDEN_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
+
+    /// cgroup version of the node: `auto` detects it at start (v2 when cgroup.controllers is at
+    /// the root, else v1 when a memory hierarchy is mounted below it).
+    #[arg(long, env = "NODEWARDEN_CGROUP_VERSION", value_enum, default_value = "auto")]
+    pub cgroup_version: crate::cgroup::Version,
 
     /// Folder of the checkpoint file (a hostPath, so history survives restarts).
     #[arg(

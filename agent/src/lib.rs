@@ -67,7 +67,7 @@ pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
 
 /// Runs the agent with the in-cluster (or kubeconfig) client until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    cgroup::check_root(&config.cgroup_root)?;
+    cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
     let client = Client::try_default()
         .await
         .context("building the Kubernetes client (in-cluster service account or kubeconfig)")?;
@@ -107,7 +107,7 @@ pub async fn run_with_client(
     client: Client,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    cgroup::check_root(&config.cgroup_root)?;
+    let hierarchy = cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
     let estimator = config.estimator.estimator()?;
     if let Err(err) = std::fs::create_dir_all(&config.checkpoint_dir) {
         tracing::warn!(dir = %config.checkpoint_dir.display(), error = %err, "cannot create the checkpoint folder; history will not survive a restart");
@@ -115,7 +115,7 @@ pub async fn run_with_client(
     let metrics = Arc::new(Metrics::new());
     let mut sampler = Sampler::new(
         config.node_name.clone(),
-        config.cgroup_root.clone(),
+        hierarchy.clone(),
         estimator,
         config.publish(),
         metrics.clone(),
@@ -134,7 +134,7 @@ pub async fn run_with_client(
             .with_graceful_shutdown(admin_stop.cancelled_owned())
             .await
     });
-    tracing::info!(node = %config.node_name, admin = %config.admin_addr, cgroup_root = %config.cgroup_root.display(), "nodewarden-agent starting");
+    tracing::info!(node = %config.node_name, admin = %config.admin_addr, cgroup = %hierarchy, "nodewarden-agent starting");
 
     let stores = pods::watch(client.clone(), &config.node_name, stop.clone());
     let gates_task = config.gates.gates.then(|| {

@@ -5,12 +5,11 @@
 //! benchmark calls it directly.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use nodewarden_api::rightsizing::{AutoscalerRef, NodeRecommendationSpec};
 
-use crate::cgroup::{self, CgroupError, Locator, Reading};
+use crate::cgroup::{CgroupError, Hierarchy, Locator, Reading};
 use crate::checkpoint::{self, Checkpoint};
 use crate::metrics::{self, Metrics};
 use crate::pods::{Key, Policy, Target};
@@ -41,6 +40,7 @@ pub struct Sampler {
     cfg: EstimatorConfig,
     publish: PublishConfig,
     node: String,
+    hierarchy: Hierarchy,
     locator: Locator,
     histories: BTreeMap<Key, History>,
     meta: HashMap<Key, Meta>,
@@ -119,18 +119,21 @@ pub fn entry(
 }
 
 impl Sampler {
+    /// `cgroup`: the detected hierarchy, or a path (a cgroup v2 root).
     pub fn new(
         node: String,
-        cgroup_root: PathBuf,
+        cgroup: impl Into<Hierarchy>,
         cfg: EstimatorConfig,
         publish: PublishConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let hierarchy = cgroup.into();
         Sampler {
             cfg,
             publish,
             node,
-            locator: Locator::new(cgroup_root),
+            locator: Locator::new(hierarchy.walk_root().to_path_buf()),
+            hierarchy,
             histories: BTreeMap::new(),
             meta: HashMap::new(),
             cpu_counters: HashMap::new(),
@@ -223,7 +226,7 @@ impl Sampler {
         let readings: HashMap<String, Result<Reading, CgroupError>> = paths
             .into_iter()
             .map(|(id, path)| {
-                let r = cgroup::read(&path);
+                let r = self.hierarchy.read(&path);
                 (id, r)
             })
             .collect();

@@ -350,3 +350,56 @@ fn an_oom_kill_in_the_pod_status_bumps_memory_once() {
     let want = (edge(1e7, 164.0 * MIB) * 1.15).ceil() as u64;
     assert_eq!(e.target.memory_bytes, Some(want));
 }
+
+#[test]
+fn on_cgroup_v1_the_same_estimator_reads_the_v1_files() {
+    use nodewarden_agent::cgroup::{Hierarchy, Version};
+    let (_tmp, root) = fixture_copy("v1-cgroupfs");
+    let hierarchy = Hierarchy::detect_with(&root, Version::Auto, None).expect("test setup");
+    assert!(matches!(hierarchy, Hierarchy::V1(_)), "{hierarchy}");
+    let mut s = Sampler::new(
+        "x".into(),
+        hierarchy,
+        EstimatorConfig::default(),
+        PublishConfig {
+            change_threshold: 0.1,
+            refresh_ms: 3_600_000,
+            min_interval_ms: MIN_INTERVAL_MS,
+        },
+        Arc::new(Metrics::new()),
+    );
+    let uid = "0a1b2c3d-0000-4000-8000-000000000011";
+    let p = pod(uid, &[("app", hex("1b"))]);
+    let t = targets(&p);
+    let rel = format!("node-a/kubepods/burstable/pod{uid}/{}", hex("1b"));
+    // 400 MiB in use (above the pod minimum, so the figure shows)
+    fs::write(
+        root.join("memory").join(&rel).join("memory.usage_in_bytes"),
+        format!("{}\n", 400 * 1024 * 1024),
+    )
+    .expect("test setup");
+    assert!(s.tick(T0, &t, &alive()).publish.is_some());
+    // 10 s later 5 s more CPU in cpuacct.usage (nanoseconds): 0.5 core, as on v2
+    fs::write(
+        root.join("cpuacct").join(&rel).join("cpuacct.usage"),
+        format!("{}\n", 7_250_000_000u64 + 5_000_000_000),
+    )
+    .expect("test setup");
+    s.tick(T0 + 10_000, &t, &alive());
+    let snap = s.snapshot();
+    let e = &snap[&key("app")];
+    assert_eq!(
+        e.target.cpu_milli,
+        Some((edge(0.01, 0.5) * 1.15 * 1000.0).ceil() as u64)
+    );
+    // working set 400 MiB − 20 MiB total_inactive_file = 380 MiB
+    assert_eq!(
+        e.target.memory_bytes,
+        Some((edge(1e7, 380.0 * MIB) * 1.15).ceil() as u64)
+    );
+    // an OOM kill in memory.oom_control (1 → 2) bumps memory as memory.events does on v2
+    let oom = root.join("memory").join(&rel).join("memory.oom_control");
+    fs::write(&oom, "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n").expect("test setup");
+    s.tick(T0 + 20_000, &t, &alive());
+    assert_eq!(s.snapshot()[&key("app")].oom_count, 1);
+}
