@@ -37,7 +37,7 @@ const DAY_MS: i64 = 24 * 3600 * 1000;
 
 /// Estimator constants; the defaults are the VPA recommender's: percentiles, margin, floors
 /// and confidence interval from `config/config.go` (`DefaultRecommenderConfig`, lines
-/// 124-135), confidence multipliers and exponents from `logic/recommender.go`
+/// 125-135), confidence multipliers and exponents from `logic/recommender.go`
 /// (`CreatePodResourceRecommender`, lines 162-178), half-lives, interval, OOM bump and sample
 /// weight from `model/aggregations_config.go` (lines 60-82).
 #[derive(Clone, Debug, PartialEq)]
