@@ -14,8 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::recommender::StoredHistory;
 
-/// Format version written by this agent.
-pub const VERSION: u32 = 1;
+/// Format version written by this agent. Version 2 stores the memory peaks as a decaying
+/// histogram (as VPA keeps them) instead of a list of the last eight.
+pub const VERSION: u32 = 2;
+/// Versions this agent reads: 1 is converted on load (see `History::from_stored`).
+pub const READABLE_VERSIONS: [u32; 2] = [1, 2];
 pub const FILE_NAME: &str = "checkpoint.json";
 
 #[derive(Debug, thiserror::Error)]
@@ -93,17 +96,19 @@ pub fn load(dir: &Path, now_secs: u64) -> Loaded {
     let (suffix, why) = match serde_json::from_slice::<VersionOnly>(&bytes) {
         Err(e) => ("corrupt", format!("not a checkpoint: {e}")),
         Ok(VersionOnly { version }) => match version.as_ref().and_then(|v| v.as_u64()) {
-            Some(v) if v == u64::from(VERSION) => match serde_json::from_slice::<Checkpoint>(&bytes) {
-                Ok(c) => return Loaded::Found(c),
-                Err(e) => (
-                    "corrupt",
-                    format!("version {v} but the content does not match it: {e}"),
-                ),
-            },
+            Some(v) if READABLE_VERSIONS.iter().any(|&r| u64::from(r) == v) => {
+                match serde_json::from_slice::<Checkpoint>(&bytes) {
+                    Ok(c) => return Loaded::Found(c),
+                    Err(e) => (
+                        "corrupt",
+                        format!("version {v} but the content does not match it: {e}"),
+                    ),
+                }
+            }
             _ => (
                 "unsupported",
                 format!(
-                    "version {} is not supported (this agent reads version {VERSION})",
+                    "version {} is not supported (this agent reads versions {READABLE_VERSIONS:?})",
                     version.map_or_else(|| "missing".to_string(), |v| v.to_string())
                 ),
             ),
@@ -151,7 +156,7 @@ mod tests {
     fn sample() -> Checkpoint {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        h.add_cpu(&cfg, 1_700_000_000_000, 0.2, 0.1);
+        h.add_cpu(&cfg, 1_700_000_000_000, 0.2);
         h.add_memory(&cfg, 1_700_000_000_000, 300.0 * MIB);
         Checkpoint {
             version: VERSION,
@@ -202,6 +207,15 @@ mod tests {
         assert!(
             matches!(load(dir.path(), 44), Loaded::MovedAside { why, .. } if why.contains("does not match"))
         );
+    }
+
+    #[test]
+    fn a_version_1_file_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = serde_json::to_value(sample()).unwrap();
+        c["version"] = 1.into();
+        fs::write(path(dir.path()), serde_json::to_vec(&c).unwrap()).unwrap();
+        assert!(matches!(load(dir.path(), 42), Loaded::Found(c) if c.version == 1));
     }
 
     #[test]

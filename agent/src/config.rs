@@ -126,7 +126,7 @@ pub struct EstimatorFlags {
     /// …and at least used + this much.
     #[arg(long, env = "NODEWARDEN_OOM_MIN_BUMP", default_value = "100Mi", value_parser = parse_quantity)]
     pub oom_min_bump: QuantityArg,
-    /// Weight of a CPU sample is the CPU request in cores, at least this.
+    /// The weight of every CPU sample (VPA's minSampleWeight), whatever the request.
     #[arg(long, env = "NODEWARDEN_CPU_MIN_SAMPLE_WEIGHT", default_value_t = 0.1, value_parser = parse_positive)]
     pub cpu_min_sample_weight: f64,
     /// Histogram buckets grow by this fraction.
@@ -141,7 +141,7 @@ pub struct EstimatorFlags {
     /// One memory peak per interval of this length.
     #[arg(long, env = "NODEWARDEN_MEMORY_AGGREGATION_INTERVAL", default_value = "24h", value_parser = parse_interval)]
     pub memory_aggregation_interval: Duration,
-    /// Memory peaks of this many intervals are kept.
+    /// A history with no sample for this many intervals is dropped (old peaks decay, as in VPA).
     #[arg(long, env = "NODEWARDEN_MEMORY_AGGREGATION_INTERVAL_COUNT", default_value_t = 8,
           value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub memory_aggregation_interval_count: u16,

@@ -122,7 +122,9 @@ impl HistogramOptions {
         }
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let b = b as usize;
-        // guard against rounding right at a bucket edge
+        // Guard against rounding right at a bucket edge. VPA (histogram_options.go, FindBucket,
+        // line 120) has no such guard; the two can only part for a value within a rounding
+        // error of an edge (e.g. exactly 20500000 bytes).
         if b + 1 < self.num_buckets && value >= self.bucket_start(b + 1) {
             b + 1
         } else if b > 0 && value < self.bucket_start(b) {
@@ -137,6 +139,9 @@ impl HistogramOptions {
         if bucket == 0 {
             return 0.0;
         }
+        // VPA: pkg/recommender/util/histogram_options.go, GetBucketStart (line 134). Go's
+        // math.Pow takes a whole exponent by repeated squaring, as `powi` does, so the edges
+        // come out the same to the last bit.
         let n = i32::try_from(bucket).unwrap_or(i32::MAX);
         self.first_bucket * (self.ratio.powi(n) - 1.0) / (self.ratio - 1.0)
     }
@@ -235,6 +240,35 @@ impl DecayingHistogram {
         }
     }
 
+    /// Takes back a sample added earlier with the same value, weight and time. As VPA does
+    /// (pkg/recommender/util/histogram.go, `SubtractSample` and `safeSubtract`, lines 122-141),
+    /// a bucket or total left below epsilon becomes exactly 0, and the first/last non-empty
+    /// buckets are found again. VPA uses it only for memory peaks: when an interval's peak
+    /// grows, the old peak is taken out and the new one added.
+    pub fn subtract_sample(&mut self, value: f64, weight: f64, at_ms: i64) {
+        if !(weight.is_finite() && weight >= 0.0 && value.is_finite()) {
+            return;
+        }
+        let w = weight * self.decay_factor(at_ms);
+        let bucket = self.options.find_bucket(value);
+        let eps = self.options.epsilon;
+        let less = |v: f64| if v - w < eps { 0.0 } else { v - w };
+        self.total_weight = less(self.total_weight);
+        self.weights[bucket] = less(self.weights[bucket]);
+        self.trim_min_max();
+    }
+
+    /// Moves the first/last non-empty bucket markers past buckets lighter than epsilon.
+    fn trim_min_max(&mut self) {
+        let last = self.options.num_buckets() - 1;
+        while self.weights[self.min_bucket] < self.options.epsilon && self.min_bucket < last {
+            self.min_bucket += 1;
+        }
+        while self.weights[self.max_bucket] < self.options.epsilon && self.max_bucket > 0 {
+            self.max_bucket -= 1;
+        }
+    }
+
     /// The value below which `p` (0..=1) of the weight lies, as the upper edge of its bucket.
     /// 0 when empty.
     pub fn percentile(&self, p: f64) -> f64 {
@@ -289,13 +323,7 @@ impl DecayingHistogram {
             *w *= factor;
         }
         self.total_weight *= factor;
-        let last = self.options.num_buckets() - 1;
-        while self.weights[self.min_bucket] < self.options.epsilon && self.min_bucket < last {
-            self.min_bucket += 1;
-        }
-        while self.weights[self.max_bucket] < self.options.epsilon && self.max_bucket > 0 {
-            self.max_bucket -= 1;
-        }
+        self.trim_min_max();
     }
 
     pub fn to_stored(&self) -> StoredHistogram {
@@ -462,6 +490,22 @@ mod tests {
         assert!(h.total_weight() > 0.0);
         let edge = h.percentile(0.9);
         assert!(edge > 0.5 && edge < 0.5 * 1.06, "{edge}");
+    }
+
+    #[test]
+    fn subtracting_a_sample_takes_it_back() {
+        let mut h = DecayingHistogram::new(mem(), DAY_MS).unwrap();
+        let t = 1_700_000_000_000;
+        h.add_sample(3e8, 1.0, t);
+        h.add_sample(5e8, 1.0, t + DAY_MS);
+        h.subtract_sample(5e8, 1.0, t + DAY_MS);
+        // only the first sample is left: every percentile is its bucket
+        let one = mem().bucket_start(mem().find_bucket(3e8) + 1);
+        assert!((h.percentile(0.99) - one).abs() < 1e-3);
+        h.subtract_sample(3e8, 1.0, t);
+        assert!(h.is_empty());
+        assert_eq!(h.total_weight(), 0.0);
+        assert_eq!(h.percentile(0.5), 0.0);
     }
 
     #[test]

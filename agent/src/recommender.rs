@@ -1,20 +1,32 @@
 //! The VPA estimator, per (autoscaler, container) on this node.
 //!
-//! CPU: every sample (cores used over one sample interval) goes into a decaying histogram,
-//! weighted by the container's CPU request in cores, at least `min_cpu_sample_weight` (0.1), so
-//! that raising the request makes older history count for less.
+//! It follows the VPA recommender v1.8.1 rule by rule; each rule below names the VPA file
+//! (paths under `pkg/recommender/` of k8s.io/autoscaler/vertical-pod-autoscaler) it comes
+//! from. `agent/tests/vpa_differential.rs` replays the same traces through VPA's own code
+//! (`tests/vpa/cmd/recommend`) and checks that both agree.
 //!
-//! Memory: one peak (working set) per aggregation interval (24 h), the last
-//! `memory_interval_count` (8) intervals kept; each peak weighs 1 at the end of its interval and
-//! decays with the memory half-life. An OOM kill adds a peak of
-//! `max(used + oom_min_bump, used × oom_bump_ratio)` where `used = max(request, peak)`.
+//! CPU: every sample (cores used over one sample interval, rounded up to whole millicores as
+//! VPA's metrics client does) goes into a decaying histogram with the same fixed weight, 0.1,
+//! whatever the container's request.
+//!
+//! Memory: one peak (working set) per aggregation interval (24 h). Peaks go into a decaying
+//! histogram too, each weighing 1 at the end of its interval; when a later sample raises the
+//! interval's peak, the old peak is taken out and the new one put in. Old peaks are not
+//! dropped after a number of intervals: they lose half their weight every half-life (24 h). An
+//! OOM kill adds a peak of `max(used + oom_min_bump, used × oom_bump_ratio)` where
+//! `used = max(request, this interval's peak of real samples)`.
 //!
 //! Figures: target = p90, lower bound = p50, upper bound = p95 of each histogram, plus the
 //! safety margin (15 %). Bounds are widened by the confidence `c = min(days between the first
-//! and last sample, samples / 1440)`: upper × (1 + 1/c), lower × (1 + 0.001/c)^−2. Everything is
-//! at least the per-pod floor (25 millicores, 250 MiB) divided by the pod's container count.
-
-use std::collections::VecDeque;
+//! and last CPU sample, CPU samples / 1440)`: upper × (1 + 1/c), lower × (1 + 0.001/c)^−2.
+//! Everything is at least the per-pod floor (25 millicores, 250 MiB) divided by the pod's
+//! container count.
+//!
+//! Where nodewarden differs, on purpose: it keeps fractions of millicores and bytes through
+//! every step and the agent rounds up when it publishes, while VPA truncates to whole
+//! millicores and bytes after each step (percentile, margin, confidence factor, floor); and
+//! with no confidence (no CPU history) the upper bound is absent rather than VPA's maximum
+//! amount. See `docs/estimator.md`.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +35,11 @@ use crate::histogram::{DecayingHistogram, HistogramError, HistogramOptions, Stor
 pub const MIB: f64 = 1024.0 * 1024.0;
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
-/// Estimator constants; the defaults are the VPA recommender's.
+/// Estimator constants; the defaults are the VPA recommender's: percentiles, margin, floors
+/// and confidence interval from `config/config.go` (`DefaultRecommenderConfig`, lines
+/// 125-135), confidence multipliers and exponents from `logic/recommender.go`
+/// (`CreatePodResourceRecommender`, lines 162-178), half-lives, interval, OOM bump and sample
+/// weight from `model/aggregations_config.go` (lines 60-82).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EstimatorConfig {
     pub target_percentile: f64,
@@ -40,17 +56,22 @@ pub struct EstimatorConfig {
     pub pod_min_memory_bytes: f64,
     pub oom_bump_ratio: f64,
     pub oom_min_bump_bytes: f64,
+    /// The weight of every CPU sample (VPA's `minSampleWeight`, `model/aggregations_config.go`
+    /// line 62, which `model/aggregate_container_state.go` line 254 gives to each sample).
     pub min_cpu_sample_weight: f64,
     pub cpu_half_life_ms: i64,
     pub memory_half_life_ms: i64,
     pub memory_interval_ms: i64,
+    /// Intervals after which a history with no new sample is dropped (VPA: the aggregate
+    /// expires, `model/aggregate_container_state.go` line 306); peaks are not counted.
     pub memory_interval_count: usize,
     pub cpu_options: HistogramOptions,
     pub memory_options: HistogramOptions,
 }
 
 /// Histogram layouts from the bucket growth: CPU from 0.01 core to 1000 cores, memory from
-/// 1e7 B to 1e12 B. Epsilon is 0.001 × the minimum sample weight, as in VPA.
+/// 1e7 B to 1e12 B. Epsilon is 0.001 × the minimum sample weight, as in VPA
+/// (`model/aggregations_config.go`, lines 65 and 89-111).
 pub fn histogram_options(
     bucket_growth: f64,
     min_cpu_sample_weight: f64,
@@ -91,7 +112,8 @@ impl Default for EstimatorConfig {
     }
 }
 
-/// One memory peak: the largest working set of one aggregation interval.
+/// One memory peak: the largest working set of one aggregation interval. Checkpoints of
+/// version 1 kept the last eight of them; they are read back into the memory histogram.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Peak {
@@ -99,16 +121,20 @@ pub struct Peak {
     pub bytes: f64,
 }
 
-/// Everything measured for one (autoscaler, container) on this node.
+/// Everything measured for one (autoscaler, container) on this node: VPA's
+/// `AggregateContainerState` (the histograms, first/last sample, count) and the memory
+/// interval of its `ContainerState` (`model/container.go`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct History {
     cpu: DecayingHistogram,
-    /// Peaks of finished intervals, oldest first; at most `memory_interval_count − 1`.
-    past_peaks: VecDeque<Peak>,
+    /// One peak per interval, each added at its interval's end with weight 1.
+    memory: DecayingHistogram,
     /// End (exclusive) of the current memory interval; 0 before the first memory sample.
     window_end_ms: i64,
+    /// This interval's peak of real samples, and of OOM bumps.
     memory_peak: f64,
     oom_peak: f64,
+    /// Time of the last memory sample or OOM kill taken in; 0 before the first.
     last_memory_sample_ms: i64,
     pub first_sample_ms: i64,
     pub last_sample_ms: i64,
@@ -123,6 +149,11 @@ pub struct History {
 #[serde(rename_all = "camelCase")]
 pub struct StoredHistory {
     pub cpu: StoredHistogram,
+    /// The memory histogram (checkpoint version 2 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<StoredHistogram>,
+    /// Finished intervals' peaks (checkpoint version 1 only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub past_peaks: Vec<Peak>,
     pub window_end_ms: i64,
     pub memory_peak: f64,
@@ -151,11 +182,22 @@ pub struct Resources {
     pub memory_bytes: f64,
 }
 
+/// VPA's largest resource amount (`model/types.go`, `MaxResourceAmount`, line 47): 1e14
+/// millicores or bytes. A finite bound is capped there, as VPA's amounts are.
+const MAX_AMOUNT: f64 = 1e14;
+
+/// CPU samples are whole millicores in VPA: its metrics client takes `MilliValue()` of the
+/// usage quantity (`input/metrics/metrics_client.go`, line 115), which rounds up. A rate within
+/// a nanocore of a whole millicore counts as that millicore.
+fn whole_millicores(cores: f64) -> f64 {
+    ((cores * 1000.0) - 1e-6).ceil().max(0.0) / 1000.0
+}
+
 impl History {
     pub fn new(cfg: &EstimatorConfig) -> Result<Self, HistogramError> {
         Ok(History {
             cpu: DecayingHistogram::new(cfg.cpu_options, cfg.cpu_half_life_ms)?,
-            past_peaks: VecDeque::new(),
+            memory: DecayingHistogram::new(cfg.memory_options, cfg.memory_half_life_ms)?,
             window_end_ms: 0,
             memory_peak: 0.0,
             oom_peak: 0.0,
@@ -168,22 +210,22 @@ impl History {
         })
     }
 
-    /// Adds a CPU sample (cores) taken at `at_ms` while the request was `request_cores`.
-    /// Samples not newer than the last one are dropped; returns whether it was added.
-    pub fn add_cpu(
-        &mut self,
-        cfg: &EstimatorConfig,
-        at_ms: i64,
-        usage_cores: f64,
-        request_cores: f64,
-    ) -> bool {
+    /// Adds a CPU sample (cores) taken at `at_ms`. Samples not newer than the last one are
+    /// dropped (VPA: `model/container.go` line 81); returns whether it was added.
+    ///
+    /// Every sample weighs the same, `min_cpu_sample_weight` (VPA:
+    /// `model/aggregate_container_state.go` line 254): the container's request plays no part,
+    /// so resizing a container does not reweigh its history.
+    pub fn add_cpu(&mut self, cfg: &EstimatorConfig, at_ms: i64, usage_cores: f64) -> bool {
         if !(usage_cores.is_finite() && usage_cores >= 0.0)
             || (self.sample_count > 0 && at_ms <= self.last_sample_ms)
         {
             return false;
         }
-        let weight = request_cores.max(cfg.min_cpu_sample_weight);
-        self.cpu.add_sample(usage_cores, weight, at_ms);
+        self.cpu
+            .add_sample(whole_millicores(usage_cores), cfg.min_cpu_sample_weight, at_ms);
+        // first/last sample and count come from CPU samples only (VPA:
+        // model/aggregate_container_state.go lines 255-261)
         if self.sample_count == 0 || at_ms < self.first_sample_ms {
             self.first_sample_ms = at_ms;
         }
@@ -194,96 +236,80 @@ impl History {
 
     /// Adds a memory (working set) sample in bytes.
     pub fn add_memory(&mut self, cfg: &EstimatorConfig, at_ms: i64, bytes: f64) -> bool {
-        self.add_memory_sample(cfg, at_ms, bytes, false)
+        self.add_memory_sample(cfg, at_ms, bytes.ceil(), false)
     }
 
     /// Records an OOM kill at `at_ms` of a container whose memory request was `request_bytes`.
-    /// Returns the bumped peak, or `None` when the event is older than the previous interval.
+    /// Returns the bumped peak, or `None` when the event is too old.
+    ///
+    /// VPA (`model/container.go`, `RecordOOM`, lines 206-231): an OOM more than one interval
+    /// older than the last memory sample is dropped (measured from that sample, not from the
+    /// interval's end, since kubernetes/autoscaler#8548); the bump is
+    /// `max(used + min bump, used × ratio)` over `used = max(request, this interval's peak of
+    /// real samples)` (an earlier OOM peak is left out, so repeated kills do not compound),
+    /// taken in as a memory sample at the OOM's time.
     pub fn record_oom(&mut self, cfg: &EstimatorConfig, at_ms: i64, request_bytes: f64) -> Option<f64> {
-        if self.window_end_ms != 0 && at_ms < self.window_end_ms - cfg.memory_interval_ms {
+        if self.last_memory_sample_ms != 0 && at_ms < self.last_memory_sample_ms - cfg.memory_interval_ms {
             return None;
         }
-        // the OOM peak itself is left out, so repeated OOMs do not compound
-        let used = request_bytes.max(self.memory_peak);
-        let needed = (used + cfg.oom_min_bump_bytes).max(used * cfg.oom_bump_ratio);
-        self.add_memory_sample(cfg, at_ms, needed, true);
+        let used = request_bytes.ceil().max(self.memory_peak);
+        // VPA's amounts are whole bytes: the ratio's product is truncated (model/types.go, ScaleResource)
+        let needed = (used + cfg.oom_min_bump_bytes).max((used * cfg.oom_bump_ratio).floor());
+        if !self.add_memory_sample(cfg, at_ms, needed, true) {
+            return None;
+        }
         self.oom_count += 1;
         self.last_oom_ms = self.last_oom_ms.max(at_ms);
         Some(needed)
     }
 
+    /// VPA: `model/container.go`, `addMemorySample`, lines 150-203.
     fn add_memory_sample(&mut self, cfg: &EstimatorConfig, at_ms: i64, bytes: f64, oom: bool) -> bool {
+        // OOM kills are always taken in; samples older than the last one are dropped
         if !(bytes.is_finite() && bytes >= 0.0) || (!oom && at_ms < self.last_memory_sample_ms) {
             return false;
         }
-        self.last_memory_sample_ms = self.last_memory_sample_ms.max(at_ms);
+        // also an OOM kill's time, even an earlier one (line 157)
+        self.last_memory_sample_ms = at_ms;
         if self.window_end_ms == 0 {
             self.window_end_ms = at_ms;
         }
-        if at_ms < self.window_end_ms {
-            let current = self.memory_peak.max(self.oom_peak);
-            if bytes > current {
-                if oom {
-                    self.oom_peak = bytes;
-                } else {
-                    self.memory_peak = bytes;
-                }
+        let replace = if at_ms < self.window_end_ms {
+            // within the interval: a higher peak replaces the old one (lines 167-178). As in
+            // VPA, a peak of 0 is never replaced within its interval.
+            let old = self.memory_peak.max(self.oom_peak);
+            let higher = old != 0.0 && bytes > old;
+            if higher {
+                self.memory.subtract_sample(old, 1.0, self.window_end_ms);
             }
-            return true;
-        }
-        // a new interval: keep the finished one's peak, start the next
-        let finished = self.memory_peak.max(self.oom_peak);
-        if finished > 0.0 {
-            self.past_peaks.push_back(Peak {
-                window_end_ms: self.window_end_ms,
-                bytes: finished,
-            });
-        }
-        let interval = cfg.memory_interval_ms.max(1);
-        let behind = at_ms - self.window_end_ms;
-        self.window_end_ms += behind - behind % interval + interval;
-        let keep_after =
-            self.window_end_ms - interval * i64::try_from(cfg.memory_interval_count).unwrap_or(i64::MAX / 2);
-        while self
-            .past_peaks
-            .front()
-            .is_some_and(|p| p.window_end_ms <= keep_after)
-        {
-            self.past_peaks.pop_front();
-        }
-        let limit = cfg.memory_interval_count.saturating_sub(1);
-        while self.past_peaks.len() > limit {
-            self.past_peaks.pop_front();
-        }
-        self.memory_peak = 0.0;
-        self.oom_peak = 0.0;
-        if oom {
-            self.oom_peak = bytes;
+            higher
         } else {
-            self.memory_peak = bytes;
+            // a later interval: its end moves by whole intervals past the sample (lines 179-186)
+            let interval = cfg.memory_interval_ms.max(1);
+            let behind = at_ms - self.window_end_ms;
+            self.window_end_ms += behind - behind % interval + interval;
+            self.memory_peak = 0.0;
+            self.oom_peak = 0.0;
+            true
+        };
+        if replace {
+            self.memory.add_sample(bytes, 1.0, self.window_end_ms);
+            if oom {
+                self.oom_peak = bytes;
+            } else {
+                self.memory_peak = bytes;
+            }
         }
         true
     }
 
-    /// Every kept peak, oldest first, the current interval's last.
-    pub fn peaks(&self) -> Vec<Peak> {
-        let mut all: Vec<Peak> = self.past_peaks.iter().copied().collect();
-        let current = self.memory_peak.max(self.oom_peak);
-        if current > 0.0 {
-            all.push(Peak {
-                window_end_ms: self.window_end_ms,
-                bytes: current,
-            });
-        }
-        all
-    }
-
     /// Whether nothing was measured yet.
     pub fn is_empty(&self) -> bool {
-        self.sample_count == 0 && self.peaks().is_empty()
+        self.sample_count == 0 && self.memory.is_empty()
     }
 
-    /// Confidence in days: min(days between first and last CPU sample, samples per day).
+    /// Confidence in days: min(days between first and last CPU sample, samples per day)
+    /// (VPA: `logic/estimator.go`, `getConfidence`, lines 186-193).
     pub fn confidence(&self, cfg: &EstimatorConfig) -> f64 {
         if self.sample_count == 0 {
             return 0.0;
@@ -293,15 +319,9 @@ impl History {
         days.min(by_count)
     }
 
-    /// The recommendation for a container in a pod of `containers_per_pod` containers.
+    /// The recommendation for a container in a pod of `containers_per_pod` containers
+    /// (VPA: `logic/recommender.go`, lines 79-117 and 131-189; `logic/estimator.go`).
     pub fn estimate(&self, cfg: &EstimatorConfig, containers_per_pod: usize) -> Estimate {
-        let mut memory = match DecayingHistogram::new(cfg.memory_options, cfg.memory_half_life_ms) {
-            Ok(h) => h,
-            Err(_) => return Estimate::default(),
-        };
-        for p in self.peaks() {
-            memory.add_sample(p.bytes, 1.0, p.window_end_ms);
-        }
         let share = 1.0 / containers_per_pod.max(1) as f64;
         let floor = Resources {
             cpu_cores: cfg.pod_min_cpu_cores * share,
@@ -310,7 +330,7 @@ impl History {
         let margin = 1.0 + cfg.safety_margin;
         let at = |p: f64| Resources {
             cpu_cores: self.cpu.percentile(p) * margin,
-            memory_bytes: memory.percentile(p) * margin,
+            memory_bytes: self.memory.percentile(p) * margin,
         };
         let conf = self.confidence(cfg);
         let scale = |r: Resources, mult: f64, exp: f64| {
@@ -325,20 +345,30 @@ impl History {
             memory_bytes: r.memory_bytes.max(floor.memory_bytes),
         };
         let target = floored(at(cfg.target_percentile));
-        let lower = scale(
-            at(cfg.lower_bound_percentile),
-            cfg.lower_confidence_multiplier,
-            cfg.lower_confidence_exponent,
-        );
-        // with no confidence the lower factor is 0 (NaN for 0/0 is avoided by conf > 0 checks)
-        let lower = if conf > 0.0 { lower } else { Resources::default() };
+        // with no confidence VPA's lower factor is (1 + 0.001/0)^−2 = 0: the floor
+        let lower = if conf > 0.0 {
+            scale(
+                at(cfg.lower_bound_percentile),
+                cfg.lower_confidence_multiplier,
+                cfg.lower_confidence_exponent,
+            )
+        } else {
+            Resources::default()
+        };
+        // with no confidence VPA's upper factor is infinite and its bound the largest amount;
+        // nodewarden leaves the bound out
         let upper = if conf > 0.0 {
             let u = scale(
                 at(cfg.upper_bound_percentile),
                 cfg.upper_confidence_multiplier,
                 cfg.upper_confidence_exponent,
             );
-            (u.cpu_cores.is_finite() && u.memory_bytes.is_finite()).then(|| floored(u))
+            (u.cpu_cores.is_finite() && u.memory_bytes.is_finite()).then(|| {
+                floored(Resources {
+                    cpu_cores: u.cpu_cores.min(MAX_AMOUNT / 1000.0),
+                    memory_bytes: u.memory_bytes.min(MAX_AMOUNT),
+                })
+            })
         } else {
             None
         };
@@ -352,7 +382,8 @@ impl History {
     pub fn to_stored(&self) -> StoredHistory {
         StoredHistory {
             cpu: self.cpu.to_stored(),
-            past_peaks: self.past_peaks.iter().copied().collect(),
+            memory: Some(self.memory.to_stored()),
+            past_peaks: Vec::new(),
             window_end_ms: self.window_end_ms,
             memory_peak: self.memory_peak,
             oom_peak: self.oom_peak,
@@ -365,6 +396,8 @@ impl History {
         }
     }
 
+    /// Reads a stored history back. A version-1 history (its peaks as a list) gets a memory
+    /// histogram with each kept peak, and the current interval's, at its interval's end.
     pub fn from_stored(stored: &StoredHistory, cfg: &EstimatorConfig) -> Result<Self, HistogramError> {
         for v in [stored.memory_peak, stored.oom_peak]
             .into_iter()
@@ -374,13 +407,23 @@ impl History {
                 return Err(HistogramError::InvalidWeight(v));
             }
         }
-        let mut past_peaks: VecDeque<Peak> = stored.past_peaks.iter().copied().collect();
-        while past_peaks.len() > cfg.memory_interval_count.saturating_sub(1) {
-            past_peaks.pop_front();
-        }
+        let memory = match &stored.memory {
+            Some(m) => DecayingHistogram::from_stored(m, cfg.memory_options, cfg.memory_half_life_ms)?,
+            None => {
+                let mut m = DecayingHistogram::new(cfg.memory_options, cfg.memory_half_life_ms)?;
+                for p in &stored.past_peaks {
+                    m.add_sample(p.bytes, 1.0, p.window_end_ms);
+                }
+                let current = stored.memory_peak.max(stored.oom_peak);
+                if current > 0.0 {
+                    m.add_sample(current, 1.0, stored.window_end_ms);
+                }
+                m
+            }
+        };
         Ok(History {
             cpu: DecayingHistogram::from_stored(&stored.cpu, cfg.cpu_options, cfg.cpu_half_life_ms)?,
-            past_peaks,
+            memory,
             window_end_ms: stored.window_end_ms,
             memory_peak: stored.memory_peak,
             oom_peak: stored.oom_peak,
@@ -393,7 +436,8 @@ impl History {
         })
     }
 
-    /// Whether the last sample is older than the whole memory window (8 days by default).
+    /// Whether the last sample is older than the whole memory window (8 days by default;
+    /// VPA: `model/aggregate_container_state.go` line 306, from the last CPU sample there).
     pub fn is_expired(&self, cfg: &EstimatorConfig, now_ms: i64) -> bool {
         let last = self.last_sample_ms.max(self.last_memory_sample_ms);
         let window = cfg
@@ -446,11 +490,11 @@ mod tests {
     fn cpu_target_lower_and_upper_use_p90_p50_p95() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        // 100 samples a minute apart: 55 at 0.1 core, 40 at 0.5, 5 at 2.0, request 1 core
+        // 100 samples a minute apart: 55 at 0.1 core, 40 at 0.5, 5 at 2.0
         let mut t = T0;
         for (n, v) in [(55, 0.1), (40, 0.5), (5, 2.0)] {
             for _ in 0..n {
-                assert!(h.add_cpu(&cfg, t, v, 1.0));
+                assert!(h.add_cpu(&cfg, t, v));
                 t += 60_000;
             }
         }
@@ -474,20 +518,29 @@ mod tests {
     }
 
     #[test]
-    fn cpu_samples_are_weighted_by_request_at_least_a_tenth_of_a_core() {
+    fn every_cpu_sample_weighs_the_same() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        // 3 samples at 0.05 core with request 0 (weight 0.1 each = 0.3), then 1 sample at 1 core
-        // with request 0.4 (weight 0.4): the 1-core bucket holds 0.4/0.7 = 57 % of the weight
+        // 3 samples at 0.05 core, then 1 at 1 core, a millisecond apart: the 1-core bucket
+        // holds a quarter of the weight (a hair more, the newest sample being 1 ms younger)
         for i in 0..3 {
-            h.add_cpu(&cfg, T0 + i, 0.05, 0.0);
+            h.add_cpu(&cfg, T0 + i, 0.05);
         }
-        h.add_cpu(&cfg, T0 + 3, 1.0, 0.4);
-        // p42 still lands in the low bucket (0.3/0.7 = 42.86 %), p43 in the high one
-        let p42 = h.cpu.percentile(0.42);
-        let p43 = h.cpu.percentile(0.43);
-        assert!(close(p42, edge(0.01, 0.05)), "{p42}");
-        assert!(close(p43, edge(0.01, 1.0)), "{p43}");
+        h.add_cpu(&cfg, T0 + 3, 1.0);
+        let p74 = h.cpu.percentile(0.74);
+        let p76 = h.cpu.percentile(0.76);
+        assert!(close(p74, edge(0.01, 0.05)), "{p74}");
+        assert!(close(p76, edge(0.01, 1.0)), "{p76}");
+    }
+
+    #[test]
+    fn cpu_samples_are_whole_millicores_rounded_up() {
+        assert_eq!(whole_millicores(0.0), 0.0);
+        assert_eq!(whole_millicores(0.1), 0.1);
+        assert_eq!(whole_millicores(0.0101), 0.011);
+        assert_eq!(whole_millicores(0.0000001), 0.001);
+        // within a nanocore of a whole millicore: that millicore
+        assert_eq!(whole_millicores(0.3 + 1e-13), 0.3);
     }
 
     #[test]
@@ -497,9 +550,7 @@ mod tests {
         // day 1 peak 1 GiB, day 2 peak 300 MiB (weights 1 : 2)
         h.add_memory(&cfg, T0, 1024.0 * MIB);
         h.add_memory(&cfg, T0 + 25 * HOUR, 300.0 * MIB);
-        let peaks = h.peaks();
-        assert_eq!(peaks.len(), 2);
-        assert_eq!(peaks[1].window_end_ms - peaks[0].window_end_ms, 24 * HOUR);
+        assert_eq!(h.window_end_ms, T0 + 48 * HOUR);
         let mut cfg_low = cfg.clone();
         // p66 ≤ 2/3: the newer, heavier, smaller peak; p67: the older, bigger one
         cfg_low.target_percentile = 0.66;
@@ -511,16 +562,40 @@ mod tests {
     }
 
     #[test]
-    fn memory_keeps_eight_intervals() {
+    fn old_memory_peaks_decay_rather_than_drop_out() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        for day in 0..12 {
-            h.add_memory(&cfg, T0 + day * 24 * HOUR + HOUR, (300 + day) as f64 * MIB);
+        // a 2 GiB peak on day 0, then eleven days at 300 MiB
+        h.add_memory(&cfg, T0 + HOUR, 2048.0 * MIB);
+        for day in 1..12 {
+            h.add_memory(&cfg, T0 + day * 24 * HOUR + HOUR, 300.0 * MIB);
         }
-        let peaks = h.peaks();
-        assert_eq!(peaks.len(), 8);
-        assert!(close(peaks[0].bytes, 304.0 * MIB));
-        assert!(close(peaks[7].bytes, 311.0 * MIB));
+        // the day-0 peak weighs 2^−11 of the newest one, but it is still there
+        let mut all = cfg.clone();
+        all.target_percentile = 1.0;
+        let e = h.estimate(&all, 1);
+        assert!(close(e.target.memory_bytes, edge(1e7, 2048.0 * MIB) * 1.15));
+        let e = h.estimate(&cfg, 1);
+        assert!(close(e.target.memory_bytes, edge(1e7, 300.0 * MIB) * 1.15));
+    }
+
+    #[test]
+    fn a_higher_sample_replaces_the_intervals_peak_but_a_zero_peak_stays() {
+        let cfg = EstimatorConfig::default();
+        let mut h = History::new(&cfg).unwrap();
+        h.add_memory(&cfg, T0, 300.0 * MIB);
+        h.add_memory(&cfg, T0 + HOUR, 400.0 * MIB);
+        let mut all = cfg.clone();
+        all.lower_bound_percentile = 0.0;
+        all.target_percentile = 1.0;
+        // one peak only: the lowest and highest percentiles are both 400 MiB
+        let e = h.estimate(&all, 1);
+        assert!(close(e.target.memory_bytes, edge(1e7, 400.0 * MIB) * 1.15));
+        // VPA's rule (model/container.go line 169): a 0 peak is not replaced in its interval
+        let mut z = History::new(&cfg).unwrap();
+        z.add_memory(&cfg, T0, 0.0);
+        z.add_memory(&cfg, T0 + HOUR, 400.0 * MIB);
+        assert!(close(z.estimate(&cfg, 1).target.memory_bytes, 250.0 * MIB));
     }
 
     #[test]
@@ -548,12 +623,34 @@ mod tests {
     }
 
     #[test]
+    fn an_oom_just_before_the_interval_boundary_counts() {
+        let cfg = EstimatorConfig::default();
+        let mut h = History::new(&cfg).unwrap();
+        // day 1 at 300 MiB; the day-2 interval opens at T0 + 24 h, its end is T0 + 48 h
+        h.add_memory(&cfg, T0, 300.0 * MIB);
+        h.add_memory(&cfg, T0 + 25 * HOUR, 300.0 * MIB);
+        // an OOM from T0 + 23 h, reported late: within one interval of the last sample, so it
+        // counts (the old rule measured from the interval's end, T0 + 48 h, and dropped it)
+        let bumped = h.record_oom(&cfg, T0 + 23 * HOUR, 256.0 * MIB).expect("kept");
+        assert!(close(bumped, 400.0 * MIB));
+        // it raised the day-2 peak (weight 2 against day 1's 1)
+        let e = h.estimate(&cfg, 1);
+        assert!(close(e.target.memory_bytes, edge(1e7, 400.0 * MIB) * 1.15));
+        // the OOM moved the last memory sample time back to T0 + 23 h: a sample from
+        // T0 + 24 h is taken in, one older than the OOM is not
+        assert!(h.add_memory(&cfg, T0 + 24 * HOUR, 100.0 * MIB));
+        assert!(!h.add_memory(&cfg, T0 + 23 * HOUR, 100.0 * MIB));
+        // more than one interval before the last memory sample: dropped
+        assert_eq!(h.record_oom(&cfg, T0 - HOUR - 1, 512.0 * MIB), None);
+    }
+
+    #[test]
     fn bounds_widen_with_little_history_and_converge_with_more() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
         // one sample a minute for a full day at 0.5 core: confidence exactly 1 day
         for i in 0..=1440 {
-            h.add_cpu(&cfg, T0 + i * 60_000, 0.5, 0.5);
+            h.add_cpu(&cfg, T0 + i * 60_000, 0.5);
         }
         h.add_memory(&cfg, T0, 300.0 * MIB);
         let conf = h.confidence(&cfg);
@@ -572,8 +669,8 @@ mod tests {
     fn floors_are_shared_among_the_pods_containers() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        h.add_cpu(&cfg, T0, 0.001, 0.0);
-        h.add_cpu(&cfg, T0 + 60_000, 0.001, 0.0);
+        h.add_cpu(&cfg, T0, 0.001);
+        h.add_cpu(&cfg, T0 + 60_000, 0.001);
         h.add_memory(&cfg, T0, 10.0 * MIB);
         let one = h.estimate(&cfg, 1);
         assert!(close(one.target.cpu_cores, 0.025));
@@ -588,11 +685,11 @@ mod tests {
     fn stale_and_duplicate_samples_are_dropped() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        assert!(h.add_cpu(&cfg, T0, 0.1, 0.1));
-        assert!(!h.add_cpu(&cfg, T0, 0.1, 0.1));
-        assert!(!h.add_cpu(&cfg, T0 - 1, 0.1, 0.1));
-        assert!(!h.add_cpu(&cfg, T0 + 1, f64::NAN, 0.1));
-        assert!(!h.add_cpu(&cfg, T0 + 1, -1.0, 0.1));
+        assert!(h.add_cpu(&cfg, T0, 0.1));
+        assert!(!h.add_cpu(&cfg, T0, 0.1));
+        assert!(!h.add_cpu(&cfg, T0 - 1, 0.1));
+        assert!(!h.add_cpu(&cfg, T0 + 1, f64::NAN));
+        assert!(!h.add_cpu(&cfg, T0 + 1, -1.0));
         assert_eq!(h.sample_count, 1);
     }
 
@@ -600,8 +697,8 @@ mod tests {
     fn stored_history_round_trips() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        h.add_cpu(&cfg, T0, 0.3, 0.2);
-        h.add_cpu(&cfg, T0 + 60_000, 0.4, 0.2);
+        h.add_cpu(&cfg, T0, 0.3);
+        h.add_cpu(&cfg, T0 + 60_000, 0.4);
         h.add_memory(&cfg, T0, 300.0 * MIB);
         h.add_memory(&cfg, T0 + 25 * HOUR, 200.0 * MIB);
         h.record_oom(&cfg, T0 + 26 * HOUR, 256.0 * MIB);
@@ -612,10 +709,29 @@ mod tests {
     }
 
     #[test]
+    fn a_version_1_history_is_read_into_the_memory_histogram() {
+        let cfg = EstimatorConfig::default();
+        let mut h = History::new(&cfg).unwrap();
+        h.add_cpu(&cfg, T0, 0.3);
+        h.add_memory(&cfg, T0, 1024.0 * MIB);
+        h.add_memory(&cfg, T0 + 25 * HOUR, 300.0 * MIB);
+        // the same history as version 1 stored it: finished peaks in a list
+        let mut v1 = serde_json::to_value(h.to_stored()).unwrap();
+        v1.as_object_mut().unwrap().remove("memory");
+        v1["pastPeaks"] = serde_json::json!([{"windowEndMs": T0 + 24 * HOUR, "bytes": 1024.0 * MIB}]);
+        let back = History::from_stored(&serde_json::from_value(v1).unwrap(), &cfg).unwrap();
+        let mut p = cfg.clone();
+        for q in [0.5, 0.66, 0.67, 0.9] {
+            p.target_percentile = q;
+            assert_eq!(back.estimate(&p, 1).target, h.estimate(&p, 1).target, "p{q}");
+        }
+    }
+
+    #[test]
     fn history_expires_after_the_memory_window() {
         let cfg = EstimatorConfig::default();
         let mut h = History::new(&cfg).unwrap();
-        h.add_cpu(&cfg, T0, 0.3, 0.2);
+        h.add_cpu(&cfg, T0, 0.3);
         assert!(!h.is_expired(&cfg, T0 + 7 * 24 * HOUR));
         assert!(h.is_expired(&cfg, T0 + 8 * 24 * HOUR));
     }

@@ -307,8 +307,7 @@ impl Sampler {
                 && now_ms > at
             {
                 let cores = (reading.cpu_usage_usec - usec) as f64 / ((now_ms - at) as f64 * 1000.0);
-                let request = t.cpu_request_milli.unwrap_or(0) as f64 / 1000.0;
-                history.add_cpu(&cfg, now_ms, cores, request);
+                history.add_cpu(&cfg, now_ms, cores);
                 cpu_cores = Some(cores);
             }
             self.cpu_counters
