@@ -195,8 +195,9 @@ impl ControlPlane {
             eprintln!("nodewarden-tests: keeping {}", dir.path().display());
         }
         let root = dir.path().to_path_buf();
-        // The watchdog removes the folder of a shared control plane (never dropped).
-        let processes = Processes::new(&root, shared && !keep)?;
+        // The watchdog removes the folder of a shared control plane (never dropped), and that of
+        // one with real nodes, whose owner may be killed before it can drop it.
+        let processes = Processes::new(&root, (shared || nodes.is_some()) && !keep)?;
         let network = match nodes {
             Some((network, before_boot)) => {
                 before_boot(&root)?;

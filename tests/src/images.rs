@@ -47,3 +47,19 @@ pub async fn build_test_images() -> Result<TestImages> {
         tag: "0.1.0".to_string(),
     })
 }
+
+/// One image: its archive and the reference containerd knows it by after import.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub archive: PathBuf,
+    pub reference: String,
+}
+
+/// The test image alone.
+pub async fn build_testbox() -> Result<Image> {
+    let all = build_test_images().await?;
+    Ok(Image {
+        reference: all.testbox_ref(),
+        archive: all.testbox,
+    })
+}

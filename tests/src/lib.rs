@@ -30,7 +30,7 @@ pub use cluster::{
     e2e, read_crds, simple_daemonset, unique_name, wait_for_daemonset_pods,
 };
 pub use controlplane::{Binaries, ControlPlane, Impersonate};
-pub use node::{ContainerCgroup, RealCluster, RealClusterConfig, RealNode, require_real_nodes};
+pub use node::{ContainerCgroup, HostSnapshot, RealCluster, RealClusterConfig, RealNode, require_real_nodes};
 pub use recorder::{RecordingWebhook, Responder, allow_all, allow_with_patch};
 pub use webhooks::{
     Hook, InProcessWebhook, LoopbackEndpoint, http_get, register_mutating_webhooks,

@@ -187,12 +187,43 @@ impl ContainerCgroup {
             (None, None) => false,
         }
     }
+
+    /// Whether the memory limit is what the kubelet sets for a limit of `bytes`: the kernel keeps
+    /// it in whole pages, rounded down.
+    pub fn memory_matches_limit(&self, bytes: u64) -> bool {
+        const PAGE: u64 = 4096;
+        self.memory_limit == Some(bytes / PAGE * PAGE)
+    }
 }
 
 /// A control plane with kube-scheduler, kube-proxy and real nodes.
 pub struct RealCluster {
     pub cp: ControlPlane,
     pub nodes: Vec<RealNode>,
+    /// Held while the cluster lives (declared last, so released after the host is restored).
+    _host_lock: Option<std::fs::File>,
+}
+
+/// Set in a child process whose parent already holds the host lock for it.
+pub const HOST_LOCK_HELD_ENV: &str = "NODEWARDEN_REAL_NODE_LOCK_HELD";
+
+/// Real clusters use fixed addresses and change host-wide state: one at a time per machine, across
+/// test binaries and processes. Blocks until the lock is free; the kernel releases it when the
+/// holder dies.
+pub async fn lock_host() -> Result<std::fs::File> {
+    let path = std::env::temp_dir().join("nodewarden-real-node.lock");
+    tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        file.lock()
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(file)
+    })
+    .await?
 }
 
 impl RealCluster {
@@ -207,6 +238,11 @@ impl RealCluster {
             bail!("a real cluster has 1 to 8 nodes, not {}", config.nodes);
         }
         install_packages(NODE_PACKAGES).await?;
+        let host_lock = if std::env::var_os(HOST_LOCK_HELD_ENV).is_some() {
+            None
+        } else {
+            Some(lock_host().await?)
+        };
         let began = Instant::now();
         let nodes: Vec<(String, Ipv4Addr, String)> = (0..config.nodes)
             .map(|i| {
@@ -245,6 +281,7 @@ impl RealCluster {
                 })
                 .collect(),
             cp,
+            _host_lock: host_lock,
         };
         let result = async {
             cluster.start_scheduler()?;
@@ -651,22 +688,52 @@ pub(crate) fn restore_host_state(dir: &Path) {
 /// What differs from the host state recorded in `<dir>/host-state` (empty: nothing, or no record).
 pub(crate) fn host_state_diff(dir: &Path) -> Result<Vec<String>> {
     let state = dir.join("host-state");
-    let script = state.join("host-state.sh");
-    if !script.is_file() {
+    if !state.join("host-state.sh").is_file() {
         return Ok(Vec::new());
     }
-    let out = std::process::Command::new("sh")
-        .arg(&script)
-        .arg("diff")
-        .arg(&state)
-        .stdin(Stdio::null())
-        .output()
-        .context("running host-state.sh diff")?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_owned)
-        .collect())
+    HostSnapshot { dir: state }.diff()
+}
+
+/// A record of the host's state (see `tests/node/host-state.sh`), to compare with later.
+#[derive(Debug)]
+pub struct HostSnapshot {
+    dir: PathBuf,
+}
+
+impl HostSnapshot {
+    /// Records the host's state into `dir` (a folder that does not exist yet).
+    pub fn take(dir: &Path) -> Result<Self> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("node/host-state.sh");
+        run(
+            "sh",
+            &[
+                &script.display().to_string(),
+                "snapshot",
+                &dir.display().to_string(),
+            ],
+        )?;
+        std::fs::copy(&script, dir.join("host-state.sh"))
+            .with_context(|| format!("copying {}", script.display()))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// What differs from the record now, one line per difference (empty: the host is as before).
+    pub fn diff(&self) -> Result<Vec<String>> {
+        let out = std::process::Command::new("sh")
+            .arg(self.dir.join("host-state.sh"))
+            .arg("diff")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .context("running host-state.sh diff")?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
 }
 
 fn containerd_toml(dir: &Path, socket: &Path, sandbox_image: &str) -> String {

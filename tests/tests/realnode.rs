@@ -30,8 +30,9 @@ use nodewarden_api::NodeRecommendation;
 use nodewarden_api::quantity::parse_milli;
 use nodewarden_tests::helm::{Helm, chart_dir};
 use nodewarden_tests::images::{self, TestImages};
-use nodewarden_tests::{RealCluster, RealClusterConfig, require_real_nodes};
+use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, require_real_nodes};
 use serde_json::json;
+use tokio::io::AsyncBufReadExt;
 
 const NAMESPACE: &str = "nodewarden";
 const RELEASE: &str = "nodewarden";
@@ -188,7 +189,7 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     let limits = container_limits(&second)?;
     if let Some(limit) = limits.1 {
         ensure!(
-            applied.memory_limit == Some(limit),
+            applied.memory_matches_limit(limit),
             "the container's cgroup memory limit is the pod's {limit} B: {applied:?}"
         );
     }
@@ -410,4 +411,115 @@ async fn describe_pods(client: &Client, namespace: &str) -> String {
             .join("\n"),
         Err(e) => format!("(listing pods in {namespace}: {e})"),
     }
+}
+
+const CHILD_ENV: &str = "NODEWARDEN_REALNODE_CHILD";
+const CHILD_READY: &str = "nodewarden-realnode-child: node up";
+
+/// A test process killed with SIGKILL cannot stop its node: its watchdog must put the host back.
+/// The test runs itself as a child process that starts a real node with one pod (so containers,
+/// their mounts and network namespaces exist), kills it with SIGKILL once the node is up, and
+/// waits for the host to be as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_restores_the_host_after_kill_9() -> Result<()> {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return child_holds_a_real_node().await;
+    }
+    if !require_real_nodes("watchdog_restores_the_host_after_kill_9")? {
+        return Ok(());
+    }
+    // the child runs under this lock, so no other real node changes the host meanwhile
+    let _lock = nodewarden_tests::node::lock_host().await?;
+    let tmp = tempfile::tempdir()?;
+    let before = HostSnapshot::take(&tmp.path().join("before"))?;
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args([
+            "--exact",
+            "watchdog_restores_the_host_after_kill_9",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .env(nodewarden_tests::node::HOST_LOCK_HELD_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("the child's stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(300), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains(CHILD_READY) {
+                return Ok(true);
+            }
+        }
+        anyhow::Ok(false)
+    })
+    .await;
+    ensure!(
+        matches!(ready, Ok(Ok(true))),
+        "the child did not bring its node up: {ready:?}"
+    );
+    let changed = before.diff()?;
+    ensure!(
+        !changed.is_empty(),
+        "a running node changes the host (else this test proves nothing)"
+    );
+
+    child.start_kill()?; // SIGKILL
+    child.wait().await?;
+    // the watchdog notices within a second, kills the node's processes and restores the host
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = before.diff()?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "90 s after kill -9 the host still differs:\n  {}",
+            left.join("\n  ")
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn child_holds_a_real_node() -> Result<()> {
+    let testbox = images::build_testbox().await?;
+    let cluster = RealCluster::start(&RealClusterConfig {
+        nodes: 1,
+        images: vec![testbox.archive.clone()],
+        sandbox_image: testbox.reference.clone(),
+    })
+    .await?;
+    let client = cluster.cp.admin_client().await?;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "sleeper"},
+            "spec": {
+                "nodeName": cluster.nodes[0].name,
+                "containers": [{"name": "sleeper", "image": testbox.reference, "imagePullPolicy": "Never", "args": ["pause"]}],
+            },
+        }))?,
+    )
+    .await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pod = pods.get("sleeper").await?;
+        if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the child's pod is not running: {:?}",
+            pod.status
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("{CHILD_READY}");
+    // wait for SIGKILL; never stop the node here
+    std::future::pending::<()>().await;
+    Ok(())
 }
