@@ -220,7 +220,7 @@ fn main() -> anyhow::Result<()> {
         }
         let per_tick_ms = agent_ns as f64 / ticks as f64 / 1e6;
         let millicores = per_tick_ms / args.sample_interval.as_secs_f64();
-        let checkpoint_size = fs::metadata(nodewarden_agent::checkpoint::path(&checkpoint_dir))?.len();
+        let checkpoint_size = fs::metadata(nodewarden_agent::checkpoint::path(&checkpoint_dir, &sampler.checkpoint(0).node))?.len();
         println!(
             "containers={} pods={} ticks={} (agent time {:?} at {:?}; wall {:.1?})",
             args.containers,

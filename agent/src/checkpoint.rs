@@ -1,9 +1,12 @@
-//! The histograms on disk: `<checkpoint dir>/checkpoint.json`, versioned JSON, written
-//! atomically (temporary file in the same folder, fsync, rename, fsync of the folder).
+//! The histograms on disk: `<checkpoint dir>/checkpoint-<node>.json`, versioned JSON, written
+//! atomically (temporary file in the same folder, fsync, rename, fsync of the folder). The node's
+//! name is in the file's name so that agents sharing one host folder (several kubelets on one
+//! machine) never read or overwrite each other's history. A `checkpoint.json` written by an older
+//! agent is read when the node has no file of its own yet, and removed once the new one is written.
 //!
 //! A file that does not parse, or has a version this agent does not know, is renamed to
-//! `checkpoint.json.corrupt-<unix seconds>` or `checkpoint.json.unsupported-<unix seconds>`
-//! with a warning, and the agent starts with no history.
+//! `<file>.corrupt-<unix seconds>` or `<file>.unsupported-<unix seconds>` with a warning, and the
+//! agent starts with no history.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -19,7 +22,8 @@ use crate::recommender::StoredHistory;
 pub const VERSION: u32 = 2;
 /// Versions this agent reads: 1 is converted on load (see `History::from_stored`).
 pub const READABLE_VERSIONS: [u32; 2] = [1, 2];
-pub const FILE_NAME: &str = "checkpoint.json";
+/// The file older agents wrote, one per folder.
+pub const LEGACY_FILE_NAME: &str = "checkpoint.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -77,14 +81,33 @@ pub enum Loaded {
     },
 }
 
-pub fn path(dir: &Path) -> PathBuf {
-    dir.join(FILE_NAME)
+/// The checkpoint file of `node` in `dir`. Characters other than letters, digits, `-`, `.` and
+/// `_` (none in a valid node name) become `_`.
+pub fn path(dir: &Path, node: &str) -> PathBuf {
+    let safe: String = node
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("checkpoint-{safe}.json"))
 }
 
-/// Loads the checkpoint from `dir`; moves a corrupt or unknown-version file aside.
-pub fn load(dir: &Path, now_secs: u64) -> Loaded {
-    let file = path(dir);
-    let bytes = match fs::read(&file) {
+/// Loads `node`'s checkpoint from `dir` (or an older agent's `checkpoint.json` when the node has
+/// none yet); moves a corrupt or unknown-version file aside.
+pub fn load(dir: &Path, node: &str, now_secs: u64) -> Loaded {
+    match load_file(&path(dir, node), now_secs) {
+        Loaded::Missing => load_file(&dir.join(LEGACY_FILE_NAME), now_secs),
+        other => other,
+    }
+}
+
+fn load_file(file: &Path, now_secs: u64) -> Loaded {
+    let bytes = match fs::read(file) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Loaded::Missing,
         Err(e) => {
@@ -114,8 +137,10 @@ pub fn load(dir: &Path, now_secs: u64) -> Loaded {
             ),
         },
     };
-    let moved_to = dir.join(format!("{FILE_NAME}.{suffix}-{now_secs}"));
-    match fs::rename(&file, &moved_to) {
+    let mut name = file.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{suffix}-{now_secs}"));
+    let moved_to = file.with_file_name(name);
+    match fs::rename(file, &moved_to) {
         Ok(()) => Loaded::MovedAside { moved_to, why },
         Err(e) => Loaded::Unreadable {
             why: format!("{why}; moving it aside to {} failed: {e}", moved_to.display()),
@@ -123,11 +148,14 @@ pub fn load(dir: &Path, now_secs: u64) -> Loaded {
     }
 }
 
-/// Writes `checkpoint` to `dir` atomically.
+/// Writes `checkpoint` to `dir` atomically, as the file of its node; then removes an older agent's
+/// `checkpoint.json`, which the new file replaces.
 pub fn save(dir: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
     let bytes = serde_json::to_vec(checkpoint)?;
-    let target = path(dir);
-    let tmp = dir.join(format!(".{FILE_NAME}.tmp-{}", std::process::id()));
+    let target = path(dir, &checkpoint.node);
+    let mut tmp_name = target.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = dir.join(format!(".{}", tmp_name.to_string_lossy()));
     let werr = |path: &Path| {
         let path = path.to_path_buf();
         move |source| CheckpointError::Write { path, source }
@@ -144,6 +172,8 @@ pub fn save(dir: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> 
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
+    } else {
+        let _ = fs::remove_file(dir.join(LEGACY_FILE_NAME));
     }
     result
 }
@@ -177,35 +207,61 @@ mod tests {
     #[test]
     fn round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(load(dir.path(), 1), Loaded::Missing);
+        assert_eq!(load(dir.path(), "x", 1), Loaded::Missing);
         save(dir.path(), &sample()).unwrap();
-        assert_eq!(load(dir.path(), 1), Loaded::Found(sample()));
+        assert_eq!(load(dir.path(), "x", 1), Loaded::Found(sample()));
         // no temporary file left behind
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(names, vec![FILE_NAME.to_string()]);
+        assert_eq!(names, vec!["checkpoint-x.json".to_string()]);
+    }
+
+    #[test]
+    fn agents_sharing_a_folder_keep_their_own_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = sample();
+        let mut b = sample();
+        b.node = "y".into();
+        b.entries.clear();
+        save(dir.path(), &a).unwrap();
+        save(dir.path(), &b).unwrap();
+        assert_eq!(load(dir.path(), "x", 1), Loaded::Found(a));
+        assert_eq!(load(dir.path(), "y", 1), Loaded::Found(b));
+        assert_eq!(path(dir.path(), "a/b"), dir.path().join("checkpoint-a_b.json"));
+    }
+
+    #[test]
+    fn an_older_agents_file_is_read_then_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let legacy = dir.path().join(LEGACY_FILE_NAME);
+        fs::write(&legacy, serde_json::to_vec(&sample()).unwrap()).unwrap();
+        assert_eq!(load(dir.path(), "x", 1), Loaded::Found(sample()));
+        save(dir.path(), &sample()).unwrap();
+        assert!(!legacy.exists(), "the new file replaces the old one");
+        assert_eq!(load(dir.path(), "x", 1), Loaded::Found(sample()));
     }
 
     #[test]
     fn corrupted_file_is_moved_aside() {
         let dir = tempfile::tempdir().unwrap();
-        fs::write(path(dir.path()), b"{\"version\": 1, \"node\": \"x\", \"entr").unwrap();
-        match load(dir.path(), 42) {
+        let file = path(dir.path(), "x");
+        fs::write(&file, b"{\"version\": 1, \"node\": \"x\", \"entr").unwrap();
+        match load(dir.path(), "x", 42) {
             Loaded::MovedAside { moved_to, why } => {
-                assert_eq!(moved_to, dir.path().join("checkpoint.json.corrupt-42"));
+                assert_eq!(moved_to, dir.path().join("checkpoint-x.json.corrupt-42"));
                 assert!(why.contains("not a checkpoint"), "{why}");
                 assert!(moved_to.exists());
             }
             other => panic!("{other:?}"),
         }
-        assert!(!path(dir.path()).exists());
-        assert_eq!(load(dir.path(), 43), Loaded::Missing);
+        assert!(!file.exists());
+        assert_eq!(load(dir.path(), "x", 43), Loaded::Missing);
         // right version, wrong shape
-        fs::write(path(dir.path()), br#"{"version": 1, "entries": 3}"#).unwrap();
+        fs::write(&file, br#"{"version": 1, "entries": 3}"#).unwrap();
         assert!(
-            matches!(load(dir.path(), 44), Loaded::MovedAside { why, .. } if why.contains("does not match"))
+            matches!(load(dir.path(), "x", 44), Loaded::MovedAside { why, .. } if why.contains("does not match"))
         );
     }
 
@@ -214,8 +270,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut c = serde_json::to_value(sample()).unwrap();
         c["version"] = 1.into();
-        fs::write(path(dir.path()), serde_json::to_vec(&c).unwrap()).unwrap();
-        assert!(matches!(load(dir.path(), 42), Loaded::Found(c) if c.version == 1));
+        fs::write(path(dir.path(), "x"), serde_json::to_vec(&c).unwrap()).unwrap();
+        assert!(matches!(load(dir.path(), "x", 42), Loaded::Found(c) if c.version == 1));
     }
 
     #[test]
@@ -223,10 +279,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut c = serde_json::to_value(sample()).unwrap();
         c["version"] = 7.into();
-        fs::write(path(dir.path()), serde_json::to_vec(&c).unwrap()).unwrap();
-        match load(dir.path(), 42) {
+        fs::write(path(dir.path(), "x"), serde_json::to_vec(&c).unwrap()).unwrap();
+        match load(dir.path(), "x", 42) {
             Loaded::MovedAside { moved_to, why } => {
-                assert_eq!(moved_to, dir.path().join("checkpoint.json.unsupported-42"));
+                assert_eq!(moved_to, dir.path().join("checkpoint-x.json.unsupported-42"));
                 assert!(why.contains("version 7 is not supported"), "{why}");
             }
             other => panic!("{other:?}"),

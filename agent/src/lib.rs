@@ -77,7 +77,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 /// Loads the checkpoint into `sampler`, logging what happened.
 fn restore(sampler: &mut Sampler, config: &Config) {
     let now_secs = u64::try_from(now_ms() / 1000).unwrap_or(0);
-    match checkpoint::load(&config.checkpoint_dir, now_secs) {
+    match checkpoint::load(&config.checkpoint_dir, &config.node_name, now_secs) {
         Loaded::Missing => {
             tracing::info!(dir = %config.checkpoint_dir.display(), "no checkpoint; starting without history")
         }

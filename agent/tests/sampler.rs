@@ -223,7 +223,8 @@ fn a_restart_resumes_history_from_the_checkpoint() {
     nodewarden_agent::checkpoint::save(&dir, &s.checkpoint(T0 + 50_000)).expect("test setup");
 
     let mut restarted = sampler(&root, Arc::new(Metrics::new()));
-    match nodewarden_agent::checkpoint::load(&dir, 1) {
+    let node = s.checkpoint(T0 + 50_000).node;
+    match nodewarden_agent::checkpoint::load(&dir, &node, 1) {
         nodewarden_agent::checkpoint::Loaded::Found(c) => restarted.restore(&c),
         other => panic!("{other:?}"),
     }

@@ -305,7 +305,7 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
         stop.cancel();
         agent.await??;
         assert!(
-            checkpoint_dir.join("checkpoint.json").exists(),
+            nodewarden_agent::checkpoint::path(&checkpoint_dir, &node).exists(),
             "the agent writes its checkpoint when it stops"
         );
         Ok(())

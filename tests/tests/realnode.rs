@@ -1,6 +1,6 @@
-//! nodewarden on a real node: the chart installed by Helm from the project's own images onto a
-//! real kubelet (containerd, runc, bridge CNI) with kube-scheduler and kube-proxy, default values
-//! but for the images and their pull policy.
+//! nodewarden on real nodes: the chart installed by Helm from the project's own images onto two
+//! real kubelets (each with its own containerd, runc and bridge CNI) with kube-scheduler and
+//! kube-proxy, default values but for the images and their pull policy.
 //!
 //! What a user would notice, in order:
 //! 1. `helm install --wait` succeeds: the webhook Deployment passes its probes with managed
@@ -8,10 +8,12 @@
 //! 2. kube-apiserver calls the installed webhook through its Service: a bad `id.k8s.io` claim is
 //!    denied with the webhook's reason.
 //! 3. A log-shipper-like DaemonSet (the test image burning a known CPU rate and holding a known
-//!    amount of memory) gets a DaemonSetAutoscaler; the agent measures it from the node's real
-//!    cgroups and publishes `NodeRecommendation/<node>` with figures near what it uses.
-//! 4. A new pod of that DaemonSet gets the node's figures from the webhook, and the kubelet runs it
-//!    with them: read back from the container's cgroup, not only from the Pod.
+//!    amount of memory: more on the busy node, less on the quiet one) gets a DaemonSetAutoscaler;
+//!    each node's agent measures it from that node's real cgroups and publishes
+//!    `NodeRecommendation/<node>` with figures near what it uses there.
+//! 4. A new pod of that DaemonSet on each node gets that node's figures from the webhook (the busy
+//!    node more, the quiet one less), and the kubelet runs it with them: read back from the
+//!    container's cgroup, not only from the Pod.
 //! 5. `helm uninstall` leaves no nodewarden pod running.
 //! 6. The host is as before the node started (sysctls, iptables, mounts, links, cgroups, folders).
 //!
@@ -38,9 +40,20 @@ const NAMESPACE: &str = "nodewarden";
 const RELEASE: &str = "nodewarden";
 const SHIPPER_NS: &str = "logging";
 const SHIPPER: &str = "shipper";
-/// What the shipper burns and holds.
-const BURN_MILLICORES: u64 = 200;
-const HOLD_MIB: u64 = 300;
+/// What the shipper burns and holds on each node.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    millicores: u64,
+    mib: u64,
+}
+const BUSY: Load = Load {
+    millicores: 300,
+    mib: 300,
+};
+const QUIET: Load = Load {
+    millicores: 60,
+    mib: 100,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chart_on_a_real_node() -> Result<()> {
@@ -49,7 +62,7 @@ async fn chart_on_a_real_node() -> Result<()> {
     }
     let images = images::build_test_images().await?;
     let cluster = RealCluster::start(&RealClusterConfig {
-        nodes: 1,
+        nodes: 2,
         images: images.archives(),
         sandbox_image: images.testbox_ref(),
     })
@@ -67,7 +80,7 @@ async fn chart_on_a_real_node() -> Result<()> {
 
 async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     let cp = &cluster.cp;
-    let node = &cluster.nodes[0];
+    let nodes = [(&cluster.nodes[0], BUSY), (&cluster.nodes[1], QUIET)];
     let client = cp.admin_client().await?;
 
     // 1. helm install with the project's images
@@ -105,7 +118,7 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         "two webhook replicas run: {webhook_pods:?}"
     );
     let agent_pods = running_pods(&client, NAMESPACE, "app.kubernetes.io/component=agent").await?;
-    ensure!(agent_pods.len() == 1, "one agent on the one node: {agent_pods:?}");
+    ensure!(agent_pods.len() == 2, "one agent on each node: {agent_pods:?}");
     let mutating: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
         Api::all(client.clone());
     let bundles: Vec<usize> = mutating
@@ -143,7 +156,10 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     create_namespace(&client, SHIPPER_NS).await?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), SHIPPER_NS);
     daemonsets
-        .create(&PostParams::default(), &shipper_daemonset(&images.testbox_ref())?)
+        .create(
+            &PostParams::default(),
+            &shipper_daemonset(&images.testbox_ref(), &nodes)?,
+        )
         .await?;
     let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> = Api::namespaced(client.clone(), SHIPPER_NS);
     autoscalers
@@ -160,38 +176,52 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
             }))?,
         )
         .await?;
-    let first = wait_for_running_shipper(&client, None).await?;
-
-    let (cpu_target, mem_target) = wait_for_recommendation(&client, &node.name).await?;
-    eprintln!(
-        "realnode: NodeRecommendation/{}: cpu target {cpu_target}m, memory target {} MiB (burning {BURN_MILLICORES}m, holding {HOLD_MIB} MiB)",
-        node.name,
-        mem_target / (1024 * 1024)
-    );
-
-    // 4. a new pod gets the node's figures, and the kubelet applies them
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
-    pods.delete(&first.name_any(), &DeleteParams::default()).await?;
-    let second = wait_for_running_shipper(&client, Some(first.uid().unwrap_or_default())).await?;
-    let requests = container_requests(&second)?;
-    let annotations = second.annotations();
-    ensure!(
-        requests.0 == cpu_target && requests.1 == mem_target,
-        "the new pod requests the node's target {cpu_target}m / {mem_target} B, got {}m / {} B (annotations {annotations:?})",
-        requests.0,
-        requests.1
-    );
-    let applied = node.container_cgroup(&second)?;
-    ensure!(
-        applied.cpu_matches_request(cpu_target),
-        "the container's cgroup has the CPU weight of a {cpu_target}m request: {applied:?}"
-    );
-    let limits = container_limits(&second)?;
-    if let Some(limit) = limits.1 {
-        ensure!(
-            applied.memory_matches_limit(limit),
-            "the container's cgroup memory limit is the pod's {limit} B: {applied:?}"
+    let mut targets = Vec::new();
+    for (node, load) in nodes {
+        let (cpu, mem) = wait_for_recommendation(&client, &node.name, load).await?;
+        eprintln!(
+            "realnode: NodeRecommendation/{}: cpu target {cpu}m, memory target {} MiB (burning {}m, holding {} MiB)",
+            node.name,
+            mem / (1024 * 1024),
+            load.millicores,
+            load.mib
         );
+        targets.push((cpu, mem));
+    }
+    let (busy, quiet) = (targets[0], targets[1]);
+    ensure!(
+        busy.0 > quiet.0 && busy.1 > quiet.1,
+        "the busy node's shipper is recommended more than the quiet node's: busy {busy:?}, quiet {quiet:?}"
+    );
+
+    // 4. a new pod on each node gets that node's figures, and its kubelet applies them
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
+    for ((node, _), (cpu_target, mem_target)) in nodes.iter().zip(targets) {
+        let first = wait_for_running_shipper(&client, &node.name, None).await?;
+        pods.delete(&first.name_any(), &DeleteParams::default()).await?;
+        let second = wait_for_running_shipper(&client, &node.name, first.uid()).await?;
+        let requests = container_requests(&second)?;
+        ensure!(
+            requests == (cpu_target, mem_target),
+            "the new pod on {} requests the node's target {cpu_target}m / {mem_target} B, got {}m / {} B (annotations {:?})",
+            node.name,
+            requests.0,
+            requests.1,
+            second.annotations()
+        );
+        let applied = node.container_cgroup(&second)?;
+        ensure!(
+            applied.cpu_matches_request(cpu_target),
+            "the container's cgroup on {} has the CPU weight of a {cpu_target}m request: {applied:?}",
+            node.name
+        );
+        if let (_, Some(limit)) = container_limits(&second)? {
+            ensure!(
+                applied.memory_matches_limit(limit),
+                "the container's cgroup memory limit on {} is the pod's {limit} B: {applied:?}",
+                node.name
+            );
+        }
     }
 
     // 5. uninstall leaves no nodewarden pod running
@@ -227,7 +257,11 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     Ok(())
 }
 
-fn shipper_daemonset(image: &str) -> Result<DaemonSet> {
+fn shipper_daemonset(image: &str, nodes: &[(&nodewarden_tests::RealNode, Load)]) -> Result<DaemonSet> {
+    let per_node: Vec<String> = nodes
+        .iter()
+        .map(|(n, l)| format!("{}={}:{}", n.name, l.millicores, l.mib))
+        .collect();
     Ok(serde_json::from_value(json!({
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -242,7 +276,8 @@ fn shipper_daemonset(image: &str) -> Result<DaemonSet> {
                         "name": SHIPPER,
                         "image": image,
                         "imagePullPolicy": "Never",
-                        "args": ["burn", "--cpu-millicores", BURN_MILLICORES.to_string(), "--memory-mib", HOLD_MIB.to_string()],
+                        "args": ["burn", "--per-node", per_node.join(",")],
+                        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
                         "resources": {
                             "requests": {"cpu": "50m", "memory": "64Mi"},
                             "limits": {"memory": "1Gi"},
@@ -265,8 +300,8 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The shipper's pod once it runs (not the one with `not_uid`).
-async fn wait_for_running_shipper(client: &Client, not_uid: Option<String>) -> Result<Pod> {
+/// The shipper's pod on `node` once it runs (not the one with `not_uid`).
+async fn wait_for_running_shipper(client: &Client, node: &str, not_uid: Option<String>) -> Result<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -275,13 +310,14 @@ async fn wait_for_running_shipper(client: &Client, not_uid: Option<String>) -> R
             .await?
         {
             let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            if running && pod.uid() != not_uid && pod.metadata.deletion_timestamp.is_none() {
+            let here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+            if running && here && pod.uid() != not_uid && pod.metadata.deletion_timestamp.is_none() {
                 return Ok(pod);
             }
         }
         if Instant::now() > deadline {
             bail!(
-                "the shipper pod is not running after 120 s:\n{}",
+                "the shipper pod on {node} is not running after 120 s:\n{}",
                 describe_pods(client, SHIPPER_NS).await
             );
         }
@@ -289,17 +325,19 @@ async fn wait_for_running_shipper(client: &Client, not_uid: Option<String>) -> R
     }
 }
 
-/// Waits until the node's recommendation for the shipper is near what it uses; returns the target
-/// (millicores, bytes).
+/// Waits until the node's recommendation for the shipper is near what it uses there; returns the
+/// target (millicores, bytes).
 ///
 /// VPA's estimator puts the CPU target at the 90th percentile bucket's upper edge plus a 15 %
-/// margin, and memory at the peak's bucket plus 15 %: about 1.15–1.25 × the use. The tolerance
-/// is wider for CPU (0.75–1.75 ×), since the burner shares two cores with the rest of the test
-/// run, and 1.0–1.5 × for memory.
-async fn wait_for_recommendation(client: &Client, node: &str) -> Result<(u64, u64)> {
+/// margin, and memory at the peak's bucket plus 15 %: about 1.15–1.25 × the use, with floors of
+/// 25m and 250 MiB per pod. The tolerance is wide for CPU (0.5–1.75 × the burn rate), since the
+/// burner shares two cores with everything else in the test run; memory is 1.0–1.5 × what is held,
+/// or the 250 MiB floor.
+async fn wait_for_recommendation(client: &Client, node: &str, load: Load) -> Result<(u64, u64)> {
     let api: Api<NodeRecommendation> = Api::all(client.clone());
-    let cpu_ok = |m: u64| (BURN_MILLICORES * 3 / 4..=BURN_MILLICORES * 7 / 4).contains(&m);
-    let mem_ok = |b: u64| (HOLD_MIB * 1024 * 1024..=HOLD_MIB * 1024 * 1024 * 3 / 2).contains(&b);
+    const MIB: u64 = 1024 * 1024;
+    let cpu_ok = |m: u64| (load.millicores / 2..=load.millicores * 7 / 4).contains(&m);
+    let mem_ok = |b: u64| (load.mib * MIB..=(load.mib * MIB * 3 / 2).max(250 * MIB)).contains(&b);
     let deadline = Instant::now() + Duration::from_secs(240);
     let mut last = String::from("no NodeRecommendation yet");
     loop {

@@ -5,7 +5,9 @@
 //! - `nodewarden-testbox burn --cpu-millicores M --memory-mib N`: a log-shipper-like workload with
 //!   a known footprint. It holds N MiB of memory it has written (so it is resident and counts in the
 //!   working set) and burns M millicores: in every 100 ms window each busy thread spins for its share
-//!   and sleeps for the rest.
+//!   and sleeps for the rest. `--per-node NODE=M:N,…` sets other figures for the nodes named (the
+//!   node comes from `$NODE_NAME`, e.g. the downward API's `spec.nodeName`): one DaemonSet, a busy
+//!   node and a quiet one.
 
 use std::time::{Duration, Instant};
 
@@ -29,26 +31,44 @@ fn main() {
 }
 
 fn parse_burn(args: &[String]) -> Result<(u64, u64), String> {
-    let (mut cpu, mut mem) = (None, None);
+    let (mut cpu, mut mem) = (0, 0);
+    let mut per_node = None;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value"))?
-            .parse::<u64>()
-            .map_err(|e| format!("{flag}: {e} (expected a whole number)"))?;
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
-            "--cpu-millicores" if value <= MAX_MILLICORES => cpu = Some(value),
-            "--memory-mib" if value <= MAX_MEMORY_MIB => mem = Some(value),
-            "--cpu-millicores" | "--memory-mib" => return Err(format!("{flag} {value} is too large")),
+            "--cpu-millicores" => cpu = number(flag, value, MAX_MILLICORES)?,
+            "--memory-mib" => mem = number(flag, value, MAX_MEMORY_MIB)?,
+            "--per-node" => per_node = Some(value.clone()),
             _ => {
                 return Err(format!(
-                    "unknown flag {flag}: expected --cpu-millicores or --memory-mib"
+                    "unknown flag {flag}: expected --cpu-millicores, --memory-mib or --per-node"
                 ));
             }
         }
     }
-    Ok((cpu.unwrap_or(0), mem.unwrap_or(0)))
+    if let (Some(spec), Ok(node)) = (per_node, std::env::var("NODE_NAME")) {
+        for entry in spec.split(',').filter(|e| !e.is_empty()) {
+            let bad = || format!("--per-node {entry:?}: expected NODE=MILLICORES:MIB");
+            let (name, figures) = entry.split_once('=').ok_or_else(bad)?;
+            let (c, m) = figures.split_once(':').ok_or_else(bad)?;
+            if name == node {
+                cpu = number("--per-node", c, MAX_MILLICORES)?;
+                mem = number("--per-node", m, MAX_MEMORY_MIB)?;
+            }
+        }
+    }
+    Ok((cpu, mem))
+}
+
+fn number(flag: &str, value: &str, max: u64) -> Result<u64, String> {
+    let n = value
+        .parse::<u64>()
+        .map_err(|e| format!("{flag} {value:?}: {e} (expected a whole number)"))?;
+    if n > max {
+        return Err(format!("{flag} {n} is too large (at most {max})"));
+    }
+    Ok(n)
 }
 
 fn pause() -> Result<(), String> {
