@@ -22,6 +22,7 @@ pub mod images;
 pub mod node;
 pub mod process;
 pub mod recorder;
+pub mod shipper;
 pub mod webhooks;
 
 pub use cgroupfs::{container_scope, write_container};

@@ -19,41 +19,21 @@
 //!
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
-use nodewarden_api::NodeRecommendation;
-use nodewarden_api::quantity::parse_milli;
-use nodewarden_tests::helm::{Helm, chart_dir};
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
+use nodewarden_tests::shipper::{
+    BUSY, NAMESPACE, QUIET, RELEASE, container_limits, container_requests, create_shipper, install_chart,
+    recreate_shipper_pod, running_pods, wait_for_recommendation,
+};
 use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, require_real_nodes};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
-
-const NAMESPACE: &str = "nodewarden";
-const RELEASE: &str = "nodewarden";
-const SHIPPER_NS: &str = "logging";
-const SHIPPER: &str = "shipper";
-/// What the shipper burns and holds on each node.
-#[derive(Debug, Clone, Copy)]
-struct Load {
-    millicores: u64,
-    mib: u64,
-}
-const BUSY: Load = Load {
-    millicores: 300,
-    mib: 300,
-};
-const QUIET: Load = Load {
-    millicores: 60,
-    mib: 100,
-};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chart_on_a_real_node() -> Result<()> {
@@ -85,32 +65,8 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
 
     // 1. helm install with the project's images
     let helm = Helm::for_control_plane(cp)?;
-    let began = Instant::now();
-    let chart = chart_dir();
-    let mut args: Vec<String> = vec![
-        "install".into(),
-        RELEASE.into(),
-        chart.display().to_string(),
-        "--namespace".into(),
-        NAMESPACE.into(),
-        "--create-namespace".into(),
-        "--wait".into(),
-        "--timeout".into(),
-        "5m".into(),
-    ];
-    args.extend(images.helm_set_args());
-    let out = helm.run(&args).await?;
-    ensure!(
-        out.success,
-        "helm install failed:\n{}\n{}\n{}",
-        out.stdout,
-        out.stderr,
-        describe_pods(&client, NAMESPACE).await
-    );
-    eprintln!(
-        "realnode: helm install --wait took {:.1}s",
-        began.elapsed().as_secs_f64()
-    );
+    let took = install_chart(&helm, &client, images).await?;
+    eprintln!("realnode: helm install --wait took {:.1}s", took.as_secs_f64());
 
     let webhook_pods = running_pods(&client, NAMESPACE, "app.kubernetes.io/component=webhook").await?;
     ensure!(
@@ -152,30 +108,8 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         "the denial names the rule and the value: {denial}"
     );
 
-    // 3. a real log shipper, measured by the agent from the node's cgroups
-    create_namespace(&client, SHIPPER_NS).await?;
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), SHIPPER_NS);
-    daemonsets
-        .create(
-            &PostParams::default(),
-            &shipper_daemonset(&images.testbox_ref(), &nodes)?,
-        )
-        .await?;
-    let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> = Api::namespaced(client.clone(), SHIPPER_NS);
-    autoscalers
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "nodewarden.io/v1alpha1",
-                "kind": "DaemonSetAutoscaler",
-                "metadata": {"name": SHIPPER},
-                "spec": {
-                    "targetRef": {"kind": "DaemonSet", "name": SHIPPER},
-                    "updatePolicy": {"updateMode": "Initial"},
-                },
-            }))?,
-        )
-        .await?;
+    // 3. a real log shipper, measured by each node's agent from that node's cgroups
+    create_shipper(&client, &images.testbox_ref(), &nodes).await?;
     let mut targets = Vec::new();
     for (node, load) in nodes {
         let (cpu, mem) = wait_for_recommendation(&client, &node.name, load).await?;
@@ -195,11 +129,8 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     );
 
     // 4. a new pod on each node gets that node's figures, and its kubelet applies them
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
     for ((node, _), (cpu_target, mem_target)) in nodes.iter().zip(targets) {
-        let first = wait_for_running_shipper(&client, &node.name, None).await?;
-        pods.delete(&first.name_any(), &DeleteParams::default()).await?;
-        let second = wait_for_running_shipper(&client, &node.name, first.uid()).await?;
+        let second = recreate_shipper_pod(&client, &node.name).await?;
         let requests = container_requests(&second)?;
         ensure!(
             requests == (cpu_target, mem_target),
@@ -255,200 +186,6 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
-}
-
-fn shipper_daemonset(image: &str, nodes: &[(&nodewarden_tests::RealNode, Load)]) -> Result<DaemonSet> {
-    let per_node: Vec<String> = nodes
-        .iter()
-        .map(|(n, l)| format!("{}={}:{}", n.name, l.millicores, l.mib))
-        .collect();
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": SHIPPER},
-        "spec": {
-            "selector": {"matchLabels": {"app": SHIPPER}},
-            "template": {
-                "metadata": {"labels": {"app": SHIPPER}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": SHIPPER,
-                        "image": image,
-                        "imagePullPolicy": "Never",
-                        "args": ["burn", "--per-node", per_node.join(",")],
-                        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-                        "resources": {
-                            "requests": {"cpu": "50m", "memory": "64Mi"},
-                            "limits": {"memory": "1Gi"},
-                        },
-                    }],
-                },
-            },
-        },
-    }))?)
-}
-
-async fn create_namespace(client: &Client, name: &str) -> Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name}}))?,
-        )
-        .await?;
-    Ok(())
-}
-
-/// The shipper's pod on `node` once it runs (not the one with `not_uid`).
-async fn wait_for_running_shipper(client: &Client, node: &str, not_uid: Option<String>) -> Result<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        for pod in pods
-            .list(&ListParams::default().labels(&format!("app={SHIPPER}")))
-            .await?
-        {
-            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            let here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
-            if running && here && pod.uid() != not_uid && pod.metadata.deletion_timestamp.is_none() {
-                return Ok(pod);
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the shipper pod on {node} is not running after 120 s:\n{}",
-                describe_pods(client, SHIPPER_NS).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Waits until the node's recommendation for the shipper is near what it uses there; returns the
-/// target (millicores, bytes).
-///
-/// VPA's estimator puts the CPU target at the 90th percentile bucket's upper edge plus a 15 %
-/// margin, and memory at the peak's bucket plus 15 %: about 1.15–1.25 × the use, with floors of
-/// 25m and 250 MiB per pod. The tolerance is wide for CPU (0.5–1.75 × the burn rate), since the
-/// burner shares two cores with everything else in the test run; memory is 1.0–1.5 × what is held,
-/// or the 250 MiB floor.
-async fn wait_for_recommendation(client: &Client, node: &str, load: Load) -> Result<(u64, u64)> {
-    let api: Api<NodeRecommendation> = Api::all(client.clone());
-    const MIB: u64 = 1024 * 1024;
-    let cpu_ok = |m: u64| (load.millicores / 2..=load.millicores * 7 / 4).contains(&m);
-    let mem_ok = |b: u64| (load.mib * MIB..=(load.mib * MIB * 3 / 2).max(250 * MIB)).contains(&b);
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let mut last = String::from("no NodeRecommendation yet");
-    loop {
-        if let Some(rec) = api.get_opt(node).await? {
-            last = serde_json::to_string(&rec.spec)?;
-            let target = rec.spec.recommendations.iter().find_map(|r| {
-                (r.autoscaler.namespace == SHIPPER_NS
-                    && r.autoscaler.name == SHIPPER
-                    && r.container_name == SHIPPER)
-                    .then_some(r.target.as_ref())
-                    .flatten()
-            });
-            if let Some(target) = target {
-                let cpu = cpu_milli(target.get("cpu"))?;
-                let mem = memory_bytes(target.get("memory"))?;
-                if cpu.is_some_and(cpu_ok) && mem.is_some_and(mem_ok) {
-                    return Ok((cpu.unwrap_or_default(), mem.unwrap_or_default()));
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("NodeRecommendation/{node} did not reach the shipper's use within 240 s; last: {last}");
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
-/// A CPU quantity in millicores (`None` when absent).
-fn cpu_milli(q: Option<&Quantity>) -> Result<Option<u64>> {
-    q.map(|q| {
-        parse_milli(&q.0)
-            .and_then(|m| u64::try_from(m).ok())
-            .ok_or_else(|| anyhow!("{:?} is not a CPU quantity", q.0))
-    })
-    .transpose()
-}
-
-/// A memory quantity in bytes (`None` when absent).
-fn memory_bytes(q: Option<&Quantity>) -> Result<Option<u64>> {
-    q.map(|q| {
-        parse_milli(&q.0)
-            .and_then(|m| u64::try_from(m.div_ceil(1000)).ok())
-            .ok_or_else(|| anyhow!("{:?} is not a memory quantity", q.0))
-    })
-    .transpose()
-}
-
-/// The shipper container's (cpu, memory) requests.
-fn container_requests(pod: &Pod) -> Result<(u64, u64)> {
-    let r = container_resources(pod, |r| r.requests.clone());
-    Ok((
-        cpu_milli(r.get("cpu"))?.context("a cpu request")?,
-        memory_bytes(r.get("memory"))?.context("a memory request")?,
-    ))
-}
-
-/// The shipper container's (cpu, memory) limits.
-fn container_limits(pod: &Pod) -> Result<(Option<u64>, Option<u64>)> {
-    let l = container_resources(pod, |r| r.limits.clone());
-    Ok((cpu_milli(l.get("cpu"))?, memory_bytes(l.get("memory"))?))
-}
-
-fn container_resources(
-    pod: &Pod,
-    which: impl Fn(&k8s_openapi::api::core::v1::ResourceRequirements) -> Option<BTreeMap<String, Quantity>>,
-) -> BTreeMap<String, Quantity> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.resources.as_ref())
-        .and_then(which)
-        .unwrap_or_default()
-}
-
-/// Names of the pods matching `selector` that run (or are about to), not yet being deleted.
-async fn running_pods(client: &Client, namespace: &str, selector: &str) -> Result<Vec<String>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    Ok(pods
-        .list(&ListParams::default().labels(selector))
-        .await?
-        .items
-        .iter()
-        .filter(|p| {
-            matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Running" | "Pending")
-            )
-        })
-        .map(|p| p.name_any())
-        .collect())
-}
-
-/// A short account of the namespace's pods, for failure messages.
-async fn describe_pods(client: &Client, namespace: &str) -> String {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    match pods.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} on {:?}: {}",
-                    p.name_any(),
-                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                    serde_json::to_string(&p.status).unwrap_or_default()
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Err(e) => format!("(listing pods in {namespace}: {e})"),
-    }
 }
 
 const CHILD_ENV: &str = "NODEWARDEN_REALNODE_CHILD";

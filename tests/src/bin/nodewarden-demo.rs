@@ -3,7 +3,9 @@
 //! Starts etcd, kube-apiserver and kube-controller-manager (built from their Go modules),
 //! runs the real `nodewarden-webhook` binary against them on 127.0.0.1, registers its webhooks
 //! with the API server, creates example objects and prints what happened. Everything it
-//! started is stopped and removed at the end, also on failure.
+//! started is stopped and removed at the end, also on failure. Where the machine allows it (Linux,
+//! root), a last section installs the chart on two real nodes of this machine and shows each
+//! node's recommendation and its re-created pod; the host is put back as it was afterwards.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +28,8 @@ use serde_json::json;
 
 #[path = "nodewarden-demo/features.rs"]
 mod features;
+#[path = "nodewarden-demo/realnode.rs"]
+mod realnode;
 
 const NAMESPACE: &str = "demo";
 const AGENT_NAMESPACE: &str = "nodewarden";
@@ -147,7 +151,8 @@ async fn run() -> Result<()> {
     webhook.stop().await;
     step("stopping nodewarden-webhook and the control plane; removing their files");
     drop(cp);
-    outcome
+    outcome?;
+    realnode::real_nodes().await
 }
 
 fn step(text: &str) {

@@ -1,0 +1,116 @@
+//! The demo's last section: the chart on two real nodes of this machine (a busy one and a quiet
+//! one), when the machine allows it (Linux, root). Elsewhere it says so and what the sections
+//! before it used instead.
+
+use anyhow::{Context, Result};
+use nodewarden_tests::helm::Helm;
+use nodewarden_tests::images;
+use nodewarden_tests::node::unavailable_reason;
+use nodewarden_tests::shipper::{
+    BUSY, QUIET, container_limits, container_requests, create_shipper, install_chart, recreate_shipper_pod,
+    wait_for_recommendation,
+};
+use nodewarden_tests::{RealCluster, RealClusterConfig};
+
+use crate::step;
+
+const MIB: u64 = 1024 * 1024;
+
+pub async fn real_nodes() -> Result<()> {
+    if let Some(reason) = unavailable_reason() {
+        step(&format!(
+            "real nodes: not on this machine ({reason}); the right-sizing above ran on simulated nodes \
+             (Node objects without a kubelet, agents reading synthetic cgroup files)"
+        ));
+        return Ok(());
+    }
+    step("real nodes: building the images (nodewarden-webhook, nodewarden-agent, the test image)");
+    let images = images::build_test_images().await?;
+    step(
+        "starting two real nodes: a kubelet with its own containerd, runc and bridge CNI each, kube-scheduler, kube-proxy",
+    );
+    let cluster = RealCluster::start(&RealClusterConfig {
+        nodes: 2,
+        images: images.archives(),
+        sandbox_image: images.testbox_ref(),
+    })
+    .await
+    .context("starting the real nodes")?;
+    let outcome = show(&cluster, &images).await;
+    step("stopping the real nodes and putting the host back as it was (sysctls, iptables, mounts, cgroups)");
+    let restored = cluster.shutdown();
+    outcome?;
+    restored?;
+    step("host restored: nothing the nodes changed is left");
+    Ok(())
+}
+
+async fn show(cluster: &RealCluster, images: &images::TestImages) -> Result<()> {
+    let client = cluster.cp.admin_client().await?;
+    let helm = Helm::for_control_plane(&cluster.cp)?;
+    let took = install_chart(&helm, &client, images).await?;
+    step(&format!(
+        "helm install --wait of charts/nodewarden (default values, local images): ready in {:.0}s",
+        took.as_secs_f64()
+    ));
+    let nodes = [(&cluster.nodes[0], BUSY), (&cluster.nodes[1], QUIET)];
+    create_shipper(&client, &images.testbox_ref(), &nodes).await?;
+    step(
+        "a log-shipper DaemonSet with a DaemonSetAutoscaler: its pods burn CPU and hold memory, \
+         more on the busy node; each node's agent measures them from the real cgroups (about a minute)",
+    );
+    let mut rows = Vec::new();
+    for (node, load) in nodes {
+        let (cpu, mem) = wait_for_recommendation(&client, &node.name, load).await?;
+        let pod = recreate_shipper_pod(&client, &node.name).await?;
+        let (req_cpu, req_mem) = container_requests(&pod)?;
+        let (_, limit) = container_limits(&pod)?;
+        let applied = node.container_cgroup(&pod)?;
+        rows.push((
+            node.name.clone(),
+            load,
+            cpu,
+            mem,
+            req_cpu,
+            req_mem,
+            limit,
+            applied,
+        ));
+    }
+    step("each node's recommendation, and a re-created pod as the webhook and its kubelet set it up");
+    println!();
+    println!(
+        "  {:<18} {:>14} {:>18} {:>18} {:>24}",
+        "node", "uses", "recommended", "new pod requests", "cgroup (shares, limit)"
+    );
+    for (node, load, cpu, mem, req_cpu, req_mem, limit, applied) in rows {
+        println!(
+            "  {:<18} {:>14} {:>18} {:>18} {:>24}",
+            node,
+            format!("{}m {}Mi", load.millicores, load.mib),
+            format!("{cpu}m {}Mi", mem.div_ceil(MIB)),
+            format!("{req_cpu}m {}Mi", req_mem.div_ceil(MIB)),
+            format!(
+                "{} {}",
+                applied
+                    .cpu_shares
+                    .or(applied.cpu_weight)
+                    .map_or("-".to_string(), |v| v.to_string()),
+                applied
+                    .memory_limit
+                    .or(limit)
+                    .map_or("-".to_string(), |b| format!("{}Mi", b / MIB))
+            ),
+        );
+    }
+    println!();
+    let out = helm
+        .run(&["uninstall", "nodewarden", "--namespace", "nodewarden", "--wait"])
+        .await?;
+    step(if out.success {
+        "helm uninstall: done"
+    } else {
+        "helm uninstall failed (the nodes are stopped anyway)"
+    });
+    Ok(())
+}
