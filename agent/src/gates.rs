@@ -93,12 +93,9 @@ pub struct GatesArgs {
     pub gates: bool,
 }
 
+/// A gates interval: at least one second.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 30s, 5m)"))?;
-    if d < Duration::from_secs(1) {
-        return Err(format!("{s} is too short: at least 1s"));
-    }
-    Ok(d)
+    nodewarden_runtime::duration::parse_at_least(s, Duration::from_secs(1))
 }
 
 impl GatesArgs {
