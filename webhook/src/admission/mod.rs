@@ -4,11 +4,7 @@
 //! Bad input never panics and never becomes a 5xx: a review whose uid can be read gets HTTP 200
 //! with `allowed: false` and a message; anything else gets a 4xx with a message.
 
-pub mod claims;
-pub mod features;
-pub mod node_reports;
 pub mod review;
-pub mod rightsizing;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -22,7 +18,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use tracing::{debug, info, info_span, warn};
 
-use crate::metrics::Metrics;
 pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, ReviewOut, UserInfo};
 
 /// A capability's admission decision: a pure function of the request (and whatever snapshot
@@ -57,6 +52,16 @@ impl Route {
     }
 }
 
+/// Counts every answered review (the webhook's metrics, or nothing).
+pub trait AdmissionObserver: Send + Sync {
+    /// One review on `route` ended with `outcome` after `took`.
+    fn observed(&self, route: &'static str, outcome: Outcome, took: std::time::Duration);
+}
+
+impl AdmissionObserver for () {
+    fn observed(&self, _: &'static str, _: Outcome, _: std::time::Duration) {}
+}
+
 /// How a review ended, as counted in metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -70,7 +75,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    /// The `outcome` label of `nodewarden_admission_requests_total`.
+    pub fn metric_label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Patched => "patched",
@@ -191,7 +197,7 @@ fn uid_of(body: &[u8]) -> Option<String> {
 }
 
 /// The admission router: one POST route per capability, 404 for any other path.
-pub fn router(routes: Vec<Route>, metrics: Arc<Metrics>, max_body_bytes: usize) -> Router {
+pub fn router(routes: Vec<Route>, metrics: Arc<dyn AdmissionObserver>, max_body_bytes: usize) -> Router {
     let paths: Arc<Vec<&'static str>> = Arc::new(routes.iter().map(|r| r.path).collect());
     let mut app = Router::new();
     for route in routes {
@@ -223,7 +229,7 @@ pub fn router(routes: Vec<Route>, metrics: Arc<Metrics>, max_body_bytes: usize) 
 struct RouteState {
     path: &'static str,
     handler: Arc<dyn Handler>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn AdmissionObserver>,
 }
 
 async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response {
@@ -240,9 +246,7 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
     let _entered = span.enter();
     match process(&body, state.handler.as_ref()) {
         Processed::Review(out, outcome, ident) => {
-            state
-                .metrics
-                .observe_admission(state.path, outcome, started.elapsed());
+            state.metrics.observed(state.path, outcome, started.elapsed());
             log_outcome(&span, &out, outcome, &ident);
             match serde_json::to_vec(&*out) {
                 Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
@@ -259,7 +263,7 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
         Processed::BadRequest(message) => {
             state
                 .metrics
-                .observe_admission(state.path, Outcome::Invalid, started.elapsed());
+                .observed(state.path, Outcome::Invalid, started.elapsed());
             warn!(%message, "rejected a malformed AdmissionReview");
             (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
         }

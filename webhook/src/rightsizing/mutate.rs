@@ -402,15 +402,39 @@ struct Plan<'a> {
     caps: Vec<Cap>,
 }
 
-/// Decides a DaemonSet pod's resources.
+/// Decides a DaemonSet pod's resources, finding its node with [`target_node`]; see [`mutate_on`].
+pub fn mutate(
+    pod: &Pod,
+    autoscaler: &DaemonSetAutoscaler,
+    node_targets: Option<&Targets>,
+    fleet: Option<&Targets>,
+    limit_ranges: &[LimitRange],
+) -> Decision {
+    let node = target_node(pod);
+    mutate_on(
+        pod,
+        autoscaler,
+        node.as_deref().map_err(String::as_str),
+        node_targets,
+        fleet,
+        limit_ranges,
+    )
+}
+
+/// Decides a DaemonSet pod's resources for its node, computed once by the caller.
 ///
+/// * `node`: the node the pod is for ([`target_node`]), or why it names none.
 /// * `node_targets`: the targets this node's agent published for the autoscaler's containers
 ///   (`None`: no recommendation on this node).
 /// * `fleet`: the fleet targets, used only with `coldStart: Fleet`.
 /// * `limit_ranges`: the LimitRanges of the pod's namespace.
-pub fn mutate(
+///
+/// Four steps: `plan` (which container and resource gets which target), `cap_pod`
+/// (LimitRanges of type Pod), `cap_containers` (per container caps), `patch`.
+pub fn mutate_on(
     pod: &Pod,
     autoscaler: &DaemonSetAutoscaler,
+    node: Result<&str, &str>,
     node_targets: Option<&Targets>,
     fleet: Option<&Targets>,
     limit_ranges: &[LimitRange],
@@ -432,8 +456,8 @@ pub fn mutate(
         };
     }
     let mut annotations = BTreeMap::from([(ANNOTATION_AUTOSCALER.to_string(), name)]);
-    let node = match target_node(pod) {
-        Ok(node) => node,
+    let node = match node {
+        Ok(node) => node.to_string(),
         Err(why) => {
             annotations.insert(
                 ANNOTATION_SKIPPED.to_string(),
@@ -455,10 +479,56 @@ pub fn mutate(
         .as_ref()
         .map(|s| s.containers.as_slice())
         .unwrap_or_default();
-    let container_items: Vec<&LimitRangeItem> = items(limit_ranges, "Container").collect();
-    let pod_items: Vec<&LimitRangeItem> = items(limit_ranges, "Pod").collect();
+    let ranges = Ranges::of(limit_ranges);
+    let (mut plans, sources) = plan(containers, autoscaler, node_targets, fleet, &ranges);
+    cap_pod(&mut plans, containers, &ranges);
+    cap_containers(&mut plans, autoscaler.spec.ceiling, &ranges);
+    let (ops, changed) = patch(&plans, containers, &ranges, &mut annotations);
 
-    // 1. the raw plan: which container and resource gets which target
+    let source_text: Vec<String> = sources
+        .iter()
+        .map(|(c, s)| format!("{c}={}", s.as_str()))
+        .collect();
+    annotations.insert(ANNOTATION_SOURCE.to_string(), source_text.join(", "));
+    let mut patch = annotation_patch(pod, &annotations);
+    patch.0.extend(ops);
+    Decision {
+        patch,
+        annotations,
+        reason: if changed {
+            Reason::Resized
+        } else {
+            Reason::Unchanged
+        },
+        node: Some(node),
+        sources,
+    }
+}
+
+/// The LimitRange items of the pod's namespace, by type.
+struct Ranges<'a> {
+    container: Vec<&'a LimitRangeItem>,
+    pod: Vec<&'a LimitRangeItem>,
+}
+
+impl<'a> Ranges<'a> {
+    fn of(limit_ranges: &'a [LimitRange]) -> Self {
+        Ranges {
+            container: items(limit_ranges, "Container").collect(),
+            pod: items(limit_ranges, "Pod").collect(),
+        }
+    }
+}
+
+/// Step 1, the raw plan: which container and resource gets which target, and where each
+/// container's figures came from (in pod order).
+fn plan<'a>(
+    containers: &[Container],
+    autoscaler: &'a DaemonSetAutoscaler,
+    node_targets: Option<&Targets>,
+    fleet: Option<&Targets>,
+    ranges: &Ranges,
+) -> (Vec<Plan<'a>>, Vec<(String, Source)>) {
     let mut sources = Vec::new();
     let mut plans: Vec<Plan> = Vec::new();
     for (index, container) in containers.iter().enumerate() {
@@ -493,7 +563,7 @@ pub fn mutate(
                 continue;
             };
             let own_limit = limits.get(resource);
-            let default_limit = bound(&container_items, resource, lr_default, u64::min);
+            let default_limit = bound(&ranges.container, resource, lr_default, u64::min);
             plans.push(Plan {
                 container: index,
                 resource,
@@ -508,8 +578,12 @@ pub fn mutate(
             });
         }
     }
+    (plans, sources)
+}
 
-    // 2. LimitRange of type Pod: the sum of the pod's requests stays within min and max
+/// Step 2, LimitRanges of type Pod: the sum of the pod's requests stays within min and max,
+/// the planned containers scaled together.
+fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
     for resource in RESOURCES {
         let planned: Vec<usize> = (0..plans.len())
             .filter(|&i| plans[i].resource == resource)
@@ -527,7 +601,7 @@ pub fn mutate(
             })
             .sum();
         let ours: u64 = planned.iter().map(|&p| plans[p].value).sum();
-        if let Some(max) = bound(&pod_items, resource, lr_max, u64::min)
+        if let Some(max) = bound(&ranges.pod, resource, lr_max, u64::min)
             && others + ours > max
             && ours > 0
         {
@@ -536,7 +610,7 @@ pub fn mutate(
                 plans[p].value = scale_floor(plans[p].value, room, ours);
                 plans[p].caps.push(Cap::LimitRangePodMax);
             }
-        } else if let Some(min) = bound(&pod_items, resource, lr_min, u64::max)
+        } else if let Some(min) = bound(&ranges.pod, resource, lr_min, u64::max)
             && others + ours < min
             && ours > 0
         {
@@ -547,12 +621,15 @@ pub fn mutate(
             }
         }
     }
+}
 
-    // 3. per container: LimitRange, minAllowed/maxAllowed, ceiling, the existing limit
-    for plan in &mut plans {
+/// Step 3, per container: LimitRange, minAllowed/maxAllowed, ceiling, the existing limit; and
+/// the LimitRange again, so a policy bound never takes the pod outside what is admissible.
+fn cap_containers(plans: &mut [Plan], ceiling: Ceiling, ranges: &Ranges) {
+    for plan in plans {
         let r = plan.resource;
-        let lr_container_max = bound(&container_items, r, lr_max, u64::min);
-        let lr_container_min = bound(&container_items, r, lr_min, u64::max);
+        let lr_container_max = bound(&ranges.container, r, lr_max, u64::min);
+        let lr_container_min = bound(&ranges.container, r, lr_min, u64::max);
         clamp(
             plan,
             lr_container_min,
@@ -567,7 +644,7 @@ pub fn mutate(
             .policy
             .and_then(|p| Amounts::from_list(p.max_allowed.as_ref()).get(r));
         clamp(plan, policy_min, policy_max, Cap::MinAllowed, Cap::MaxAllowed);
-        if autoscaler.spec.ceiling == Ceiling::Template
+        if ceiling == Ceiling::Template
             && let Some(template) = plan.request
             && plan.value > template
         {
@@ -581,7 +658,6 @@ pub fn mutate(
             plan.value = limit;
             plan.caps.push(Cap::Limit);
         }
-        // the pod must stay admissible: a policy bound never takes it outside the LimitRange
         clamp(
             plan,
             lr_container_min,
@@ -591,8 +667,35 @@ pub fn mutate(
         );
         plan.caps.dedup();
     }
+}
 
-    // 4. the patch
+/// The limit that goes with a planned request: `RequestsOnly` keeps the limit as it is;
+/// `RequestsAndLimits` keeps the limit-to-request ratio, within the LimitRange max and never
+/// below the request.
+fn scaled_limit(plan: &Plan, request: u64, ranges: &Ranges) -> Option<u64> {
+    match plan.controlled_values {
+        ControlledValues::RequestsOnly => None,
+        ControlledValues::RequestsAndLimits => plan.limit.map(|old_limit| {
+            let scaled = match plan.request {
+                Some(old_request) if old_request != old_limit && old_request > 0 => {
+                    scale_ceil(old_limit, request, old_request)
+                }
+                _ => request,
+            };
+            let lr_max = bound(&ranges.container, plan.resource, lr_max, u64::min);
+            lr_max.map_or(scaled, |m| scaled.min(m)).max(request)
+        }),
+    }
+}
+
+/// Step 4, the patch: `add` operations for the requests and limits that change, and the
+/// `updates` and `capped` annotations. Returns the operations and whether any figure changed.
+fn patch(
+    plans: &[Plan],
+    containers: &[Container],
+    ranges: &Ranges,
+    annotations: &mut BTreeMap<String, String>,
+) -> (Vec<PatchOperation>, bool) {
     let mut ops: Vec<PatchOperation> = Vec::new();
     let mut updates: Vec<String> = Vec::new();
     let mut capped: Vec<String> = Vec::new();
@@ -613,19 +716,7 @@ pub fn mutate(
         for plan in mine {
             let r = plan.resource;
             let request = plan.value;
-            let limit = match plan.controlled_values {
-                ControlledValues::RequestsOnly => None,
-                ControlledValues::RequestsAndLimits => plan.limit.map(|old_limit| {
-                    let scaled = match plan.request {
-                        Some(old_request) if old_request != old_limit && old_request > 0 => {
-                            scale_ceil(old_limit, request, old_request)
-                        }
-                        _ => request,
-                    };
-                    let lr_max = bound(&container_items, r, lr_max, u64::min);
-                    lr_max.map_or(scaled, |m| scaled.min(m)).max(request)
-                }),
-            };
+            let limit = scaled_limit(plan, request, ranges);
             let mut text = format!("{} request {}", r.as_str(), format_amount(r, request));
             if plan.request != Some(request) {
                 let parents = (&mut has_resources, &mut has_requests);
@@ -670,30 +761,13 @@ pub fn mutate(
             capped.push(format!("{}: {}", container.name, caps_said.join(", ")));
         }
     }
-    let source_text: Vec<String> = sources
-        .iter()
-        .map(|(c, s)| format!("{c}={}", s.as_str()))
-        .collect();
-    annotations.insert(ANNOTATION_SOURCE.to_string(), source_text.join(", "));
     if !updates.is_empty() {
         annotations.insert(ANNOTATION_UPDATES.to_string(), updates.join("; "));
     }
     if !capped.is_empty() {
         annotations.insert(ANNOTATION_CAPPED.to_string(), capped.join("; "));
     }
-    let mut patch = annotation_patch(pod, &annotations);
-    patch.0.extend(ops);
-    Decision {
-        patch,
-        annotations,
-        reason: if changed {
-            Reason::Resized
-        } else {
-            Reason::Unchanged
-        },
-        node: Some(node),
-        sources,
-    }
+    (ops, changed)
 }
 
 fn clamp(plan: &mut Plan, min: Option<u64>, max: Option<u64>, min_cap: Cap, max_cap: Cap) {

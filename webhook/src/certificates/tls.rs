@@ -16,8 +16,6 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
-
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("reading {path}: {source}")]
@@ -113,12 +111,22 @@ pub enum Reload {
     Rejected(String),
 }
 
+/// Counts certificate reloads (the webhook's metrics, or nothing).
+pub trait ReloadObserver: Send + Sync {
+    /// A changed pair was loaded (`true`) or rejected (`false`).
+    fn reloaded(&self, loaded: bool);
+}
+
+impl ReloadObserver for () {
+    fn reloaded(&self, _: bool) {}
+}
+
 /// Watches a certificate and key file and keeps the resolver current.
 pub struct CertReloader {
     cert_path: PathBuf,
     key_path: PathBuf,
     resolver: Arc<CertResolver>,
-    metrics: Arc<Metrics>,
+    observer: Arc<dyn ReloadObserver>,
     last: std::sync::Mutex<Option<(Vec<u8>, Vec<u8>)>>,
 }
 
@@ -127,13 +135,13 @@ impl CertReloader {
         cert_path: PathBuf,
         key_path: PathBuf,
         resolver: Arc<CertResolver>,
-        metrics: Arc<Metrics>,
+        observer: Arc<dyn ReloadObserver>,
     ) -> Self {
         CertReloader {
             cert_path,
             key_path,
             resolver,
-            metrics,
+            observer,
             last: std::sync::Mutex::new(None),
         }
     }
@@ -165,12 +173,12 @@ impl CertReloader {
         let outcome = match certified_key(&cert, &key, &self.cert_path, &self.key_path) {
             Ok(ck) => {
                 self.resolver.set(ck);
-                self.metrics.certificate_reload(true);
+                self.observer.reloaded(true);
                 tracing::info!(cert = %self.cert_path.display(), "loaded serving certificate");
                 Reload::Loaded
             }
             Err(err) => {
-                self.metrics.certificate_reload(false);
+                self.observer.reloaded(false);
                 tracing::error!(error = %err, "new serving certificate rejected; keeping the loaded pair");
                 Reload::Rejected(err.to_string())
             }

@@ -23,7 +23,7 @@ use nodewarden_api::rightsizing::{ColdStart, DaemonSetAutoscaler, ResourceName};
 pub use index::RightsizingIndex;
 pub use mutate::{Decision, Reason, Source, Targets};
 
-use super::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
 
 /// Path of the pod mutation webhook.
 pub const MUTATE_ROUTE: &str = "/mutate/pods";
@@ -74,9 +74,11 @@ pub fn decide_with(
     pod: &Pod,
 ) -> Decision {
     let name = autoscaler.metadata.name.as_deref().unwrap_or_default();
-    let node_targets = mutate::target_node(pod)
+    let node = mutate::target_node(pod);
+    let node_targets = node
+        .as_ref()
         .ok()
-        .and_then(|node| index.node_targets(&node, namespace, name));
+        .and_then(|node| index.node_targets(node, namespace, name));
     let fleet = match autoscaler.spec.cold_start {
         ColdStart::Fleet => autoscaler
             .status
@@ -85,9 +87,10 @@ pub fn decide_with(
         ColdStart::Template => None,
     };
     let limit_ranges = index.limit_ranges(namespace);
-    mutate::mutate(
+    mutate::mutate_on(
         pod,
         autoscaler,
+        node.as_deref().map_err(String::as_str),
         node_targets.as_ref(),
         fleet.as_ref(),
         &limit_ranges,

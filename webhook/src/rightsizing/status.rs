@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::RightsizingIndex;
 use super::mutate::{Targets, fleet_from_nodes, format_amount};
+use crate::controllers::{LeaderTask, leader_task};
 
 /// Condition: at least one node has published a recommendation for this autoscaler.
 pub const RECOMMENDATION_PROVIDED: &str = "RecommendationProvided";
@@ -148,6 +149,11 @@ fn condition(
         observed_generation: generation,
         last_transition_time: since,
     }
+}
+
+/// The status controller as a leader task, reconciling every `interval`.
+pub fn task(index: Arc<RightsizingIndex>, interval: Duration) -> LeaderTask {
+    leader_task(move |client, stop| run(client, index.clone(), interval, stop))
 }
 
 /// Reconciles every autoscaler's status every `interval` until `stop`.

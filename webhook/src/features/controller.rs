@@ -41,7 +41,8 @@ use nodewarden_api::features::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::features::{FeatureCaches, FeaturesObserver, FieldPath, feature_key, state_str};
+use super::{FeatureCaches, FeaturesObserver, FieldPath, feature_key, state_str};
+use crate::controllers::{LeaderTask, leader_task};
 
 /// Name of the task that waits for node reports.
 pub const WAIT_FOR_REPORTS: &str = "WaitForReports";
@@ -502,6 +503,15 @@ fn differs(a: Option<&FeatureStatus>, b: &FeatureStatus) -> bool {
     a != Some(b)
 }
 
+/// The controller as a leader task.
+pub fn task(
+    caches: Arc<FeatureCaches>,
+    options: FeaturesOptions,
+    observer: Option<Arc<dyn FeaturesObserver>>,
+) -> LeaderTask {
+    leader_task(move |client, stop| run(client, caches.clone(), options.clone(), observer.clone(), stop))
+}
+
 /// The I/O shell: while `stop` is not cancelled, steps every Feature on each change of the
 /// caches and every resync interval, runs the actions, and writes the statuses.
 pub async fn run(
@@ -587,7 +597,7 @@ async fn write_status(
     });
     api.patch_status(
         &feature.name_any(),
-        &PatchParams::apply(super::FIELD_MANAGER).force(),
+        &PatchParams::apply(crate::controllers::FIELD_MANAGER).force(),
         &Patch::Apply(&patch),
     )
     .await

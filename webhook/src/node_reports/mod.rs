@@ -15,7 +15,7 @@
 
 use clap::Args;
 
-use super::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
 
 /// Path of the node-reports webhook.
 pub const ROUTE: &str = "/validate/node-reports";

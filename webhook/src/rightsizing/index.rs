@@ -20,7 +20,7 @@ use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use tokio_util::sync::CancellationToken;
 
 use super::mutate::{Amounts, Targets};
-use crate::caches::{Change, watch_into};
+use crate::watch::{Change, watch_into};
 
 /// (namespace, name).
 pub type Key = (Arc<str>, Arc<str>);
