@@ -343,7 +343,7 @@ mod observers {
     use crate::admission::{AdmissionObserver, Outcome};
     use crate::certificates::ReloadObserver;
     use crate::claims::{ClaimsObserver, Rule};
-    use crate::features::{Decision as FeatureDecision, FeaturesObserver, state_str};
+    use crate::features::{Decision as FeatureDecision, FeaturesObserver};
     use crate::metrics::Metrics;
     use crate::rightsizing::{Reason, RightsizingObserver, Source};
 
@@ -380,7 +380,7 @@ mod observers {
         }
 
         fn transitioned(&self, state: FeatureState) {
-            self.features_transition(state_str(state));
+            self.features_transition(state.as_str());
         }
     }
 }

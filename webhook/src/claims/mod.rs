@@ -38,13 +38,13 @@ use std::fmt;
 
 pub use cache::{ClaimCaches, ClaimsCache, ClaimsCacheOptions};
 pub use guard::{ClaimsGuard, ClaimsObserver};
+pub use nodewarden_api::domain::names::{
+    MAX_LABEL_CHARS, ServiceAccountName, check_dns_label, check_dns_subdomain,
+};
 #[cfg(any(test, feature = "test-util"))]
 pub use presence::StaticView;
 pub use presence::{ClaimView, Presence, RECENT_WRITE_TTL, RecentWrites};
-pub use rules::{
-    ClaimsPolicy, Decision, NameClass, Principals, Rule, ServiceAccountName, check_dns_label,
-    check_dns_subdomain, classify, decide, is_reserved, quote,
-};
+pub use rules::{ClaimsPolicy, Decision, NameClass, Principals, Rule, classify, decide, is_reserved, quote};
 
 /// Path of the claims webhook.
 pub const ROUTE: &str = "/validate/claims";
@@ -64,8 +64,6 @@ pub const ID_CLAIMS: [&str; 2] = [ID_CLAIM, CLUSTER_ID_CLAIM];
 pub const MAX_VALUE_BYTES: usize = nodewarden_api::claims::MAX_VALUE_BYTES;
 /// Longest `cluster.clusterset.k8s.io` value in subdomain mode ("under 128 characters").
 pub const MAX_SUBDOMAIN_ID_CHARS: usize = 127;
-/// Longest DNS label.
-pub const MAX_LABEL_CHARS: usize = 63;
 /// How much of a value a message quotes.
 const QUOTE_CHARS: usize = 64;
 

@@ -7,10 +7,12 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use nodewarden_api::domain::names::{ServiceAccountName, check_dns_label, check_dns_subdomain};
+
 use super::presence::ClaimView;
 use super::{
-    AUDIT_RULE_KEY, CLUSTER_ID_CLAIM, CLUSTERSET_CLAIM, ID_CLAIM, ID_CLAIMS, MAX_LABEL_CHARS,
-    MAX_SUBDOMAIN_ID_CHARS, MAX_VALUE_BYTES, QUOTE_CHARS, Shape,
+    AUDIT_RULE_KEY, CLUSTER_ID_CLAIM, CLUSTERSET_CLAIM, ID_CLAIM, ID_CLAIMS, MAX_SUBDOMAIN_ID_CHARS,
+    MAX_VALUE_BYTES, QUOTE_CHARS, Shape,
 };
 use crate::admission::{AdmissionRequest, AdmissionResponse, Operation, UserInfo};
 
@@ -145,8 +147,6 @@ pub struct Principals {
     service_accounts: BTreeSet<String>,
 }
 
-const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
-
 impl Principals {
     /// Empty entries are ignored (an empty environment variable means "none").
     pub fn new(
@@ -169,44 +169,6 @@ impl Principals {
         self.users.contains(&user.username)
             || self.service_accounts.contains(&user.username)
             || user.groups.iter().any(|g| self.groups.contains(g))
-    }
-}
-
-/// A service account named on the command line: `namespace:name` or
-/// `system:serviceaccount:namespace:name`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceAccountName {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ServiceAccountName {
-    /// The user name its tokens authenticate as.
-    pub fn username(&self) -> String {
-        format!("{SERVICE_ACCOUNT_PREFIX}{}:{}", self.namespace, self.name)
-    }
-}
-
-impl std::str::FromStr for ServiceAccountName {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let rest = s.strip_prefix(SERVICE_ACCOUNT_PREFIX).unwrap_or(s);
-        let accepted = "expected <namespace>:<name> or system:serviceaccount:<namespace>:<name>";
-        let (namespace, name) = rest
-            .split_once(':')
-            .ok_or_else(|| format!("service account {s:?}: {accepted}"))?;
-        if let Err(why) = check_dns_label(namespace) {
-            return Err(format!("service account {s:?}: namespace {why}; {accepted}"));
-        }
-        if let Err(why) = check_dns_subdomain(name, 253) {
-            return Err(format!("service account {s:?}: name {why}; {accepted}"));
-        }
-        Ok(ServiceAccountName {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        })
     }
 }
 
@@ -293,63 +255,6 @@ pub fn is_reserved(name: &str) -> bool {
     ["k8s.io", "kubernetes.io"]
         .iter()
         .any(|domain| name == *domain || name.strip_suffix(domain).is_some_and(|head| head.ends_with('.')))
-}
-
-/// Checks an RFC 1123 DNS label as Kubernetes defines it.
-pub fn check_dns_label(s: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("is empty".to_string());
-    }
-    check_label_chars(s)?;
-    if s.len() > MAX_LABEL_CHARS {
-        return Err(format!(
-            "is {} characters long, at most {MAX_LABEL_CHARS} allowed",
-            s.len()
-        ));
-    }
-    Ok(())
-}
-
-fn check_label_chars(label: &str) -> Result<(), String> {
-    if let Some(c) = label
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-    {
-        return Err(format!(
-            "contains {c:?}; only lowercase letters, digits and '-' are allowed"
-        ));
-    }
-    if label.starts_with('-') || label.ends_with('-') {
-        return Err("must start and end with a lowercase letter or digit".to_string());
-    }
-    Ok(())
-}
-
-/// Checks an RFC 1123 DNS subdomain as Kubernetes defines it, at most `max` characters.
-pub fn check_dns_subdomain(s: &str, max: usize) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("is empty".to_string());
-    }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
-    {
-        return Err(format!(
-            "contains {c:?}; only lowercase letters, digits, '-' and '.' are allowed"
-        ));
-    }
-    for label in s.split('.') {
-        if label.is_empty() {
-            return Err("has an empty part between dots".to_string());
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err("has a part that starts or ends with '-'".to_string());
-        }
-    }
-    if s.len() > max {
-        return Err(format!("is {} characters long, at most {max} allowed", s.len()));
-    }
-    Ok(())
 }
 
 /// A value as messages quote it: at most 64 characters, escaped, with its length when cut.

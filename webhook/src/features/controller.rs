@@ -41,7 +41,7 @@ use nodewarden_api::features::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{FeatureCaches, FeaturesObserver, FieldPath, feature_key, state_str};
+use super::{FeatureCaches, FeaturesObserver, FieldPath, feature_key};
 use crate::controllers::{LeaderTask, leader_task};
 
 /// Name of the task that waits for node reports.
@@ -468,17 +468,17 @@ pub fn step(
     let condition = Condition {
         type_: CONDITION_SETTLED.to_string(),
         status: if settled { "True" } else { "False" }.to_string(),
-        reason: state_str(final_state).to_string(),
+        reason: final_state.as_str().to_string(),
         message: if settled {
             match status.transition_time.as_ref() {
                 Some(t) => format!(
                     "{} since the transition that started at {}",
-                    state_str(final_state),
+                    final_state.as_str(),
                     fmt_time(Some(t))
                 ),
                 None => format!(
                     "{}: the node reports matched when the Feature was created",
-                    state_str(final_state)
+                    final_state.as_str()
                 ),
             }
         } else {

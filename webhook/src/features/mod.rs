@@ -33,7 +33,7 @@ pub use guard::FeaturesGuard;
 pub use path::{FieldPath, PathError};
 pub use rules::{
     GuardIndex, GuardedField, effective_state, feature_key, guard_index, is_guarded, review_feature,
-    review_owned, state_str, validate_spec,
+    review_owned, validate_spec,
 };
 
 /// Path of the features webhook.

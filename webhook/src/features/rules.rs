@@ -37,15 +37,6 @@ pub fn is_guarded(state: FeatureState) -> bool {
     matches!(state, FeatureState::Off | FeatureState::TurningOff)
 }
 
-pub fn state_str(state: FeatureState) -> &'static str {
-    match state {
-        FeatureState::On => "On",
-        FeatureState::TurningOff => "TurningOff",
-        FeatureState::Off => "Off",
-        FeatureState::TurningOn => "TurningOn",
-    }
-}
-
 /// Every problem with a Feature's spec, each naming the field; empty when valid.
 pub fn validate_spec(spec: &FeatureSpec) -> Vec<String> {
     let mut problems = Vec::new();
@@ -200,7 +191,7 @@ pub fn review_owned(request: &AdmissionRequest, index: &GuardIndex) -> (Admissio
             ratcheted = true;
             continue;
         }
-        let state = state_str(field.state);
+        let state = field.state.as_str();
         match field.on_disable {
             OnDisable::Deny | OnDisable::Clear => denials.push(format!(
                 "feature {} is {state}: {} may not be set on {resource} (found {} = {}{}); \

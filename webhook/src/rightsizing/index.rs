@@ -16,6 +16,7 @@ use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::LimitRange;
 use kube::{Api, Client, ResourceExt};
+use nodewarden_api::domain::rightsizing::precedence;
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use tokio_util::sync::CancellationToken;
 
@@ -204,12 +205,7 @@ impl RightsizingIndex {
                 .push(a.clone());
         }
         for list in map.values_mut() {
-            list.sort_by(|a, b| {
-                let created = |x: &DaemonSetAutoscaler| x.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                created(a)
-                    .cmp(&created(b))
-                    .then_with(|| a.name_any().cmp(&b.name_any()))
-            });
+            list.sort_by(|a, b| precedence(a, b));
         }
         *self.by_target.write().unwrap_or_else(|p| p.into_inner()) = map;
     }

@@ -18,6 +18,7 @@ pub mod status;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use nodewarden_api::domain::rightsizing::controlling_daemonset;
 use nodewarden_api::rightsizing::{ColdStart, DaemonSetAutoscaler, ResourceName};
 
 pub use index::RightsizingIndex;
@@ -99,12 +100,7 @@ pub fn decide_with(
 
 /// The name of the DaemonSet that controls the pod (controller ownerReference, apps/v1).
 pub fn owner_daemonset(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true) && r.kind == "DaemonSet" && r.api_version == "apps/v1")
-        .map(|r| r.name.as_str())
+    controlling_daemonset(pod.metadata.owner_references.as_deref().unwrap_or_default())
 }
 
 impl Handler for PodMutator {

@@ -2,7 +2,7 @@
 //! ranges) → a JSON Patch and the annotations that explain it.
 //!
 //! Amounts are integers: CPU in millicores, memory in bytes. Quantities written into the pod use
-//! one canonical form ([`format_amount`]): CPU as whole cores (`2`) when exact, else millicores
+//! the one canonical form the agent writes too ([`format_amount`], from `nodewarden-api`): CPU as whole cores (`2`) when exact, else millicores
 //! (`250m`); memory with the largest binary suffix that divides it exactly (`1Gi`, `300Mi`,
 //! `512Ki`), else plain bytes (`314572801`).
 //!
@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, LimitRange, LimitRangeItem, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use nodewarden_api::quantity::parse_milli;
+pub use nodewarden_api::domain::quantity::{amount, format_amount};
+use nodewarden_api::domain::rightsizing::container_policy;
 use nodewarden_api::rightsizing::{
     Ceiling, ColdStart, ContainerMode, ContainerPolicy, ControlledValues, DaemonSetAutoscaler,
     FleetRecommendation, NodeRecommendation, ResourceName, UpdateMode,
@@ -269,47 +270,6 @@ pub fn fleet_from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Targets>) -> Tar
         .collect()
 }
 
-/// A quantity as an integer amount: millicores for CPU, bytes (rounded up) for memory.
-pub fn amount(resource: ResourceName, q: &Quantity) -> Option<u64> {
-    let milli = parse_milli(&q.0)?;
-    let value = match resource {
-        ResourceName::Cpu => milli,
-        ResourceName::Memory => milli.div_ceil(1000),
-    };
-    u64::try_from(value).ok()
-}
-
-/// The canonical quantity string of an amount (see the module documentation).
-pub fn format_amount(resource: ResourceName, value: u64) -> String {
-    match resource {
-        ResourceName::Cpu => {
-            if value.is_multiple_of(1000) {
-                format!("{}", value / 1000)
-            } else {
-                format!("{value}m")
-            }
-        }
-        ResourceName::Memory => {
-            const UNITS: [(&str, u64); 5] = [
-                ("Pi", 1 << 50),
-                ("Ti", 1 << 40),
-                ("Gi", 1 << 30),
-                ("Mi", 1 << 20),
-                ("Ki", 1 << 10),
-            ];
-            if value == 0 {
-                return "0".to_string();
-            }
-            for (suffix, size) in UNITS {
-                if value.is_multiple_of(size) {
-                    return format!("{}{suffix}", value / size);
-                }
-            }
-            value.to_string()
-        }
-    }
-}
-
 /// An `add` at the path of these (unescaped) tokens; the pointer escapes them (`~0`, `~1`).
 fn add(tokens: &[&str], value: Value) -> PatchOperation {
     let path = json_patch::jsonptr::PointerBuf::from_tokens(tokens.iter().copied());
@@ -337,20 +297,6 @@ fn add_amount(
         *has_map = true;
     }
     ops.push(add(&[base, &[map, resource]].concat(), Value::String(amount)));
-}
-
-/// The policy of a container: its own, else `*`.
-fn policy_for<'a>(autoscaler: &'a DaemonSetAutoscaler, container: &str) -> Option<&'a ContainerPolicy> {
-    let policies = autoscaler
-        .spec
-        .resource_policy
-        .as_ref()
-        .map(|p| p.container_policies.as_slice())
-        .unwrap_or_default();
-    policies
-        .iter()
-        .find(|p| p.container_name == container)
-        .or_else(|| policies.iter().find(|p| p.container_name == "*"))
 }
 
 fn items<'a>(limit_ranges: &'a [LimitRange], kind: &'a str) -> impl Iterator<Item = &'a LimitRangeItem> + 'a {
@@ -532,7 +478,7 @@ fn plan<'a>(
     let mut sources = Vec::new();
     let mut plans: Vec<Plan> = Vec::new();
     for (index, container) in containers.iter().enumerate() {
-        let policy = policy_for(autoscaler, &container.name);
+        let policy = container_policy(autoscaler, &container.name);
         if policy.is_some_and(|p| p.mode == ContainerMode::Off) {
             sources.push((container.name.clone(), Source::PolicyOff));
             continue;
@@ -822,27 +768,6 @@ fn annotation_patch(pod: &Pod, annotations: &BTreeMap<String, String>) -> Patch 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_canonical_quantities() {
-        let cases = [
-            (ResourceName::Cpu, 250, "250m"),
-            (ResourceName::Cpu, 2000, "2"),
-            (ResourceName::Cpu, 0, "0"),
-            (ResourceName::Memory, 300 << 20, "300Mi"),
-            (ResourceName::Memory, 1 << 30, "1Gi"),
-            (ResourceName::Memory, 1536 << 10, "1536Ki"),
-            (ResourceName::Memory, (300 << 20) + 1, "314572801"),
-        ];
-        for (r, v, want) in cases {
-            assert_eq!(format_amount(r, v), want);
-            assert_eq!(
-                amount(r, &Quantity(want.to_string())),
-                Some(v),
-                "round trip of {want}"
-            );
-        }
-    }
 
     #[test]
     fn escapes_pointer_tokens() {
