@@ -73,7 +73,7 @@ pub struct Config {
 
     /// Feature gate reports (`NodeFeatureReport/<node>`).
     #[command(flatten)]
-    pub gates: crate::gates::GatesArgs,
+    pub gates: crate::features::GatesArgs,
 }
 
 /// The estimator's constants; defaults are the VPA recommender's.

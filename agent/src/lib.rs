@@ -9,7 +9,7 @@
 //! - [`pods`]: watches of this node's pods and of autoscalers, and their join,
 //! - [`publish`]: when and how `NodeRecommendation` is written,
 //! - [`sampler`]: one sample tick tying the above together,
-//! - [`gates`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`,
+//! - [`features`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`,
 //! - [`metrics`], [`config`].
 //!
 //! Tracing, the admin server, signals and the API server client come from `nodewarden-runtime`,
@@ -18,7 +18,7 @@
 pub mod cgroup;
 pub mod checkpoint;
 pub mod config;
-pub mod gates;
+pub mod features;
 pub mod histogram;
 pub mod metrics;
 pub mod pods;
@@ -121,7 +121,7 @@ pub async fn run_with_client(
 
     let stores = pods::watch(client.clone(), &config.node_name, stop.clone());
     let gates_task = config.gates.gates.then(|| {
-        tokio::spawn(gates::run(
+        tokio::spawn(features::run(
             config.gates.clone(),
             client.clone(),
             config.node_name.clone(),

@@ -512,7 +512,7 @@ async fn fake_kubelet(ca: &nodewarden_certs::Ca, token: &'static str) -> Result<
 
 #[tokio::test]
 async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
-    use nodewarden_agent::gates::{GatesArgs, KUBELET, Scraper, component};
+    use nodewarden_agent::features::{GatesArgs, KUBELET, Scraper, component};
     let ca = nodewarden_certs::Ca::generate(&nodewarden_certs::CaConfig {
         common_name: "kubelet-ca".into(),
         validity: Duration::from_secs(600),
