@@ -3,7 +3,7 @@
 //! [`App::run`] serves it over TLS with the admin port, the caches and the controllers until
 //! shutdown.
 //!
-//! This is the only module that knows every capability and the metrics: [`observers`] connects
+//! This is the only module that knows every capability and the metrics: `observers` connects
 //! each capability's observer trait to [`Metrics`].
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! One folder per capability, each holding its admission handler, its pure rules, its cache and
 //! its controller: [`rightsizing`], [`claims`], [`features`], [`node_reports`],
 //! [`certificates`]. Shared by all of them: [`admission`] (the AdmissionReview pipeline and
-//! wire types), [`watch`] (watching the API server into caches), [`controllers`] (leader
+//! wire types), `watch` (watching the API server into caches), [`controllers`] (leader
 //! election), [`server`] (TLS serving). [`app`] wires them together with [`metrics`];
 //! `main.rs` parses flags and calls [`run`].
 

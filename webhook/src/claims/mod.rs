@@ -2,7 +2,7 @@
 //! may hold, and in which order they may come and go.
 //!
 //! [`decide`] ([`rules`]) is a pure function of the request, the [`ClaimsPolicy`] and a [`ClaimView`] of the
-//! other claims of the same API shape. [`ClaimsGuard`] is the admission [`Handler`]: it reads the
+//! other claims of the same API shape. [`ClaimsGuard`] is the admission [`Handler`](crate::admission::Handler): it reads the
 //! watch caches through a [`ClaimView`], remembers the well-known writes it admitted until the
 //! caches show them ([`RecentWrites`], in [`presence`]), counts decisions and adds the audit annotation.
 //!

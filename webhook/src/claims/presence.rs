@@ -1,5 +1,5 @@
 //! What the guard knows of the other claims: a [`ClaimView`] (the watch caches, or a fixed
-//! [`StaticView`] in tests) merged with the well-known writes this replica admitted and the caches
+//! `StaticView` in tests) merged with the well-known writes this replica admitted and the caches
 //! may not show yet ([`RecentWrites`]).
 
 use std::collections::BTreeMap;
