@@ -30,17 +30,23 @@ pub fn precedence(a: &DaemonSetAutoscaler, b: &DaemonSetAutoscaler) -> Ordering 
         .then_with(|| a.name_any().cmp(&b.name_any()))
 }
 
+/// Every container policy of an autoscaler, in the order written (none without a
+/// `resourcePolicy`).
+pub fn container_policies(autoscaler: &DaemonSetAutoscaler) -> &[ContainerPolicy] {
+    autoscaler
+        .spec
+        .resource_policy
+        .as_ref()
+        .map(|p| p.container_policies.as_slice())
+        .unwrap_or_default()
+}
+
 /// The policy of a container: its own, else the `*` policy, else none.
 pub fn container_policy<'a>(
     autoscaler: &'a DaemonSetAutoscaler,
     container: &str,
 ) -> Option<&'a ContainerPolicy> {
-    let policies = autoscaler
-        .spec
-        .resource_policy
-        .as_ref()
-        .map(|p| p.container_policies.as_slice())
-        .unwrap_or_default();
+    let policies = container_policies(autoscaler);
     policies
         .iter()
         .find(|p| p.container_name == container)

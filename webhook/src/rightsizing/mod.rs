@@ -18,7 +18,7 @@ pub mod status;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_api::domain::rightsizing::controlling_daemonset;
+use nodewarden_api::domain::rightsizing::{container_policies, controlling_daemonset};
 use nodewarden_api::rightsizing::{ColdStart, DaemonSetAutoscaler, ResourceName};
 
 pub use index::RightsizingIndex;
@@ -235,12 +235,7 @@ impl AutoscalerValidator {
 /// Problems of an autoscaler on its own: each names the field path and the offending values.
 pub fn validate_autoscaler(autoscaler: &DaemonSetAutoscaler) -> Vec<String> {
     let mut problems = Vec::new();
-    let policies = autoscaler
-        .spec
-        .resource_policy
-        .as_ref()
-        .map(|p| p.container_policies.as_slice())
-        .unwrap_or_default();
+    let policies = container_policies(autoscaler);
     for (i, policy) in policies.iter().enumerate() {
         let path = format!("spec.resourcePolicy.containerPolicies[{i}]");
         if policies[..i]
