@@ -33,7 +33,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::features::{
     ComponentUses, DesiredState, Feature, FeatureState, FeatureStatus, NodeFeatureReport, OnDisable,
     OwnedField, ResourceRef, Task, TaskState,
@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{FeatureCaches, FeaturesObserver, FieldPath, feature_key};
 use crate::controllers::{LeaderTask, leader_task};
+use crate::events;
 
 /// Name of the task that waits for node reports.
 pub const WAIT_FOR_REPORTS: &str = "WaitForReports";
@@ -503,6 +504,23 @@ fn differs(a: Option<&FeatureStatus>, b: &FeatureStatus) -> bool {
     a != Some(b)
 }
 
+/// The Event of a transition into `state`: its reason (the state's name) and its note.
+pub fn transition_event(
+    before: Option<FeatureState>,
+    state: FeatureState,
+    desired: DesiredState,
+) -> (&'static str, String) {
+    let from = before.map_or("no state", FeatureState::as_str);
+    let desired = match desired {
+        DesiredState::On => "On",
+        DesiredState::Off => "Off",
+    };
+    (
+        state.as_str(),
+        format!("{from} → {} (desired {desired})", state.as_str()),
+    )
+}
+
 /// The controller as a leader task.
 pub fn task(
     caches: Arc<FeatureCaches>,
@@ -523,6 +541,7 @@ pub async fn run(
 ) {
     tracing::info!("feature lifecycle controller started");
     caches.wait_synced().await;
+    let recorder = events::recorder(&client);
     // the outcome of each Feature's last action, by namespace/name
     let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
     loop {
@@ -546,6 +565,18 @@ pub async fn run(
                         if before != status.state {
                             if let (Some(o), Some(state)) = (&observer, status.state) {
                                 o.transitioned(state);
+                            }
+                            if let Some(state) = status.state {
+                                let (reason, note) = transition_event(before, state, feature.spec.desired);
+                                events::publish(
+                                    &recorder,
+                                    &feature.object_ref(&()),
+                                    false,
+                                    "Transition",
+                                    reason,
+                                    note,
+                                )
+                                .await;
                             }
                             tracing::info!(feature = %key, state = ?status.state, "feature state");
                         }
@@ -752,4 +783,25 @@ async fn remove_field(
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transition_event_names_the_state_entered_and_where_it_came_from() {
+        let (reason, note) = transition_event(
+            Some(FeatureState::On),
+            FeatureState::TurningOff,
+            DesiredState::Off,
+        );
+        assert_eq!(reason, "TurningOff");
+        assert_eq!(note, "On → TurningOff (desired Off)");
+        let (reason, note) = transition_event(None, FeatureState::TurningOn, DesiredState::On);
+        assert_eq!(
+            (reason, note.as_str()),
+            ("TurningOn", "no state → TurningOn (desired On)")
+        );
+    }
 }
