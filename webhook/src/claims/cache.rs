@@ -122,7 +122,9 @@ impl ClaimsCache {
 }
 
 /// Which of the claim APIs the API server serves, each at its recommended version.
-pub async fn discover_claim_apis(client: &Client) -> Result<BTreeMap<Shape, ApiResource>, kube::Error> {
+pub(crate) async fn discover_claim_apis(
+    client: &Client,
+) -> Result<BTreeMap<Shape, ApiResource>, kube::Error> {
     let groups: Vec<&str> = Shape::ALL.iter().map(|s| s.group()).collect();
     let discovery = Discovery::new(client.clone()).filter(&groups).run().await?;
     let mut found = BTreeMap::new();

@@ -16,7 +16,7 @@ use crate::controllers::{FIELD_MANAGER, LeaderTask, leader_task};
 
 /// What one pass did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Initialized {
+pub(crate) enum Initialized {
     /// Created `id.k8s.io` with this value.
     Created(String),
     /// An ID claim already existed (its name); nothing was written.
@@ -24,7 +24,7 @@ pub enum Initialized {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum InitError {
+pub(crate) enum InitError {
     #[error("reading or creating ClusterClaims: {0}")]
     Claims(#[source] kube::Error),
     #[error("reading namespace kube-system: {0}")]
@@ -34,7 +34,7 @@ pub enum InitError {
 }
 
 /// One pass: create `id.k8s.io` = kube-system UID unless an ID claim exists.
-pub async fn ensure_id_claim(client: &Client) -> Result<Initialized, InitError> {
+pub(crate) async fn ensure_id_claim(client: &Client) -> Result<Initialized, InitError> {
     let claims: Api<ClusterClaim> = Api::all(client.clone());
     for name in ID_CLAIMS {
         if claims.get_opt(name).await.map_err(InitError::Claims)?.is_some() {
@@ -63,7 +63,7 @@ pub async fn ensure_id_claim(client: &Client) -> Result<Initialized, InitError> 
 }
 
 /// Runs [`ensure_id_claim`] every `interval` (sooner after errors) until `stop`.
-pub async fn run(client: Client, interval: Duration, stop: CancellationToken) {
+pub(crate) async fn run(client: Client, interval: Duration, stop: CancellationToken) {
     let mut backoff = nodewarden_runtime::client::retry_backoff();
     loop {
         let wait = match ensure_id_claim(&client).await {

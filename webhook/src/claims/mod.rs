@@ -4,7 +4,7 @@
 //! [`decide`] ([`rules`]) is a pure function of the request, the [`ClaimsPolicy`] and a [`ClaimView`] of the
 //! other claims of the same API shape. [`ClaimsGuard`] is the admission [`Handler`](crate::admission::Handler): it reads the
 //! watch caches through a [`ClaimView`], remembers the well-known writes it admitted until the
-//! caches show them ([`RecentWrites`], in [`presence`]), counts decisions and adds the audit annotation.
+//! caches show them (`RecentWrites`, in [`presence`]), counts decisions and adds the audit annotation.
 //!
 //! The rules, in the order they are checked (the first that fails decides):
 //!
@@ -43,7 +43,7 @@ pub use nodewarden_api::domain::names::{
 };
 #[cfg(any(test, feature = "test-util"))]
 pub use presence::StaticView;
-pub use presence::{ClaimView, Presence, RECENT_WRITE_TTL, RecentWrites};
+pub use presence::{ClaimView, Presence, RECENT_WRITE_TTL};
 pub use rules::{ClaimsPolicy, Decision, NameClass, Principals, Rule, classify, decide, is_reserved, quote};
 
 /// Path of the claims webhook.

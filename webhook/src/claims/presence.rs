@@ -1,6 +1,6 @@
 //! What the guard knows of the other claims: a [`ClaimView`] (the watch caches, or a fixed
 //! `StaticView` in tests) merged with the well-known writes this replica admitted and the caches
-//! may not show yet ([`RecentWrites`]).
+//! may not show yet (`RecentWrites`).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -104,7 +104,7 @@ pub(super) enum Written {
 /// `clusterset.k8s.io` counts as "may exist" (later ID deletes are denied at once), an admitted
 /// delete of an ID claim means "not surely there" (a following clusterset create is denied).
 #[derive(Debug, Default)]
-pub struct RecentWrites {
+pub(crate) struct RecentWrites {
     entries: Mutex<BTreeMap<(Shape, String), (Written, Instant)>>,
 }
 

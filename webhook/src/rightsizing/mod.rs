@@ -68,7 +68,7 @@ impl PodMutator {
 }
 
 /// [`mutate::mutate`] with its inputs taken from the index.
-pub fn decide_with(
+pub(crate) fn decide_with(
     index: &RightsizingIndex,
     namespace: &str,
     autoscaler: &DaemonSetAutoscaler,
@@ -99,7 +99,7 @@ pub fn decide_with(
 }
 
 /// The name of the DaemonSet that controls the pod (controller ownerReference, apps/v1).
-pub fn owner_daemonset(pod: &Pod) -> Option<&str> {
+pub(crate) fn owner_daemonset(pod: &Pod) -> Option<&str> {
     controlling_daemonset(pod.metadata.owner_references.as_deref().unwrap_or_default())
 }
 
