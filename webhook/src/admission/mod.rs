@@ -23,6 +23,7 @@ pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, Revie
 /// A capability's admission decision: a pure function of the request (and whatever snapshot
 /// of the caches the handler holds).
 pub trait Handler: Send + Sync + 'static {
+    /// The answer to one request; it must not panic (the pipeline turns a panic into an error answer).
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse;
 }
 
@@ -40,10 +41,12 @@ where
 pub struct Route {
     /// URL path, e.g. `/validate/claims`.
     pub path: &'static str,
+    /// What answers the reviews posted there.
     pub handler: Arc<dyn Handler>,
 }
 
 impl Route {
+    /// A route at `path` served by `handler`.
     pub fn new(path: &'static str, handler: impl Handler) -> Self {
         Route {
             path,
@@ -65,8 +68,11 @@ impl AdmissionObserver for () {
 /// How a review ended, as counted in metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// Allowed without a patch.
     Allowed,
+    /// Allowed with a JSON patch.
     Patched,
+    /// Denied by the handler.
     Denied,
     /// The review itself was malformed.
     Invalid,
@@ -90,9 +96,13 @@ impl Outcome {
 /// Who and what a review was about, for spans and logs.
 #[derive(Debug, Default, Clone)]
 pub struct Ident {
+    /// `request.kind.kind`.
     pub kind: String,
+    /// `request.namespace`, empty for cluster-scoped objects.
     pub namespace: String,
+    /// `request.name`, empty when the API server has not named the object yet.
     pub name: String,
+    /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
     pub operation: &'static str,
 }
 

@@ -65,6 +65,7 @@ impl ClaimsCache {
         self.claims.clone()
     }
 
+    /// Whether every claim API found at start-up has listed its objects.
     pub fn is_synced(&self) -> bool {
         *self.synced.borrow()
     }

@@ -28,6 +28,7 @@ pub struct ClaimsGuard {
 }
 
 impl ClaimsGuard {
+    /// A guard deciding by `policy` over `view`, counting its decisions in `observer`.
     pub fn new(policy: ClaimsPolicy, view: Arc<dyn ClaimView>, observer: Arc<dyn ClaimsObserver>) -> Self {
         ClaimsGuard {
             policy: Arc::new(policy),

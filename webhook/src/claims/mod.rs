@@ -80,8 +80,10 @@ pub enum Shape {
 }
 
 impl Shape {
+    /// Every shape, in the order discovery looks for them.
     pub const ALL: [Shape; 3] = [Shape::Nodewarden, Shape::About, Shape::OpenClusterManagement];
 
+    /// The API group.
     pub fn group(self) -> &'static str {
         match self {
             Shape::Nodewarden => "nodewarden.io",
@@ -90,6 +92,7 @@ impl Shape {
         }
     }
 
+    /// The kind.
     pub fn kind(self) -> &'static str {
         match self {
             Shape::Nodewarden | Shape::OpenClusterManagement => "ClusterClaim",
@@ -97,6 +100,7 @@ impl Shape {
         }
     }
 
+    /// The plural resource name.
     pub fn plural(self) -> &'static str {
         match self {
             Shape::Nodewarden | Shape::OpenClusterManagement => "clusterclaims",

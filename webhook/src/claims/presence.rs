@@ -13,15 +13,19 @@ use super::Shape;
 /// `may_exist`, rules that allow look at `surely_exists`, so doubt keeps the ID in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Presence {
+    /// The claim may exist: rules that deny because of it apply.
     pub may_exist: bool,
+    /// The claim surely exists: rules that allow because of it apply.
     pub surely_exists: bool,
 }
 
 impl Presence {
+    /// Not there.
     pub const ABSENT: Presence = Presence {
         may_exist: false,
         surely_exists: false,
     };
+    /// There, and not being deleted.
     pub const PRESENT: Presence = Presence {
         may_exist: true,
         surely_exists: true,

@@ -19,11 +19,17 @@ use crate::admission::{AdmissionRequest, AdmissionResponse, Operation, UserInfo}
 /// The rule behind a decision; its name is the audit annotation's value and the `rule` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Rule {
+    /// Denied: a reserved name written by a principal outside the allowed ones.
     ReservedName,
+    /// Denied: an empty value, or one over 128 KiB.
     ValueSize,
+    /// Denied: an ID that is not a DNS label (or subdomain).
     IdFormat,
+    /// Denied: changing or deleting the ID while the cluster is in a ClusterSet.
     IdLifespan,
+    /// Denied: joining a ClusterSet while no ID claim exists.
     ClustersetRequiresId,
+    /// Denied: changing the ClusterSet's value.
     ClustersetImmutable,
     /// Allowed: a write to an ID claim that passed every ID rule.
     IdClaim,
@@ -42,6 +48,7 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule, so the label set of the metric is known.
     pub const ALL: [Rule; 13] = [
         Rule::ReservedName,
         Rule::ValueSize,
@@ -58,6 +65,7 @@ impl Rule {
         Rule::CacheNotSynced,
     ];
 
+    /// The rule's name: audit annotation value and metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::ReservedName => "reserved-name",
@@ -86,7 +94,9 @@ impl fmt::Display for Rule {
 /// The outcome of [`decide`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
+    /// The rule that decided.
     pub rule: Rule,
+    /// Whether the write is admitted.
     pub allowed: bool,
     /// HTTP status code of a denial: 403 for policy, 400 for unreadable requests, 503 when the
     /// caches cannot answer yet.
@@ -165,6 +175,7 @@ impl Principals {
         }
     }
 
+    /// Whether `user` is one of them, by name, service account or group.
     pub fn allows(&self, user: &UserInfo) -> bool {
         self.users.contains(&user.username)
             || self.service_accounts.contains(&user.username)
@@ -175,6 +186,7 @@ impl Principals {
 /// The guard's settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClaimsPolicy {
+    /// Who may write reserved claims.
     pub principals: Principals,
     /// Accept a DNS subdomain (under 128 characters) for `cluster.clusterset.k8s.io`.
     pub id_subdomain: bool,
@@ -230,9 +242,13 @@ fn json_type(v: &serde_json::Value) -> &'static str {
 /// What kind of claim a name is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameClass {
+    /// `id.k8s.io` or `cluster.clusterset.k8s.io`.
     Id,
+    /// `clusterset.k8s.io`.
     Clusterset,
+    /// Another name under `k8s.io` or `kubernetes.io`.
     OtherReserved,
+    /// Any other name.
     Custom,
 }
 

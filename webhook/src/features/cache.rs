@@ -46,10 +46,12 @@ pub struct FeatureCaches {
 }
 
 impl FeatureCaches {
+    /// Empty caches, not synced.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
+    /// Whether both Features and reports have been listed.
     pub fn is_synced(&self) -> bool {
         self.features.synced.load(Ordering::Acquire) && self.reports.synced.load(Ordering::Acquire)
     }
@@ -66,24 +68,29 @@ impl FeatureCaches {
         self.changed.notified().await;
     }
 
+    /// The guarded fields of the Features that count as off.
     pub fn guard_index(&self) -> Arc<GuardIndex> {
         self.index.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Every Feature.
     pub fn features(&self) -> Vec<Arc<Feature>> {
         self.features.read().values().cloned().collect()
     }
 
+    /// The Feature `namespace/name`.
     pub fn feature(&self, key: &str) -> Option<Arc<Feature>> {
         self.features.read().get(key).cloned()
     }
 
+    /// Every node's report.
     pub fn reports(&self) -> Vec<Arc<NodeFeatureReport>> {
         self.reports.read().values().cloned().collect()
     }
 
     // ---- writes (also used by tests to fill the caches without a cluster)
 
+    /// Adds or replaces a Feature and rebuilds the guard index.
     pub fn apply_feature(&self, feature: Feature) {
         self.features
             .write()
@@ -91,11 +98,13 @@ impl FeatureCaches {
         self.features_changed();
     }
 
+    /// Removes the Feature `namespace/name` and rebuilds the guard index.
     pub fn delete_feature(&self, key: &str) {
         self.features.write().remove(key);
         self.features_changed();
     }
 
+    /// Adds or replaces a node's report.
     pub fn apply_report(&self, report: NodeFeatureReport) {
         self.reports.write().insert(report.name_any(), Arc::new(report));
         self.changed.notify_waiters();

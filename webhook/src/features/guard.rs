@@ -17,6 +17,7 @@ pub struct FeaturesGuard {
 }
 
 impl FeaturesGuard {
+    /// A guard reading `caches`, counting nothing.
     pub fn new(caches: Arc<FeatureCaches>) -> Self {
         FeaturesGuard {
             caches,
@@ -24,6 +25,7 @@ impl FeaturesGuard {
         }
     }
 
+    /// Counts the guard's decisions in `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn FeaturesObserver>) -> Self {
         self.observer = Some(observer);
         self

@@ -59,6 +59,7 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// The `outcome` label of `nodewarden_features_decisions_total`.
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::Allowed => "allowed",
@@ -73,6 +74,7 @@ impl Decision {
 
 /// Receives the guard's decisions (the webhook's metrics).
 pub trait FeaturesObserver: Send + Sync {
+    /// One decision of the guard.
     fn decided(&self, decision: Decision);
     /// A Feature entered `state`.
     fn transitioned(&self, _state: FeatureState) {}

@@ -67,8 +67,11 @@ pub fn validate_spec(spec: &FeatureSpec) -> Vec<String> {
 pub struct GuardedField {
     /// `namespace/name` of the Feature.
     pub feature: String,
+    /// The state the feature counts as being in.
     pub state: FeatureState,
+    /// The owned field.
     pub path: FieldPath,
+    /// What a write that sets it gets.
     pub on_disable: OnDisable,
 }
 

@@ -62,6 +62,7 @@ pub fn parse_service_account(text: &str) -> Result<String, String> {
 pub struct NodeReportsPolicy {
     /// Full user name of the agent (`system:serviceaccount:ns:name`), if pinned.
     pub agent_user: Option<String>,
+    /// Groups whose members may write any node's reports.
     pub allowed_groups: Vec<String>,
 }
 
@@ -94,6 +95,7 @@ pub struct NodeReportsGuard {
 }
 
 impl NodeReportsGuard {
+    /// A guard deciding by `policy`.
     pub fn new(policy: NodeReportsPolicy) -> Self {
         NodeReportsGuard { policy }
     }

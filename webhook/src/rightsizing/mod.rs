@@ -33,6 +33,7 @@ pub const VALIDATE_ROUTE: &str = "/validate/autoscalers";
 
 /// Counts right-sizing decisions (bounded labels: reason and source).
 pub trait RightsizingObserver: Send + Sync + 'static {
+    /// One pod: why it came out as it did, and where each container's figures came from.
     fn decided(&self, reason: Reason, sources: &[(String, Source)]);
 }
 
@@ -47,6 +48,7 @@ pub struct PodMutator {
 }
 
 impl PodMutator {
+    /// A mutator reading `index`, counting nothing.
     pub fn new(index: Arc<RightsizingIndex>) -> Self {
         PodMutator {
             index,
@@ -54,6 +56,7 @@ impl PodMutator {
         }
     }
 
+    /// Counts the decisions in `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn RightsizingObserver>) -> Self {
         self.observer = observer;
         self
