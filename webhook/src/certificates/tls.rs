@@ -71,10 +71,12 @@ pub struct CertResolver {
 }
 
 impl CertResolver {
+    /// Serves `key` from now on.
     pub fn set(&self, key: CertifiedKey) {
         self.current.store(Some(Arc::new(key)));
     }
 
+    /// Whether a pair has been loaded.
     pub fn is_loaded(&self) -> bool {
         self.current.load().is_some()
     }
@@ -105,7 +107,9 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, r
 /// What one look at the files found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reload {
+    /// The files are what was loaded last.
     Unchanged,
+    /// A new pair was loaded.
     Loaded,
     /// The files changed but could not be used; the message says why. The old pair stays.
     Rejected(String),
@@ -131,6 +135,7 @@ pub struct CertReloader {
 }
 
 impl CertReloader {
+    /// A reloader of the pair at `cert_path` and `key_path` into `resolver`, counting reloads in `observer`.
     pub fn new(
         cert_path: PathBuf,
         key_path: PathBuf,

@@ -30,8 +30,11 @@ pub type Key = (Arc<str>, Arc<str>);
 /// interned: every node shares one copy of each.
 #[derive(Clone, Debug)]
 pub struct NodeEntry {
+    /// The autoscaler (namespace and name) the figures are for.
     pub autoscaler: Key,
+    /// The container.
     pub container: Arc<str>,
+    /// Its targets.
     pub amounts: Amounts,
 }
 
@@ -108,6 +111,7 @@ pub struct RightsizingIndex {
 }
 
 impl RightsizingIndex {
+    /// An empty index, not synced.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
@@ -186,6 +190,7 @@ impl RightsizingIndex {
         self.rebuild_targets();
     }
 
+    /// Forgets an autoscaler.
     pub fn delete_autoscaler(&self, namespace: &str, name: &str) {
         self.autoscalers.write().remove(&key(namespace, name));
         self.rebuild_targets();
@@ -235,10 +240,12 @@ impl RightsizingIndex {
             .collect()
     }
 
+    /// Forgets a node's recommendation.
     pub fn delete_node_recommendation(&self, node: &str) {
         self.nodes.write().remove(node);
     }
 
+    /// Adds or replaces a LimitRange.
     pub fn apply_limit_range(&self, lr: LimitRange) {
         let k = key(&lr.namespace().unwrap_or_default(), &lr.name_any());
         self.limit_ranges.write().insert(k, Arc::new(lr));

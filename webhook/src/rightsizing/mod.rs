@@ -230,6 +230,7 @@ pub struct AutoscalerValidator {
 }
 
 impl AutoscalerValidator {
+    /// A validator reading `index` (one autoscaler per DaemonSet).
     pub fn new(index: Arc<RightsizingIndex>) -> Self {
         AutoscalerValidator { index }
     }

@@ -44,11 +44,14 @@ pub const ANNOTATION_SKIPPED: &str = "rightsizing.nodewarden.io/skipped";
 /// CPU in millicores and memory in bytes; `None` when there is no figure.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Amounts {
+    /// Millicores.
     pub cpu: Option<u64>,
+    /// Bytes.
     pub memory: Option<u64>,
 }
 
 impl Amounts {
+    /// The amount of `resource`.
     pub fn get(&self, resource: ResourceName) -> Option<u64> {
         match resource {
             ResourceName::Cpu => self.cpu,
@@ -56,6 +59,7 @@ impl Amounts {
         }
     }
 
+    /// Sets the amount of `resource`.
     pub fn set(&mut self, resource: ResourceName, value: Option<u64>) {
         match resource {
             ResourceName::Cpu => self.cpu = value,
@@ -63,6 +67,7 @@ impl Amounts {
         }
     }
 
+    /// Whether neither resource has a figure.
     pub fn is_empty(&self) -> bool {
         self.cpu.is_none() && self.memory.is_none()
     }
@@ -102,6 +107,7 @@ pub enum Source {
 }
 
 impl Source {
+    /// The `source` label of `nodewarden_rightsizing_containers_total` and of the source annotation.
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Node => "node-recommendation",
@@ -115,18 +121,26 @@ impl Source {
 /// Which cap bounded a figure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cap {
+    /// A LimitRange of type Pod: the pod's requests summed stay under its max.
     LimitRangePodMax,
+    /// A LimitRange of type Pod: the pod's requests summed stay over its min.
     LimitRangePodMin,
+    /// A LimitRange of type Container: its max.
     LimitRangeContainerMax,
+    /// A LimitRange of type Container: its min.
     LimitRangeContainerMin,
+    /// The container policy's `minAllowed`.
     MinAllowed,
+    /// The container policy's `maxAllowed`.
     MaxAllowed,
+    /// `ceiling: Template`: never above the template's request.
     CeilingTemplate,
     /// `RequestsOnly`: the request may not exceed the existing limit.
     Limit,
 }
 
 impl Cap {
+    /// The cap's name in the capped annotation.
     pub fn as_str(self) -> &'static str {
         match self {
             Cap::LimitRangePodMax => "limitrange-pod-max",
@@ -155,6 +169,7 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The `reason` label of `nodewarden_rightsizing_pods_total`.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Resized => "resized",
@@ -172,6 +187,7 @@ pub struct Decision {
     pub patch: Patch,
     /// The annotations the patch sets.
     pub annotations: BTreeMap<String, String>,
+    /// Why the pod came out as it did.
     pub reason: Reason,
     /// The node the pod is for, when it names one.
     pub node: Option<String>,
