@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -40,13 +39,13 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     per_pod: usize,
     /// Agent time to simulate.
-    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = nodewarden_runtime::duration::parse_duration)]
     duration: Duration,
     /// Agent time between ticks.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = nodewarden_runtime::duration::parse_duration)]
     sample_interval: Duration,
     /// Wall time between ticks (0: as fast as possible).
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = nodewarden_runtime::duration::parse_duration)]
     wall_interval: Duration,
 }
 
@@ -164,7 +163,11 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::new());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let admin = nodewarden_agent::admin::router(Arc::new(AtomicBool::new(true)), metrics.clone());
+        let encoded = metrics.clone();
+        let admin = nodewarden_runtime::admin::router(
+            Arc::new(nodewarden_runtime::admin::Readiness::default()),
+            Arc::new(move || encoded.encode()),
+        );
         tokio::spawn(async move { axum::serve(listener, admin).await });
 
         let mut sampler = Sampler::new(

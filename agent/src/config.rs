@@ -9,7 +9,8 @@ use nodewarden_api::quantity::parse_milli;
 
 use crate::recommender::{EstimatorConfig, histogram_options};
 use crate::sampler::PublishConfig;
-use crate::telemetry::LogFormat;
+use nodewarden_runtime::duration::parse_interval;
+use nodewarden_runtime::telemetry::LogFormat;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -78,7 +79,7 @@ pub struct Config {
 
     /// Feature gate reports (`NodeFeatureReport/<node>`).
     #[command(flatten)]
-    pub gates: crate::gates::GatesArgs,
+    pub gates: crate::features::GatesArgs,
 }
 
 /// The estimator's constants; defaults are the VPA recommender's.
@@ -157,15 +158,6 @@ fn parse_quantity(s: &str) -> Result<QuantityArg, String> {
     parse_milli(s)
         .map(|milli| QuantityArg { milli })
         .ok_or_else(|| format!("{s:?} is not a Kubernetes quantity (use e.g. 25m, 0.5, 250Mi, 1Gi)"))
-}
-
-/// A duration of at least 100 ms, in humantime syntax (`500ms`, `10s`, `1m`).
-pub fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 500ms, 10s, 1m, 24h)"))?;
-    if d < Duration::from_millis(100) {
-        return Err(format!("{s} is too short: at least 100ms"));
-    }
-    Ok(d)
 }
 
 fn parse_f64(s: &str) -> Result<f64, String> {

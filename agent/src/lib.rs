@@ -9,28 +9,29 @@
 //! - [`pods`]: watches of this node's pods and of autoscalers, and their join,
 //! - [`publish`]: when and how `NodeRecommendation` is written,
 //! - [`sampler`]: one sample tick tying the above together,
-//! - [`gates`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`,
-//! - [`metrics`], [`admin`], [`config`], [`telemetry`].
+//! - [`features`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`,
+//! - [`metrics`], [`config`].
+//!
+//! Tracing, the admin server, signals and the API server client come from `nodewarden-runtime`,
+//! shared with the webhook.
 
-pub mod admin;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod config;
-pub mod gates;
+pub mod features;
 pub mod histogram;
 pub mod metrics;
 pub mod pods;
 pub mod publish;
 pub mod recommender;
 pub mod sampler;
-pub mod telemetry;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use kube::Client;
+use nodewarden_runtime::admin::{self, Readiness};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +41,10 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::sampler::Sampler;
 
+/// Readiness condition: the pod and autoscaler watches have listed (named as `/readyz` shows it
+/// while unmet).
+pub const READY_CACHES: &str = "caches not synced";
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -48,29 +53,10 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// A token cancelled on SIGTERM or Ctrl-C.
-pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
-    let token = CancellationToken::new();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    let t = token.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        tracing::info!("shutting down");
-        t.cancel();
-    });
-    Ok(token)
-}
-
 /// Runs the agent with the in-cluster (or kubeconfig) client until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
-    let client = Client::try_default()
-        .await
-        .context("building the Kubernetes client (in-cluster service account or kubeconfig)")?;
+    let client = nodewarden_runtime::client::kube_client(None).await?;
     run_with_client(config, client, shutdown).await
 }
 
@@ -122,23 +108,20 @@ pub async fn run_with_client(
     );
     restore(&mut sampler, &config);
 
-    let ready = Arc::new(AtomicBool::new(false));
+    let readiness = Arc::new(Readiness::default());
+    readiness.require(READY_CACHES);
     let admin_listener = TcpListener::bind(config.admin_addr)
         .await
         .with_context(|| format!("binding the admin server to {}", config.admin_addr))?;
     let stop = shutdown.child_token();
-    let admin_app = admin::router(ready.clone(), metrics.clone());
-    let admin_stop = stop.clone();
-    let admin_task = tokio::spawn(async move {
-        axum::serve(admin_listener, admin_app)
-            .with_graceful_shutdown(admin_stop.cancelled_owned())
-            .await
-    });
+    let encoded = metrics.clone();
+    let admin_app = admin::router(readiness.clone(), Arc::new(move || encoded.encode()));
+    let admin_task = admin::serve(admin_listener, admin_app, stop.clone());
     tracing::info!(node = %config.node_name, admin = %config.admin_addr, cgroup = %hierarchy, "nodewarden-agent starting");
 
     let stores = pods::watch(client.clone(), &config.node_name, stop.clone());
     let gates_task = config.gates.gates.then(|| {
-        tokio::spawn(gates::run(
+        tokio::spawn(features::run(
             config.gates.clone(),
             client.clone(),
             config.node_name.clone(),
@@ -166,7 +149,7 @@ pub async fn run_with_client(
             anyhow::bail!("the pod and autoscaler watches stopped before their first list");
         }
     }
-    ready.store(true, Ordering::Relaxed);
+    readiness.set(READY_CACHES, true);
     tracing::info!("caches synced; measuring");
 
     let mut ticker = tokio::time::interval(config.sample_interval);

@@ -15,10 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use nodewarden_api::domain::rightsizing::{container_policy, controlling_daemonset, precedence};
 use nodewarden_api::quantity::parse_milli;
-use nodewarden_api::rightsizing::{
-    AutoscalerRef, ContainerMode, ContainerPolicy, DaemonSetAutoscaler, ResourceName,
-};
+use nodewarden_api::rightsizing::{AutoscalerRef, ContainerMode, DaemonSetAutoscaler, ResourceName};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -159,10 +158,7 @@ pub fn cgroup_uid(pod: &NodePod) -> Option<String> {
 }
 
 fn daemonset_owner(pod: &NodePod) -> Option<&str> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
-        .map(|o| o.name.as_str())
+    controlling_daemonset(pod.owner_references())
 }
 
 /// The autoscaler for a pod's DaemonSet: the one in the pod's namespace targeting it; with
@@ -175,27 +171,12 @@ pub fn autoscaler_for<'a>(
     autoscalers
         .iter()
         .filter(|a| a.namespace().as_deref() == Some(namespace) && a.spec.target_ref.name == daemonset)
-        .min_by(|a, b| {
-            let created = |x: &DaemonSetAutoscaler| x.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            created(a)
-                .cmp(&created(b))
-                .then_with(|| a.name_any().cmp(&b.name_any()))
-        })
+        .min_by(|a, b| precedence(a, b))
         .map(|a| a.as_ref())
 }
 
 fn policy_for(dsa: &DaemonSetAutoscaler, container: &str) -> Option<Policy> {
-    let policies = dsa
-        .spec
-        .resource_policy
-        .as_ref()
-        .map(|r| r.container_policies.as_slice())
-        .unwrap_or_default();
-    let chosen: Option<&ContainerPolicy> = policies
-        .iter()
-        .find(|p| p.container_name == container)
-        .or_else(|| policies.iter().find(|p| p.container_name == "*"));
-    let Some(p) = chosen else {
+    let Some(p) = container_policy(dsa, container) else {
         return Some(Policy::default());
     };
     if p.mode == ContainerMode::Off {

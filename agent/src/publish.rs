@@ -12,7 +12,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
-use nodewarden_api::rightsizing::{ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec};
+use nodewarden_api::domain::quantity::format_amount;
+use nodewarden_api::rightsizing::{
+    ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec, ResourceName,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -176,11 +179,16 @@ pub fn decide(
 
 fn list(f: &Figures) -> Option<nodewarden_api::quantity::ResourceList> {
     let mut m = BTreeMap::new();
-    if let Some(c) = f.cpu_milli {
-        m.insert("cpu".to_string(), Quantity(format!("{c}m")));
-    }
-    if let Some(b) = f.memory_bytes {
-        m.insert("memory".to_string(), Quantity(b.to_string()));
+    for (resource, amount) in [
+        (ResourceName::Cpu, f.cpu_milli),
+        (ResourceName::Memory, f.memory_bytes),
+    ] {
+        if let Some(amount) = amount {
+            m.insert(
+                resource.as_str().to_string(),
+                Quantity(format_amount(resource, amount)),
+            );
+        }
     }
     (!m.is_empty()).then_some(m)
 }
@@ -455,12 +463,13 @@ mod tests {
     }
 
     #[test]
-    fn spec_has_quantities_in_millicores_and_bytes() {
+    fn spec_has_quantities_in_the_canonical_format() {
         let s = spec(&snap(&[("app", entry(25, 262_144_000))]), 1_763_708_400_000);
         let r = &s.recommendations[0];
         assert_eq!(r.container_name, "app");
         assert_eq!(r.target.as_ref().unwrap()["cpu"].0, "25m");
-        assert_eq!(r.target.as_ref().unwrap()["memory"].0, "262144000");
+        // the one format of the agent and the webhook: 262144000 bytes are 250Mi
+        assert_eq!(r.target.as_ref().unwrap()["memory"].0, "250Mi");
         assert_eq!(r.upper_bound.as_ref().unwrap()["cpu"].0, "50m");
         assert_eq!(r.sample_count, 10);
         assert!(s.update_time.is_some());

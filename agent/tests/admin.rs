@@ -1,10 +1,9 @@
 //! The admin port in-process: /livez, /readyz following the caches, /metrics in OpenMetrics.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use nodewarden_agent::admin;
+use nodewarden_agent::READY_CACHES;
 use nodewarden_agent::metrics::Metrics;
+use nodewarden_runtime::admin::{self, Readiness};
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -20,19 +19,21 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> String {
 
 #[tokio::test]
 async fn readiness_follows_the_caches_and_metrics_are_openmetrics() {
-    let ready = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(Readiness::default());
+    ready.require(READY_CACHES);
     let metrics = Arc::new(Metrics::new());
     metrics.unreadable_container();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
-    let app = admin::router(ready.clone(), metrics.clone());
+    let encoded = metrics.clone();
+    let app = admin::router(ready.clone(), Arc::new(move || encoded.encode()));
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
     let not_ready = get(addr, "/readyz").await;
     assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
     assert!(not_ready.contains("caches not synced"), "{not_ready}");
-    ready.store(true, Ordering::Relaxed);
+    ready.set(READY_CACHES, true);
     assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
 
     let m = get(addr, "/metrics").await;

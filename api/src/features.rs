@@ -143,6 +143,18 @@ pub enum FeatureState {
     TurningOn,
 }
 
+impl FeatureState {
+    /// The state's name, as `status.state` holds it: `On`, `TurningOff`, `Off`, `TurningOn`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeatureState::On => "On",
+            FeatureState::TurningOff => "TurningOff",
+            FeatureState::Off => "Off",
+            FeatureState::TurningOn => "TurningOn",
+        }
+    }
+}
+
 /// One step of a transition.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -13,6 +13,7 @@
 
 pub mod claims;
 pub mod crdgen;
+pub mod domain;
 pub mod features;
 pub mod quantity;
 pub mod rightsizing;

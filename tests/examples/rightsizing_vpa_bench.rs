@@ -32,10 +32,10 @@ use nodewarden_api::rightsizing::{
 use nodewarden_tests::process::{free_port, write_file};
 use nodewarden_tests::{ControlPlane, apply_crds, create_namespace};
 use nodewarden_webhook::admission::Route;
-use nodewarden_webhook::admission::rightsizing::{PodMutator, RightsizingIndex};
 use nodewarden_webhook::loadgen::{
     Alpn, CpuClock, Load, Phase, Server, connect, patched, process_cpu_ns, resident_bytes,
 };
+use nodewarden_webhook::rightsizing::{PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 
 const POD_REVIEW: &str = include_str!("../fixtures/admission/daemonset-pod-create.json");

@@ -94,6 +94,27 @@ impl TestEnv {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// Waits for an `events.k8s.io` Event in the test's namespace about the `kind` object `name`
+    /// with `reason`, as `kubectl describe` would list it, and returns its note.
+    pub async fn wait_for_event(&self, kind: &str, name: &str, reason: &str) -> Result<String> {
+        let api: Api<k8s_openapi::api::events::v1::Event> = self.api();
+        self.cp
+            .poll(&format!("an Event {reason} on {kind} {name}"), || {
+                let api = api.clone();
+                async move {
+                    let events = api.list(&Default::default()).await?;
+                    Ok(events.items.into_iter().find_map(|e| {
+                        let regarding = e.regarding.as_ref()?;
+                        (regarding.kind.as_deref() == Some(kind)
+                            && regarding.name.as_deref() == Some(name)
+                            && e.reason.as_deref() == Some(reason))
+                        .then(|| e.note.clone().unwrap_or_default())
+                    }))
+                }
+            })
+            .await
+    }
+
     /// The `nodeSelector` that picks this test's fake nodes.
     pub fn node_selector(&self) -> BTreeMap<String, String> {
         BTreeMap::from([(NODE_GROUP_LABEL.to_string(), self.id.clone())])

@@ -21,6 +21,7 @@ use nodewarden_tests::{
     ControlPlane, Hook, InProcessWebhook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, e2e,
     http_get, read_crds, register_validating_webhooks,
 };
+use nodewarden_webhook::claims;
 use nodewarden_webhook::controllers::{self, ControllerOptions};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -91,9 +92,8 @@ async fn claims_guard_end_to_end() {
             ControllerOptions {
                 namespace: env.namespace.clone(),
                 identity: "e2e-webhook-c".to_string(),
-                initialize_id: true,
-                initialize_interval: Duration::from_secs(1),
             },
+            vec![claims::initializer::task(Duration::from_secs(1))],
             standby_stop.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;

@@ -313,6 +313,9 @@ async fn feature_lifecycle_end_to_end() {
             ]
         );
         assert_eq!(status.uses_summary.as_deref(), Some("kubelet 0/2 off (2 stale)"));
+        // the transition is an Event on the Feature (what `kubectl describe feature` lists)
+        let note = env.wait_for_event("Feature", "widget-glow", "TurningOff").await?;
+        assert_eq!(note, "On → TurningOff (desired Off)");
 
         // what `kubectl get features` shows
         let row = table_row(&client, &env.namespace, "widget-glow").await?;
@@ -512,7 +515,7 @@ async fn fake_kubelet(ca: &nodewarden_certs::Ca, token: &'static str) -> Result<
 
 #[tokio::test]
 async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
-    use nodewarden_agent::gates::{GatesArgs, KUBELET, Scraper, component};
+    use nodewarden_agent::features::{GatesArgs, KUBELET, Scraper, component};
     let ca = nodewarden_certs::Ca::generate(&nodewarden_certs::CaConfig {
         common_name: "kubelet-ca".into(),
         validity: Duration::from_secs(600),

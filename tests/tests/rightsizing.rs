@@ -103,6 +103,17 @@ async fn daemonset_pods_get_their_node_figures() {
             status["fleet"] == json!([{"containerName": "agent", "target": {"cpu": "500m", "memory": "300Mi"}}]),
             "fleet figure: {status}"
         );
+        // the condition is an Event on the autoscaler (what `kubectl describe dsa` lists)
+        let provided = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "RecommendationProvided")
+            .and_then(|c| c["reason"].as_str())
+            .ok_or_else(|| anyhow!("no RecommendationProvided condition: {status}"))?
+            .to_string();
+        let note = env.wait_for_event("DaemonSetAutoscaler", DS, &provided).await?;
+        ensure!(note.starts_with("RecommendationProvided is True"), "{note}");
         let ds = env.api::<DaemonSet>();
         ds.create(&PostParams::default(), &simple_daemonset(DS, &env.node_selector())?)
             .await?;

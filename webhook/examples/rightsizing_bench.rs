@@ -22,11 +22,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_webhook::admission::rightsizing::{PodMutator, RightsizingIndex};
 use nodewarden_webhook::admission::{self, Processed, Route};
 use nodewarden_webhook::loadgen::{
     Alpn, BenchCerts, Load, SERVER_NAME, Server, any_answer, connect, resident_bytes,
 };
+use nodewarden_webhook::rightsizing::{PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 
 /// Resident set size of this process, in bytes.

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 
-use crate::admission::claims::{ClaimsPolicy, Principals, ServiceAccountName};
-use crate::admission::node_reports::NodeReportsArgs;
-use crate::certmanager::CertArgs;
-use crate::telemetry::LogFormat;
+use nodewarden_runtime::duration::{parse_duration, parse_interval};
+use nodewarden_runtime::telemetry::LogFormat;
+
+use crate::certificates::CertArgs;
+use crate::claims::{ClaimsPolicy, Principals, ServiceAccountName};
+use crate::node_reports::NodeReportsArgs;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -53,11 +55,11 @@ pub struct Config {
 
     /// After SIGTERM, how long to keep accepting while readiness is already false (lets
     /// endpoints drop this pod first).
-    #[arg(long, env = "NODEWARDEN_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "NODEWARDEN_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub shutdown_delay: Duration,
 
     /// After SIGTERM and the delay, how long in-flight requests may take to finish.
-    #[arg(long, env = "NODEWARDEN_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "NODEWARDEN_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
     /// Log format.
@@ -182,15 +184,6 @@ fn parse_service_account(s: &str) -> Result<Option<ServiceAccountName>, String> 
         return Ok(None);
     }
     s.parse().map(Some)
-}
-
-/// A duration of at least 100 ms, in humantime syntax (`500ms`, `10s`, `1m`).
-pub fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 500ms, 10s, 1m)"))?;
-    if d < Duration::from_millis(100) {
-        return Err(format!("{s} is too short: at least 100ms"));
-    }
-    Ok(d)
 }
 
 #[cfg(test)]

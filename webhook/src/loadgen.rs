@@ -28,9 +28,9 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{self, Route};
+use crate::certificates::{CertResolver, certified_key, server_config};
 use crate::metrics::Metrics;
 use crate::server::serve_tls;
-use crate::tls::{CertResolver, certified_key, server_config};
 
 /// The name the benchmark server's certificate carries (the chart's Service).
 pub const SERVER_NAME: &str = "nodewarden-webhook.nodewarden.svc";

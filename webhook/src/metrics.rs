@@ -1,5 +1,9 @@
 //! Prometheus metrics of the webhook, all prefixed `nodewarden_`, with bounded label sets:
 //! routes come from the registered handlers, outcomes from a fixed list.
+//!
+//! This module knows no capability: each one reports through an observer trait of its own, with
+//! its decisions' `metric_label()`s, and the app connects those observers to the methods here
+//! (`app::observers`).
 
 use std::time::Duration;
 
@@ -10,57 +14,52 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::admission::Outcome;
-use crate::admission::features::{Decision as FeatureDecision, FeaturesObserver, state_str};
-use crate::admission::rightsizing::{Reason, RightsizingObserver, Source};
-use nodewarden_api::features::FeatureState;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AdmissionLabels {
-    pub route: &'static str,
-    pub outcome: &'static str,
+struct AdmissionLabels {
+    route: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClaimDecisionLabels {
-    /// One of the claims guard's rule names (`admission::claims::Rule`).
-    pub rule: &'static str,
+struct ClaimDecisionLabels {
+    /// One of the claims guard's rule names.
+    rule: &'static str,
     /// `allowed` or `denied`.
-    pub outcome: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RightsizingPodLabels {
+struct RightsizingPodLabels {
     /// `resized`, `unchanged`, `update-mode-off` or `no-target-node`.
-    pub reason: &'static str,
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RightsizingContainerLabels {
+struct RightsizingContainerLabels {
     /// `node-recommendation`, `fleet`, `cold-start-template` or `policy-off`.
-    pub source: &'static str,
+    source: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FeatureDecisionLabels {
+struct FeatureDecisionLabels {
     /// `allowed`, `ratcheted`, `warned`, `denied`, `feature-accepted` or `feature-rejected`.
-    pub outcome: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FeatureTransitionLabels {
+struct FeatureTransitionLabels {
     /// The state entered: `On`, `TurningOff`, `Off` or `TurningOn`.
-    pub state: &'static str,
+    state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabels {
-    pub route: &'static str,
+struct RouteLabels {
+    route: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    pub result: &'static str,
+struct ResultLabels {
+    result: &'static str,
 }
 
 /// Latency buckets, in seconds: 50 µs to 2.5 s.
@@ -72,6 +71,7 @@ fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
 
+/// Every metric of the webhook, in one registry.
 pub struct Metrics {
     registry: Registry,
     admission_requests: Family<AdmissionLabels, Counter>,
@@ -85,6 +85,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Every metric registered, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodewarden");
         let admission_requests = Family::<AdmissionLabels, Counter>::default();
@@ -149,18 +150,17 @@ impl Metrics {
         }
     }
 
-    pub fn observe_admission(&self, route: &'static str, outcome: Outcome, took: Duration) {
+    /// Counts one answered review and its latency.
+    pub fn admission(&self, route: &'static str, outcome: &'static str, took: Duration) {
         self.admission_requests
-            .get_or_create(&AdmissionLabels {
-                route,
-                outcome: outcome.as_str(),
-            })
+            .get_or_create(&AdmissionLabels { route, outcome })
             .inc();
         self.admission_duration
             .get_or_create(&RouteLabels { route })
             .observe(took.as_secs_f64());
     }
 
+    /// Counts one serving certificate reload, loaded or rejected.
     pub fn certificate_reload(&self, loaded: bool) {
         let result = if loaded { "loaded" } else { "rejected" };
         self.certificate_reloads
@@ -176,6 +176,34 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one right-sized pod by its `reason`.
+    pub fn rightsizing_pod(&self, reason: &'static str) {
+        self.rightsizing_pods
+            .get_or_create(&RightsizingPodLabels { reason })
+            .inc();
+    }
+
+    /// Counts one container of a right-sized pod by the `source` of its figures.
+    pub fn rightsizing_container(&self, source: &'static str) {
+        self.rightsizing_containers
+            .get_or_create(&RightsizingContainerLabels { source })
+            .inc();
+    }
+
+    /// Counts one decision of the features guard.
+    pub fn features_decision(&self, outcome: &'static str) {
+        self.features_decisions
+            .get_or_create(&FeatureDecisionLabels { outcome })
+            .inc();
+    }
+
+    /// Counts one Feature entering `state`.
+    pub fn features_transition(&self, state: &'static str) {
+        self.features_transitions
+            .get_or_create(&FeatureTransitionLabels { state })
+            .inc();
+    }
+
     /// OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -183,41 +211,6 @@ impl Metrics {
             tracing::error!(%err, "encoding metrics failed");
         }
         out
-    }
-}
-
-impl RightsizingObserver for Metrics {
-    fn decided(&self, reason: Reason, sources: &[(String, Source)]) {
-        self.rightsizing_pods
-            .get_or_create(&RightsizingPodLabels {
-                reason: reason.as_str(),
-            })
-            .inc();
-        for (_, source) in sources {
-            self.rightsizing_containers
-                .get_or_create(&RightsizingContainerLabels {
-                    source: source.as_str(),
-                })
-                .inc();
-        }
-    }
-}
-
-impl FeaturesObserver for Metrics {
-    fn decided(&self, decision: FeatureDecision) {
-        self.features_decisions
-            .get_or_create(&FeatureDecisionLabels {
-                outcome: decision.as_str(),
-            })
-            .inc();
-    }
-
-    fn transitioned(&self, state: FeatureState) {
-        self.features_transitions
-            .get_or_create(&FeatureTransitionLabels {
-                state: state_str(state),
-            })
-            .inc();
     }
 }
 

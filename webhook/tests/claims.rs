@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nodewarden_webhook::admission::claims::{
+use nodewarden_webhook::admission::{self, AdmissionRequest, Handler, ReviewIn, Route};
+use nodewarden_webhook::claims::{
     ClaimsGuard, ClaimsPolicy, Presence, Principals, RECENT_WRITE_TTL, Rule, ServiceAccountName, Shape,
     StaticView, decide,
 };
-use nodewarden_webhook::admission::{self, AdmissionRequest, Handler, ReviewIn, Route};
 use nodewarden_webhook::metrics::Metrics;
 use serde_json::{Value, json};
 

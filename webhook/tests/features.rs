@@ -9,11 +9,11 @@ use nodewarden_api::features::{
     ComponentReport, DesiredState, Feature, FeatureSpec, FeatureState, FeatureStatus, GateState,
     NodeFeatureReport, NodeFeatureReportSpec, OnDisable, OwnedField, ResourceRef, TaskState,
 };
-use nodewarden_webhook::admission::features::{
+use nodewarden_webhook::admission::{AdmissionRequest, Handler, Processed, process};
+use nodewarden_webhook::features::controller::{Action, Outcome, step, uses_summary};
+use nodewarden_webhook::features::{
     Decision, FeatureCaches, FeaturesGuard, FeaturesObserver, MAX_WARNING, guard_index, review_owned,
 };
-use nodewarden_webhook::admission::{AdmissionRequest, Handler, Processed, process};
-use nodewarden_webhook::controllers::features::{Action, Outcome, step, uses_summary};
 use serde_json::{Value, json};
 
 fn fixture(name: &str) -> Value {

@@ -11,12 +11,12 @@ use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_webhook::admission::rightsizing::mutate::{
+use nodewarden_webhook::admission::{AdmissionRequest, Handler, ReviewIn};
+use nodewarden_webhook::rightsizing::mutate::{
     self, ANNOTATION_AUTOSCALER, ANNOTATION_CAPPED, ANNOTATION_NODE, ANNOTATION_SKIPPED, ANNOTATION_SOURCE,
     ANNOTATION_UPDATES, Amounts, Reason, Targets,
 };
-use nodewarden_webhook::admission::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
-use nodewarden_webhook::admission::{AdmissionRequest, Handler, ReviewIn};
+use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 
 const FIXTURE: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
@@ -839,7 +839,7 @@ fn worked_example_of_the_docs() {
 
 #[test]
 fn status_reports_nodes_fleet_and_conditions() {
-    use nodewarden_webhook::admission::rightsizing::status::{
+    use nodewarden_webhook::rightsizing::status::{
         CONFIG_UNSUPPORTED, RECOMMENDATION_PROVIDED, desired_status,
     };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
@@ -906,7 +906,7 @@ fn validator_lets_an_existing_duplicate_keep_its_target_and_status_flags_bad_pol
     moved["request"]["oldObject"]["spec"]["targetRef"]["name"] = json!("elsewhere");
     assert!(!validator.review(&request(&moved)).allowed);
 
-    use nodewarden_webhook::admission::rightsizing::status::{CONFIG_UNSUPPORTED, desired_status};
+    use nodewarden_webhook::rightsizing::status::{CONFIG_UNSUPPORTED, desired_status};
     let bad = autoscaler(json!({"resourcePolicy": {"containerPolicies": [
         {"containerName": "*", "minAllowed": {"cpu": "2"}, "maxAllowed": {"cpu": "1"}}]}}));
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);

@@ -3,10 +3,10 @@
 //! them for a bound service-account token.
 
 use clap::Parser;
-use nodewarden_webhook::admission::node_reports::{
+use nodewarden_webhook::admission::{AdmissionRequest, Handler, ReviewIn};
+use nodewarden_webhook::node_reports::{
     NODE_NAME_EXTRA, NodeReportsArgs, NodeReportsGuard, NodeReportsPolicy, decide, parse_service_account,
 };
-use nodewarden_webhook::admission::{AdmissionRequest, Handler, ReviewIn};
 use serde_json::{Value, json};
 
 const AGENT: &str = "system:serviceaccount:nodewarden:nodewarden-agent";

@@ -11,9 +11,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use nodewarden_certs::{Ca, CaConfig, IssuedCert, ServingSpec, service_dns_names};
 use nodewarden_webhook::admission::{self, AdmissionRequest, AdmissionResponse, Route};
+use nodewarden_webhook::certificates::{CertReloader, CertResolver, Reload, server_config};
 use nodewarden_webhook::metrics::Metrics;
 use nodewarden_webhook::server::serve_tls;
-use nodewarden_webhook::tls::{CertReloader, CertResolver, Reload, server_config};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -75,7 +75,7 @@ async fn start(resolver: Arc<CertResolver>) -> Server {
 
 fn resolver_with(cert: &IssuedCert) -> Arc<CertResolver> {
     let resolver = Arc::new(CertResolver::default());
-    let ck = nodewarden_webhook::tls::certified_key(
+    let ck = nodewarden_webhook::certificates::certified_key(
         cert.cert_pem.as_bytes(),
         cert.key_pem.as_bytes(),
         Path::new("tls.crt"),

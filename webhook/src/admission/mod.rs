@@ -4,11 +4,7 @@
 //! Bad input never panics and never becomes a 5xx: a review whose uid can be read gets HTTP 200
 //! with `allowed: false` and a message; anything else gets a 4xx with a message.
 
-pub mod claims;
-pub mod features;
-pub mod node_reports;
 pub mod review;
-pub mod rightsizing;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -22,12 +18,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use tracing::{debug, info, info_span, warn};
 
-use crate::metrics::Metrics;
 pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, ReviewOut, UserInfo};
 
 /// A capability's admission decision: a pure function of the request (and whatever snapshot
 /// of the caches the handler holds).
 pub trait Handler: Send + Sync + 'static {
+    /// The answer to one request; it must not panic (the pipeline turns a panic into an error answer).
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse;
 }
 
@@ -45,10 +41,12 @@ where
 pub struct Route {
     /// URL path, e.g. `/validate/claims`.
     pub path: &'static str,
+    /// What answers the reviews posted there.
     pub handler: Arc<dyn Handler>,
 }
 
 impl Route {
+    /// A route at `path` served by `handler`.
     pub fn new(path: &'static str, handler: impl Handler) -> Self {
         Route {
             path,
@@ -57,11 +55,24 @@ impl Route {
     }
 }
 
+/// Counts every answered review (the webhook's metrics, or nothing).
+pub trait AdmissionObserver: Send + Sync {
+    /// One review on `route` ended with `outcome` after `took`.
+    fn observed(&self, route: &'static str, outcome: Outcome, took: std::time::Duration);
+}
+
+impl AdmissionObserver for () {
+    fn observed(&self, _: &'static str, _: Outcome, _: std::time::Duration) {}
+}
+
 /// How a review ended, as counted in metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// Allowed without a patch.
     Allowed,
+    /// Allowed with a JSON patch.
     Patched,
+    /// Denied by the handler.
     Denied,
     /// The review itself was malformed.
     Invalid,
@@ -70,7 +81,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    /// The `outcome` label of `nodewarden_admission_requests_total`.
+    pub fn metric_label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Patched => "patched",
@@ -84,9 +96,13 @@ impl Outcome {
 /// Who and what a review was about, for spans and logs.
 #[derive(Debug, Default, Clone)]
 pub struct Ident {
+    /// `request.kind.kind`.
     pub kind: String,
+    /// `request.namespace`, empty for cluster-scoped objects.
     pub namespace: String,
+    /// `request.name`, empty when the API server has not named the object yet.
     pub name: String,
+    /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
     pub operation: &'static str,
 }
 
@@ -191,7 +207,7 @@ fn uid_of(body: &[u8]) -> Option<String> {
 }
 
 /// The admission router: one POST route per capability, 404 for any other path.
-pub fn router(routes: Vec<Route>, metrics: Arc<Metrics>, max_body_bytes: usize) -> Router {
+pub fn router(routes: Vec<Route>, metrics: Arc<dyn AdmissionObserver>, max_body_bytes: usize) -> Router {
     let paths: Arc<Vec<&'static str>> = Arc::new(routes.iter().map(|r| r.path).collect());
     let mut app = Router::new();
     for route in routes {
@@ -223,7 +239,7 @@ pub fn router(routes: Vec<Route>, metrics: Arc<Metrics>, max_body_bytes: usize) 
 struct RouteState {
     path: &'static str,
     handler: Arc<dyn Handler>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn AdmissionObserver>,
 }
 
 async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response {
@@ -240,9 +256,7 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
     let _entered = span.enter();
     match process(&body, state.handler.as_ref()) {
         Processed::Review(out, outcome, ident) => {
-            state
-                .metrics
-                .observe_admission(state.path, outcome, started.elapsed());
+            state.metrics.observed(state.path, outcome, started.elapsed());
             log_outcome(&span, &out, outcome, &ident);
             match serde_json::to_vec(&*out) {
                 Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
@@ -259,7 +273,7 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
         Processed::BadRequest(message) => {
             state
                 .metrics
-                .observe_admission(state.path, Outcome::Invalid, started.elapsed());
+                .observed(state.path, Outcome::Invalid, started.elapsed());
             warn!(%message, "rejected a malformed AdmissionReview");
             (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
         }

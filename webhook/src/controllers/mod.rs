@@ -2,6 +2,7 @@
 //! the Lease `nodewarden-controllers` (leader election with the `kube-lease-manager` crate, on
 //! `coordination.k8s.io/v1` Leases).
 //!
+//! Each capability hands in its controllers as [`LeaderTask`]s; this module knows none of them.
 //! Leader election only runs when at least one controller is enabled. Timing: a Lease lasts
 //! [`LEASE_DURATION_SECS`]; the holder renews it [`LEASE_GRACE_SECS`] before it runs out; a
 //! replica that stops releases it, so another takes over at once; one that dies is replaced once
@@ -9,19 +10,13 @@
 //! it can tell otherwise, so the controllers' writes are safe with two leaders at once (the ID
 //! initializer only ever creates, which the API server makes atomic).
 
-pub mod claims_id;
-pub mod features;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
-
-use crate::admission::features::{FeatureCaches, FeaturesObserver};
-use crate::admission::rightsizing::RightsizingIndex;
-use crate::admission::rightsizing::status as rightsizing_status;
 
 /// Name of the Lease the replicas compete for.
 pub const LEASE_NAME: &str = "nodewarden-controllers";
@@ -32,61 +27,42 @@ pub const LEASE_DURATION_SECS: u64 = 15;
 /// How long before expiry the holder renews, in seconds.
 pub const LEASE_GRACE_SECS: u64 = 5;
 
-/// What the controllers need.
+/// Who takes part in leader election.
 #[derive(Clone, Debug)]
 pub struct ControllerOptions {
     /// Namespace of the Lease (the webhook's own).
     pub namespace: String,
     /// This replica's name in the Lease (the pod name).
     pub identity: String,
-    /// Create `id.k8s.io` from the `kube-system` namespace UID when no ID claim exists.
-    pub initialize_id: bool,
-    /// How often the leader checks that an ID claim exists.
-    pub initialize_interval: Duration,
 }
 
-impl ControllerOptions {
-    fn any_enabled(&self) -> bool {
-        self.initialize_id
-    }
-}
+/// One controller run by the leader: started with a client when this replica starts leading,
+/// stopped through the token when it stops. Built by each capability (e.g.
+/// `claims::initializer::task`).
+pub type LeaderTask = Arc<dyn Fn(Client, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// Controllers that read the webhook's in-memory caches, besides those [`ControllerOptions`]
-/// switches on.
-#[derive(Clone, Default)]
-pub struct CacheControllers {
-    /// Keep `DaemonSetAutoscaler.status` from the right-sizing index, every interval.
-    pub rightsizing_status: Option<(Arc<RightsizingIndex>, Duration)>,
-    /// Run the Feature lifecycle controller from the features caches.
-    pub features: Option<FeaturesController>,
-}
-
-/// What the Feature lifecycle controller needs.
-#[derive(Clone)]
-pub struct FeaturesController {
-    pub caches: Arc<FeatureCaches>,
-    pub options: features::FeaturesOptions,
-    pub observer: Option<Arc<dyn FeaturesObserver>>,
+/// A [`LeaderTask`] from an async function of the client and the stop token.
+pub fn leader_task<F, Fut>(run: F) -> LeaderTask
+where
+    F: Fn(Client, CancellationToken) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Arc::new(move |client, stop| Box::pin(run(client, stop)))
 }
 
 /// Takes part in leader election and runs the enabled controllers while this replica leads,
 /// until `shutdown`; then releases the Lease. API errors are retried with backoff.
-pub async fn run(client: Client, options: ControllerOptions, shutdown: CancellationToken) {
-    run_with(client, options, CacheControllers::default(), shutdown).await;
-}
-
-/// [`run`], with the controllers that read the caches.
-pub async fn run_with(
+pub async fn run(
     client: Client,
     options: ControllerOptions,
-    cached: CacheControllers,
+    tasks: Vec<LeaderTask>,
     shutdown: CancellationToken,
 ) {
-    if !options.any_enabled() && cached.rightsizing_status.is_none() && cached.features.is_none() {
+    if tasks.is_empty() {
         tracing::info!("no controller enabled; not taking part in leader election");
         return;
     }
-    let mut backoff = crate::retry_backoff();
+    let mut backoff = nodewarden_runtime::client::retry_backoff();
     while !shutdown.is_cancelled() {
         let built = LeaseManagerBuilder::new(client.clone(), LEASE_NAME)
             .with_namespace(options.namespace.clone())
@@ -108,9 +84,9 @@ pub async fn run_with(
                 }
             }
         };
-        backoff = crate::retry_backoff();
+        backoff = nodewarden_runtime::client::retry_backoff();
         let (leading, task) = manager.watch().await;
-        follow_leadership(&client, &options, &cached, leading, &shutdown).await;
+        follow_leadership(&client, &options, &tasks, leading, &shutdown).await;
         // the receiver is dropped: the manager releases the Lease (if held) and ends
         match tokio::time::timeout(Duration::from_secs(5), task).await {
             Ok(Ok(Ok(_))) => tracing::info!("left leader election"),
@@ -126,7 +102,7 @@ pub async fn run_with(
 async fn follow_leadership(
     client: &Client,
     options: &ControllerOptions,
-    cached: &CacheControllers,
+    tasks: &[LeaderTask],
     mut leading: tokio::sync::watch::Receiver<bool>,
     shutdown: &CancellationToken,
 ) {
@@ -135,11 +111,11 @@ async fn follow_leadership(
         if is_leader {
             tracing::info!(identity = %options.identity, "leading: starting controllers");
             let lead = shutdown.child_token();
-            let work = tokio::spawn(lead_controllers(
-                client.clone(),
-                options.clone(),
-                cached.clone(),
-                lead.clone(),
+            let work = tokio::spawn(futures::future::join_all(
+                tasks
+                    .iter()
+                    .map(|task| task(client.clone(), lead.clone()))
+                    .collect::<Vec<_>>(),
             ));
             let ended = tokio::select! {
                 _ = shutdown.cancelled() => true,
@@ -158,29 +134,4 @@ async fn follow_leadership(
             }
         }
     }
-}
-
-/// The controllers of the leader, until `stop`.
-async fn lead_controllers(
-    client: Client,
-    options: ControllerOptions,
-    cached: CacheControllers,
-    stop: CancellationToken,
-) {
-    let id = async {
-        if options.initialize_id {
-            claims_id::run(client.clone(), options.initialize_interval, stop.clone()).await;
-        }
-    };
-    let status = async {
-        if let Some((index, interval)) = cached.rightsizing_status {
-            rightsizing_status::run(client.clone(), index, interval, stop.clone()).await;
-        }
-    };
-    let lifecycle = async {
-        if let Some(f) = cached.features {
-            features::run(client.clone(), f.caches, f.options, f.observer, stop.clone()).await;
-        }
-    };
-    tokio::join!(id, status, lifecycle);
 }

@@ -16,8 +16,6 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
-
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("reading {path}: {source}")]
@@ -73,10 +71,12 @@ pub struct CertResolver {
 }
 
 impl CertResolver {
+    /// Serves `key` from now on.
     pub fn set(&self, key: CertifiedKey) {
         self.current.store(Some(Arc::new(key)));
     }
 
+    /// Whether a pair has been loaded.
     pub fn is_loaded(&self) -> bool {
         self.current.load().is_some()
     }
@@ -107,10 +107,22 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, r
 /// What one look at the files found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reload {
+    /// The files are what was loaded last.
     Unchanged,
+    /// A new pair was loaded.
     Loaded,
     /// The files changed but could not be used; the message says why. The old pair stays.
     Rejected(String),
+}
+
+/// Counts certificate reloads (the webhook's metrics, or nothing).
+pub trait ReloadObserver: Send + Sync {
+    /// A changed pair was loaded (`true`) or rejected (`false`).
+    fn reloaded(&self, loaded: bool);
+}
+
+impl ReloadObserver for () {
+    fn reloaded(&self, _: bool) {}
 }
 
 /// Watches a certificate and key file and keeps the resolver current.
@@ -118,22 +130,23 @@ pub struct CertReloader {
     cert_path: PathBuf,
     key_path: PathBuf,
     resolver: Arc<CertResolver>,
-    metrics: Arc<Metrics>,
+    observer: Arc<dyn ReloadObserver>,
     last: std::sync::Mutex<Option<(Vec<u8>, Vec<u8>)>>,
 }
 
 impl CertReloader {
+    /// A reloader of the pair at `cert_path` and `key_path` into `resolver`, counting reloads in `observer`.
     pub fn new(
         cert_path: PathBuf,
         key_path: PathBuf,
         resolver: Arc<CertResolver>,
-        metrics: Arc<Metrics>,
+        observer: Arc<dyn ReloadObserver>,
     ) -> Self {
         CertReloader {
             cert_path,
             key_path,
             resolver,
-            metrics,
+            observer,
             last: std::sync::Mutex::new(None),
         }
     }
@@ -165,12 +178,12 @@ impl CertReloader {
         let outcome = match certified_key(&cert, &key, &self.cert_path, &self.key_path) {
             Ok(ck) => {
                 self.resolver.set(ck);
-                self.metrics.certificate_reload(true);
+                self.observer.reloaded(true);
                 tracing::info!(cert = %self.cert_path.display(), "loaded serving certificate");
                 Reload::Loaded
             }
             Err(err) => {
-                self.metrics.certificate_reload(false);
+                self.observer.reloaded(false);
                 tracing::error!(error = %err, "new serving certificate rejected; keeping the loaded pair");
                 Reload::Rejected(err.to_string())
             }

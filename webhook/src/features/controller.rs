@@ -33,7 +33,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::features::{
     ComponentUses, DesiredState, Feature, FeatureState, FeatureStatus, NodeFeatureReport, OnDisable,
     OwnedField, ResourceRef, Task, TaskState,
@@ -41,7 +41,9 @@ use nodewarden_api::features::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::features::{FeatureCaches, FeaturesObserver, FieldPath, feature_key, state_str};
+use super::{FeatureCaches, FeaturesObserver, FieldPath, feature_key};
+use crate::controllers::{LeaderTask, leader_task};
+use crate::events;
 
 /// Name of the task that waits for node reports.
 pub const WAIT_FOR_REPORTS: &str = "WaitForReports";
@@ -467,17 +469,17 @@ pub fn step(
     let condition = Condition {
         type_: CONDITION_SETTLED.to_string(),
         status: if settled { "True" } else { "False" }.to_string(),
-        reason: state_str(final_state).to_string(),
+        reason: final_state.as_str().to_string(),
         message: if settled {
             match status.transition_time.as_ref() {
                 Some(t) => format!(
                     "{} since the transition that started at {}",
-                    state_str(final_state),
+                    final_state.as_str(),
                     fmt_time(Some(t))
                 ),
                 None => format!(
                     "{}: the node reports matched when the Feature was created",
-                    state_str(final_state)
+                    final_state.as_str()
                 ),
             }
         } else {
@@ -502,6 +504,32 @@ fn differs(a: Option<&FeatureStatus>, b: &FeatureStatus) -> bool {
     a != Some(b)
 }
 
+/// The Event of a transition into `state`: its reason (the state's name) and its note.
+pub fn transition_event(
+    before: Option<FeatureState>,
+    state: FeatureState,
+    desired: DesiredState,
+) -> (&'static str, String) {
+    let from = before.map_or("no state", FeatureState::as_str);
+    let desired = match desired {
+        DesiredState::On => "On",
+        DesiredState::Off => "Off",
+    };
+    (
+        state.as_str(),
+        format!("{from} → {} (desired {desired})", state.as_str()),
+    )
+}
+
+/// The controller as a leader task.
+pub fn task(
+    caches: Arc<FeatureCaches>,
+    options: FeaturesOptions,
+    observer: Option<Arc<dyn FeaturesObserver>>,
+) -> LeaderTask {
+    leader_task(move |client, stop| run(client, caches.clone(), options.clone(), observer.clone(), stop))
+}
+
 /// The I/O shell: while `stop` is not cancelled, steps every Feature on each change of the
 /// caches and every resync interval, runs the actions, and writes the statuses.
 pub async fn run(
@@ -513,6 +541,7 @@ pub async fn run(
 ) {
     tracing::info!("feature lifecycle controller started");
     caches.wait_synced().await;
+    let recorder = events::recorder(&client);
     // the outcome of each Feature's last action, by namespace/name
     let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
     loop {
@@ -536,6 +565,18 @@ pub async fn run(
                         if before != status.state {
                             if let (Some(o), Some(state)) = (&observer, status.state) {
                                 o.transitioned(state);
+                            }
+                            if let Some(state) = status.state {
+                                let (reason, note) = transition_event(before, state, feature.spec.desired);
+                                events::publish(
+                                    &recorder,
+                                    &feature.object_ref(&()),
+                                    false,
+                                    "Transition",
+                                    reason,
+                                    note,
+                                )
+                                .await;
                             }
                             tracing::info!(feature = %key, state = ?status.state, "feature state");
                         }
@@ -587,7 +628,7 @@ async fn write_status(
     });
     api.patch_status(
         &feature.name_any(),
-        &PatchParams::apply(super::FIELD_MANAGER).force(),
+        &PatchParams::apply(crate::controllers::FIELD_MANAGER).force(),
         &Patch::Apply(&patch),
     )
     .await
@@ -742,4 +783,25 @@ async fn remove_field(
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transition_event_names_the_state_entered_and_where_it_came_from() {
+        let (reason, note) = transition_event(
+            Some(FeatureState::On),
+            FeatureState::TurningOff,
+            DesiredState::Off,
+        );
+        assert_eq!(reason, "TurningOff");
+        assert_eq!(note, "On → TurningOff (desired Off)");
+        let (reason, note) = transition_event(None, FeatureState::TurningOn, DesiredState::On);
+        assert_eq!(
+            (reason, note.as_str()),
+            ("TurningOn", "no state → TurningOn (desired On)")
+        );
+    }
 }

@@ -2,17 +2,21 @@
 
 use tracing_subscriber::EnvFilter;
 
+/// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
+    /// One JSON object a line, with the current span's fields.
     Json,
+    /// Human-readable text.
     Text,
 }
 
-/// Installs the global subscriber. `filter` uses `tracing_subscriber`'s directive syntax
-/// (`info`, `nodewarden_webhook=debug,info`).
-pub fn init(format: LogFormat, filter: &str) -> anyhow::Result<()> {
+/// Installs the global subscriber, writing to stderr. `filter` uses `tracing_subscriber`'s
+/// directive syntax (`info`, `nodewarden_webhook=debug,info`); `binary` names the crate the
+/// error message suggests a directive for.
+pub fn init(format: LogFormat, filter: &str, binary: &str) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(filter).map_err(|e| {
-        anyhow::anyhow!("invalid --log-level {filter:?}: {e} (e.g. info, debug, nodewarden_webhook=debug)")
+        anyhow::anyhow!("invalid --log-level {filter:?}: {e} (e.g. info, debug, {binary}=debug)")
     })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

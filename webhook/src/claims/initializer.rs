@@ -11,12 +11,12 @@ use kube::{Api, Client};
 use nodewarden_api::{ClusterClaim, ClusterClaimSpec};
 use tokio_util::sync::CancellationToken;
 
-use super::FIELD_MANAGER;
-use crate::admission::claims::{ID_CLAIM, ID_CLAIMS};
+use super::{ID_CLAIM, ID_CLAIMS};
+use crate::controllers::{FIELD_MANAGER, LeaderTask, leader_task};
 
 /// What one pass did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Initialized {
+pub(crate) enum Initialized {
     /// Created `id.k8s.io` with this value.
     Created(String),
     /// An ID claim already existed (its name); nothing was written.
@@ -24,7 +24,7 @@ pub enum Initialized {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum InitError {
+pub(crate) enum InitError {
     #[error("reading or creating ClusterClaims: {0}")]
     Claims(#[source] kube::Error),
     #[error("reading namespace kube-system: {0}")]
@@ -34,7 +34,7 @@ pub enum InitError {
 }
 
 /// One pass: create `id.k8s.io` = kube-system UID unless an ID claim exists.
-pub async fn ensure_id_claim(client: &Client) -> Result<Initialized, InitError> {
+pub(crate) async fn ensure_id_claim(client: &Client) -> Result<Initialized, InitError> {
     let claims: Api<ClusterClaim> = Api::all(client.clone());
     for name in ID_CLAIMS {
         if claims.get_opt(name).await.map_err(InitError::Claims)?.is_some() {
@@ -63,18 +63,18 @@ pub async fn ensure_id_claim(client: &Client) -> Result<Initialized, InitError> 
 }
 
 /// Runs [`ensure_id_claim`] every `interval` (sooner after errors) until `stop`.
-pub async fn run(client: Client, interval: Duration, stop: CancellationToken) {
-    let mut backoff = crate::retry_backoff();
+pub(crate) async fn run(client: Client, interval: Duration, stop: CancellationToken) {
+    let mut backoff = nodewarden_runtime::client::retry_backoff();
     loop {
         let wait = match ensure_id_claim(&client).await {
             Ok(Initialized::Created(value)) => {
                 tracing::info!(claim = ID_CLAIM, %value, "created the cluster ID claim from the kube-system namespace UID");
-                backoff = crate::retry_backoff();
+                backoff = nodewarden_runtime::client::retry_backoff();
                 interval
             }
             Ok(Initialized::AlreadyPresent(name)) => {
                 tracing::debug!(claim = name, "an ID claim exists; leaving it alone");
-                backoff = crate::retry_backoff();
+                backoff = nodewarden_runtime::client::retry_backoff();
                 interval
             }
             Err(err) => {
@@ -88,4 +88,9 @@ pub async fn run(client: Client, interval: Duration, stop: CancellationToken) {
             _ = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// The initializer as a leader task, checking every `interval`.
+pub fn task(interval: Duration) -> LeaderTask {
+    leader_task(move |client, stop| run(client, interval, stop))
 }

@@ -36,7 +36,7 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use crate::tls::{CertResolver, certified_key};
+use super::tls::{CertResolver, certified_key};
 
 /// How the serving certificate is obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -78,22 +78,22 @@ pub struct CertArgs {
     #[arg(long, env = "NODEWARDEN_WEBHOOK_CONFIGURATIONS", value_delimiter = ',')]
     pub webhook_configurations: Vec<String>,
     /// Managed mode: lifetime of a CA.
-    #[arg(long, env = "NODEWARDEN_CERT_CA_VALIDITY", default_value = "43800h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "NODEWARDEN_CERT_CA_VALIDITY", default_value = "43800h", value_parser = nodewarden_runtime::duration::parse_duration)]
     pub cert_ca_validity: Duration,
     /// Managed mode: lifetime of a serving certificate.
-    #[arg(long, env = "NODEWARDEN_CERT_VALIDITY", default_value = "8760h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "NODEWARDEN_CERT_VALIDITY", default_value = "8760h", value_parser = nodewarden_runtime::duration::parse_duration)]
     pub cert_validity: Duration,
     /// Managed mode: reissue the serving certificate this long before it expires.
-    #[arg(long, env = "NODEWARDEN_CERT_RENEW_BEFORE", default_value = "720h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "NODEWARDEN_CERT_RENEW_BEFORE", default_value = "720h", value_parser = nodewarden_runtime::duration::parse_duration)]
     pub cert_renew_before: Duration,
     /// Managed mode: stage a new CA this long before the current one expires.
-    #[arg(long, env = "NODEWARDEN_CERT_CA_RENEW_BEFORE", default_value = "8760h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "NODEWARDEN_CERT_CA_RENEW_BEFORE", default_value = "8760h", value_parser = nodewarden_runtime::duration::parse_duration)]
     pub cert_ca_renew_before: Duration,
     /// Managed mode: how long a new CA is published before certificates it issued are served.
-    #[arg(long, env = "NODEWARDEN_CERT_CA_PROPAGATION", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "NODEWARDEN_CERT_CA_PROPAGATION", default_value = "2m", value_parser = nodewarden_runtime::duration::parse_duration)]
     pub cert_ca_propagation: Duration,
     /// Managed mode: how often the Secret and the caBundles are checked.
-    #[arg(long, env = "NODEWARDEN_CERT_CHECK_INTERVAL", default_value = "30s", value_parser = crate::config::parse_interval)]
+    #[arg(long, env = "NODEWARDEN_CERT_CHECK_INTERVAL", default_value = "30s", value_parser = nodewarden_runtime::duration::parse_interval)]
     pub cert_check_interval: Duration,
 }
 

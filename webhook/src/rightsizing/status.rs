@@ -14,7 +14,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::events::Recorder;
+use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::rightsizing::{
     DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, ResourceName,
 };
@@ -22,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::RightsizingIndex;
 use super::mutate::{Targets, fleet_from_nodes, format_amount};
+use crate::controllers::{LeaderTask, leader_task};
+use crate::events;
 
 /// Condition: at least one node has published a recommendation for this autoscaler.
 pub const RECOMMENDATION_PROVIDED: &str = "RecommendationProvided";
@@ -150,12 +153,29 @@ fn condition(
     }
 }
 
+/// The conditions of `new` whose status or reason differs from the condition of the same type
+/// in `old` (or that `old` does not have): each becomes an Event on the autoscaler.
+pub fn changed_conditions<'a>(old: &[Condition], new: &'a [Condition]) -> Vec<&'a Condition> {
+    new.iter()
+        .filter(|c| {
+            !old.iter()
+                .any(|o| o.type_ == c.type_ && o.status == c.status && o.reason == c.reason)
+        })
+        .collect()
+}
+
+/// The status controller as a leader task, reconciling every `interval`.
+pub fn task(index: Arc<RightsizingIndex>, interval: Duration) -> LeaderTask {
+    leader_task(move |client, stop| run(client, index.clone(), interval, stop))
+}
+
 /// Reconciles every autoscaler's status every `interval` until `stop`.
 pub async fn run(client: Client, index: Arc<RightsizingIndex>, interval: Duration, stop: CancellationToken) {
     index.wait_synced().await;
+    let recorder = events::recorder(&client);
     loop {
         for autoscaler in index.autoscalers() {
-            if let Err(err) = reconcile(&client, &index, &autoscaler).await {
+            if let Err(err) = reconcile(&client, &recorder, &index, &autoscaler).await {
                 tracing::warn!(autoscaler = %autoscaler.name_any(), error = %err, "updating the autoscaler status failed");
             }
         }
@@ -168,6 +188,7 @@ pub async fn run(client: Client, index: Arc<RightsizingIndex>, interval: Duratio
 
 async fn reconcile(
     client: &Client,
+    recorder: &Recorder,
     index: &RightsizingIndex,
     autoscaler: &DaemonSetAutoscaler,
 ) -> Result<(), kube::Error> {
@@ -199,5 +220,59 @@ async fn reconcile(
     let patch = serde_json::json!({ "status": status });
     api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch))
         .await?;
+    let old = autoscaler
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    for c in changed_conditions(old, &desired.conditions) {
+        let warning = c.type_ == CONFIG_UNSUPPORTED && c.status == "True";
+        let note = format!("{} is {}: {}", c.type_, c.status, c.message);
+        events::publish(
+            recorder,
+            &autoscaler.object_ref(&()),
+            warning,
+            &c.type_,
+            &c.reason,
+            note,
+        )
+        .await;
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(type_: &str, status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn only_conditions_that_changed_become_events() {
+        let old = [
+            c(RECOMMENDATION_PROVIDED, "False", "NoNodeRecommendation"),
+            c(CONFIG_UNSUPPORTED, "False", "Valid"),
+        ];
+        let new = [
+            c(RECOMMENDATION_PROVIDED, "True", "NodesReporting"),
+            c(CONFIG_UNSUPPORTED, "False", "Valid"),
+        ];
+        let changed: Vec<&str> = changed_conditions(&old, &new)
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(changed, vec![RECOMMENDATION_PROVIDED]);
+        // a first status: every condition is news
+        assert_eq!(changed_conditions(&[], &new).len(), 2);
+        assert!(changed_conditions(&new, &new).is_empty());
+    }
 }

@@ -1,117 +1,35 @@
-//! The ClusterClaim guard (KEP-2149): who may write reserved claims, what the well-known claims
-//! may hold, and in which order they may come and go.
-//!
-//! [`decide`] is a pure function of the request, the [`ClaimsPolicy`] and a [`ClaimView`] of the
-//! other claims of the same API shape. [`ClaimsGuard`] is the admission [`Handler`]: it reads the
-//! watch caches through a [`ClaimView`], remembers the well-known writes it admitted until the
-//! caches show them ([`RecentWrites`]), counts decisions and adds the audit annotation.
-//!
-//! The rules, in the order they are checked (the first that fails decides):
-//!
-//! | rule | applies to | denies |
-//! |---|---|---|
-//! | `reserved-name` | names `k8s.io`, `kubernetes.io` and names ending in `.k8s.io` or `.kubernetes.io` (so also `sigs.k8s.io`) | any write by a principal outside the allowed users, groups and service accounts |
-//! | `value-size` | every claim, CREATE and UPDATE | an empty or missing `spec.value`, or one over 128 KiB |
-//! | `id-format` | `id.k8s.io`, `cluster.clusterset.k8s.io` | a value that is not an RFC 1123 DNS label (or, with `--claims-id-subdomain`, a DNS subdomain under 128 characters for `cluster.clusterset.k8s.io`) |
-//! | `id-lifespan` | the ID claims | changing the value of, or deleting, any ID claim while `clusterset.k8s.io` exists |
-//! | `clusterset-requires-id` | `clusterset.k8s.io` | creating it while no ID claim exists |
-//! | `clusterset-immutable` | `clusterset.k8s.io` | changing its value (leave and join again: delete, then create) |
-//!
-//! An UPDATE that keeps the value is not held to `value-size` and `id-format` (a value stored
-//! before the guard was installed stays editable, as the API server ratchets its own rules).
-//! Allowed decisions are labelled with the class of the claim: `id-claim`, `clusterset-claim`,
-//! `reserved-name` (another reserved name, written by an allowed principal) or `custom-name`.
+//! The claims guard's rules: a pure function of the request, the [`ClaimsPolicy`] and a
+//! [`ClaimView`] of the other claims of the same API shape. The table of rules is in the
+//! [module doc](super).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::{AdmissionRequest, AdmissionResponse, Handler, Operation, UserInfo};
-use crate::metrics::Metrics;
+use nodewarden_api::domain::names::{ServiceAccountName, check_dns_label, check_dns_subdomain};
 
-/// Path of the claims webhook.
-pub const ROUTE: &str = "/validate/claims";
-/// Key of the audit annotation naming the rule of each decision. The API server prefixes it with
-/// the webhook's name, so with the chart's webhook `claims.nodewarden.io` audit events carry
-/// `claims.nodewarden.io/rule` (a key with a `/` of its own would be dropped by the API server).
-pub const AUDIT_RULE_KEY: &str = "rule";
-/// The ID claim as KEP-2149 first named it.
-pub const ID_CLAIM: &str = "id.k8s.io";
-/// The ID claim as the published standard (about-api) names it.
-pub const CLUSTER_ID_CLAIM: &str = "cluster.clusterset.k8s.io";
-/// The ClusterSet membership claim.
-pub const CLUSTERSET_CLAIM: &str = "clusterset.k8s.io";
-/// Both names that hold the cluster's ID.
-pub const ID_CLAIMS: [&str; 2] = [ID_CLAIM, CLUSTER_ID_CLAIM];
-/// Largest claim value, in bytes (128 KiB).
-pub const MAX_VALUE_BYTES: usize = nodewarden_api::claims::MAX_VALUE_BYTES;
-/// Longest `cluster.clusterset.k8s.io` value in subdomain mode ("under 128 characters").
-pub const MAX_SUBDOMAIN_ID_CHARS: usize = 127;
-/// Longest DNS label.
-pub const MAX_LABEL_CHARS: usize = 63;
-/// How much of a value a message quotes.
-const QUOTE_CHARS: usize = 64;
-
-/// The three APIs that carry claims, all cluster-scoped with the value at `spec.value`. Each is a
-/// set of claims of its own: the cross-object rules only look at claims of the same shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Shape {
-    /// `nodewarden.io/v1alpha1` `ClusterClaim` (nodewarden's own CRD).
-    Nodewarden,
-    /// `about.k8s.io` `ClusterProperty` (the about-api CRD, v1alpha1 and v1beta1).
-    About,
-    /// `cluster.open-cluster-management.io/v1alpha1` `ClusterClaim` (Open Cluster Management).
-    OpenClusterManagement,
-}
-
-impl Shape {
-    pub const ALL: [Shape; 3] = [Shape::Nodewarden, Shape::About, Shape::OpenClusterManagement];
-
-    pub fn group(self) -> &'static str {
-        match self {
-            Shape::Nodewarden => "nodewarden.io",
-            Shape::About => "about.k8s.io",
-            Shape::OpenClusterManagement => "cluster.open-cluster-management.io",
-        }
-    }
-
-    pub fn kind(self) -> &'static str {
-        match self {
-            Shape::Nodewarden | Shape::OpenClusterManagement => "ClusterClaim",
-            Shape::About => "ClusterProperty",
-        }
-    }
-
-    pub fn plural(self) -> &'static str {
-        match self {
-            Shape::Nodewarden | Shape::OpenClusterManagement => "clusterclaims",
-            Shape::About => "clusterproperties",
-        }
-    }
-
-    /// The shape whose API group is `group`.
-    pub fn from_group(group: &str) -> Option<Shape> {
-        Shape::ALL.into_iter().find(|s| s.group() == group)
-    }
-}
-
-impl fmt::Display for Shape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.group(), self.kind())
-    }
-}
+use super::presence::ClaimView;
+use super::{
+    AUDIT_RULE_KEY, CLUSTER_ID_CLAIM, CLUSTERSET_CLAIM, ID_CLAIM, ID_CLAIMS, MAX_SUBDOMAIN_ID_CHARS,
+    MAX_VALUE_BYTES, QUOTE_CHARS, Shape,
+};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Operation, UserInfo};
 
 /// The rule behind a decision; its name is the audit annotation's value and the `rule` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Rule {
+    /// Denied: a reserved name written by a principal outside the allowed ones.
     ReservedName,
+    /// Denied: an empty value, or one over 128 KiB.
     ValueSize,
+    /// Denied: an ID that is not a DNS label (or subdomain).
     IdFormat,
+    /// Denied: changing or deleting the ID while the cluster is in a ClusterSet.
     IdLifespan,
+    /// Denied: joining a ClusterSet while no ID claim exists.
     ClustersetRequiresId,
+    /// Denied: changing the ClusterSet's value.
     ClustersetImmutable,
     /// Allowed: a write to an ID claim that passed every ID rule.
     IdClaim,
@@ -130,6 +48,7 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule, so the label set of the metric is known.
     pub const ALL: [Rule; 13] = [
         Rule::ReservedName,
         Rule::ValueSize,
@@ -146,6 +65,7 @@ impl Rule {
         Rule::CacheNotSynced,
     ];
 
+    /// The rule's name: audit annotation value and metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::ReservedName => "reserved-name",
@@ -174,7 +94,9 @@ impl fmt::Display for Rule {
 /// The outcome of [`decide`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
+    /// The rule that decided.
     pub rule: Rule,
+    /// Whether the write is admitted.
     pub allowed: bool,
     /// HTTP status code of a denial: 403 for policy, 400 for unreadable requests, 503 when the
     /// caches cannot answer yet.
@@ -184,7 +106,7 @@ pub struct Decision {
 }
 
 impl Decision {
-    fn allow(rule: Rule) -> Self {
+    pub(super) fn allow(rule: Rule) -> Self {
         Decision {
             rule,
             allowed: true,
@@ -235,8 +157,6 @@ pub struct Principals {
     service_accounts: BTreeSet<String>,
 }
 
-const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
-
 impl Principals {
     /// Empty entries are ignored (an empty environment variable means "none").
     pub fn new(
@@ -255,6 +175,7 @@ impl Principals {
         }
     }
 
+    /// Whether `user` is one of them, by name, service account or group.
     pub fn allows(&self, user: &UserInfo) -> bool {
         self.users.contains(&user.username)
             || self.service_accounts.contains(&user.username)
@@ -262,127 +183,13 @@ impl Principals {
     }
 }
 
-/// A service account named on the command line: `namespace:name` or
-/// `system:serviceaccount:namespace:name`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceAccountName {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ServiceAccountName {
-    /// The user name its tokens authenticate as.
-    pub fn username(&self) -> String {
-        format!("{SERVICE_ACCOUNT_PREFIX}{}:{}", self.namespace, self.name)
-    }
-}
-
-impl std::str::FromStr for ServiceAccountName {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let rest = s.strip_prefix(SERVICE_ACCOUNT_PREFIX).unwrap_or(s);
-        let accepted = "expected <namespace>:<name> or system:serviceaccount:<namespace>:<name>";
-        let (namespace, name) = rest
-            .split_once(':')
-            .ok_or_else(|| format!("service account {s:?}: {accepted}"))?;
-        if let Err(why) = check_dns_label(namespace) {
-            return Err(format!("service account {s:?}: namespace {why}; {accepted}"));
-        }
-        if let Err(why) = check_dns_subdomain(name, 253) {
-            return Err(format!("service account {s:?}: name {why}; {accepted}"));
-        }
-        Ok(ServiceAccountName {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        })
-    }
-}
-
 /// The guard's settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClaimsPolicy {
+    /// Who may write reserved claims.
     pub principals: Principals,
     /// Accept a DNS subdomain (under 128 characters) for `cluster.clusterset.k8s.io`.
     pub id_subdomain: bool,
-}
-
-/// Whether a claim exists, as far as the guard can tell. Where the watch cache and this
-/// replica's own recent decisions disagree, the two answers differ: rules that deny look at
-/// `may_exist`, rules that allow look at `surely_exists`, so doubt keeps the ID in place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Presence {
-    pub may_exist: bool,
-    pub surely_exists: bool,
-}
-
-impl Presence {
-    pub const ABSENT: Presence = Presence {
-        may_exist: false,
-        surely_exists: false,
-    };
-    pub const PRESENT: Presence = Presence {
-        may_exist: true,
-        surely_exists: true,
-    };
-    /// Being deleted (has a deletionTimestamp) or just admitted and not yet seen.
-    pub const UNCERTAIN: Presence = Presence {
-        may_exist: true,
-        surely_exists: false,
-    };
-}
-
-/// The other claims of a shape, as the cross-object rules see them.
-pub trait ClaimView: Send + Sync {
-    /// `None` when the claims of `shape` are not known (not watched, or not synced yet).
-    fn presence(&self, shape: Shape, name: &str) -> Option<Presence>;
-}
-
-/// A fixed set of existing claims, for tests and tools.
-#[derive(Clone, Debug, Default)]
-pub struct StaticView {
-    pub claims: BTreeMap<Shape, BTreeMap<String, Presence>>,
-}
-
-impl StaticView {
-    /// Every shape known and empty.
-    pub fn empty() -> Self {
-        StaticView {
-            claims: Shape::ALL.into_iter().map(|s| (s, BTreeMap::new())).collect(),
-        }
-    }
-
-    /// Adds `names` as existing claims of `shape`.
-    pub fn with(mut self, shape: Shape, names: &[&str]) -> Self {
-        let set = self.claims.entry(shape).or_default();
-        for name in names {
-            set.insert(name.to_string(), Presence::PRESENT);
-        }
-        self
-    }
-
-    /// Sets one claim's presence.
-    pub fn with_presence(mut self, shape: Shape, name: &str, presence: Presence) -> Self {
-        self.claims
-            .entry(shape)
-            .or_default()
-            .insert(name.to_string(), presence);
-        self
-    }
-
-    /// Forgets `shape` (as when its cache has not synced).
-    pub fn without(mut self, shape: Shape) -> Self {
-        self.claims.remove(&shape);
-        self
-    }
-}
-
-impl ClaimView for StaticView {
-    fn presence(&self, shape: Shape, name: &str) -> Option<Presence> {
-        let set = self.claims.get(&shape)?;
-        Some(set.get(name).copied().unwrap_or(Presence::ABSENT))
-    }
 }
 
 /// What the guard reads of a claim object: its name and `spec.value`.
@@ -435,9 +242,13 @@ fn json_type(v: &serde_json::Value) -> &'static str {
 /// What kind of claim a name is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameClass {
+    /// `id.k8s.io` or `cluster.clusterset.k8s.io`.
     Id,
+    /// `clusterset.k8s.io`.
     Clusterset,
+    /// Another name under `k8s.io` or `kubernetes.io`.
     OtherReserved,
+    /// Any other name.
     Custom,
 }
 
@@ -460,63 +271,6 @@ pub fn is_reserved(name: &str) -> bool {
     ["k8s.io", "kubernetes.io"]
         .iter()
         .any(|domain| name == *domain || name.strip_suffix(domain).is_some_and(|head| head.ends_with('.')))
-}
-
-/// Checks an RFC 1123 DNS label as Kubernetes defines it.
-pub fn check_dns_label(s: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("is empty".to_string());
-    }
-    check_label_chars(s)?;
-    if s.len() > MAX_LABEL_CHARS {
-        return Err(format!(
-            "is {} characters long, at most {MAX_LABEL_CHARS} allowed",
-            s.len()
-        ));
-    }
-    Ok(())
-}
-
-fn check_label_chars(label: &str) -> Result<(), String> {
-    if let Some(c) = label
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-    {
-        return Err(format!(
-            "contains {c:?}; only lowercase letters, digits and '-' are allowed"
-        ));
-    }
-    if label.starts_with('-') || label.ends_with('-') {
-        return Err("must start and end with a lowercase letter or digit".to_string());
-    }
-    Ok(())
-}
-
-/// Checks an RFC 1123 DNS subdomain as Kubernetes defines it, at most `max` characters.
-pub fn check_dns_subdomain(s: &str, max: usize) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("is empty".to_string());
-    }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
-    {
-        return Err(format!(
-            "contains {c:?}; only lowercase letters, digits, '-' and '.' are allowed"
-        ));
-    }
-    for label in s.split('.') {
-        if label.is_empty() {
-            return Err("has an empty part between dots".to_string());
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err("has a part that starts or ends with '-'".to_string());
-        }
-    }
-    if s.len() > max {
-        return Err(format!("is {} characters long, at most {max} allowed", s.len()));
-    }
-    Ok(())
 }
 
 /// A value as messages quote it: at most 64 characters, escaped, with its length when cut.
@@ -798,136 +552,5 @@ fn verb(op: Operation) -> &'static str {
         Operation::Update => "update",
         Operation::Delete => "delete",
         Operation::Connect => "connect to",
-    }
-}
-
-/// How long an admitted write of a well-known claim is remembered when the cache does not show it.
-pub const RECENT_WRITE_TTL: Duration = Duration::from_secs(15);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Written {
-    Upserted,
-    Deleted,
-}
-
-/// The well-known claims this replica admitted and its cache may not show yet.
-///
-/// Between admission and the watch event, the cache lags. Merged with it conservatively, this
-/// closes the window for writes that go through one replica: an admitted create of
-/// `clusterset.k8s.io` counts as "may exist" (later ID deletes are denied at once), an admitted
-/// delete of an ID claim means "not surely there" (a following clusterset create is denied).
-#[derive(Debug, Default)]
-pub struct RecentWrites {
-    entries: Mutex<BTreeMap<(Shape, String), (Written, Instant)>>,
-}
-
-impl RecentWrites {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Shape, String), (Written, Instant)>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn record(&self, shape: Shape, name: &str, written: Written, now: Instant) {
-        let mut entries = self.lock();
-        entries.retain(|_, (_, at)| now.duration_since(*at) < RECENT_WRITE_TTL);
-        entries.insert((shape, name.to_string()), (written, now));
-    }
-
-    /// `cached` merged with what this replica admitted; forgets entries the cache has caught up with.
-    fn merge(&self, shape: Shape, name: &str, cached: Presence, now: Instant) -> Presence {
-        let mut entries = self.lock();
-        let key = (shape, name.to_string());
-        let Some((written, at)) = entries.get(&key).copied() else {
-            return cached;
-        };
-        if now.duration_since(at) >= RECENT_WRITE_TTL {
-            entries.remove(&key);
-            return cached;
-        }
-        match written {
-            Written::Upserted if cached.surely_exists => {
-                entries.remove(&key);
-                cached
-            }
-            Written::Upserted => Presence {
-                may_exist: true,
-                surely_exists: cached.surely_exists,
-            },
-            Written::Deleted if !cached.may_exist => {
-                entries.remove(&key);
-                cached
-            }
-            Written::Deleted => Presence {
-                may_exist: cached.may_exist,
-                surely_exists: false,
-            },
-        }
-    }
-}
-
-/// A [`ClaimView`] of the caches merged with this replica's recent writes.
-struct Merged<'a> {
-    cached: &'a dyn ClaimView,
-    recent: &'a RecentWrites,
-    now: Instant,
-}
-
-impl ClaimView for Merged<'_> {
-    fn presence(&self, shape: Shape, name: &str) -> Option<Presence> {
-        let cached = self.cached.presence(shape, name)?;
-        Some(self.recent.merge(shape, name, cached, self.now))
-    }
-}
-
-/// The claims admission handler.
-pub struct ClaimsGuard {
-    policy: Arc<ClaimsPolicy>,
-    view: Arc<dyn ClaimView>,
-    recent: RecentWrites,
-    metrics: Arc<Metrics>,
-}
-
-impl ClaimsGuard {
-    pub fn new(policy: ClaimsPolicy, view: Arc<dyn ClaimView>, metrics: Arc<Metrics>) -> Self {
-        ClaimsGuard {
-            policy: Arc::new(policy),
-            view,
-            recent: RecentWrites::default(),
-            metrics,
-        }
-    }
-
-    /// The decision for `request` at `now`, remembering admitted well-known writes.
-    pub fn decide_at(&self, request: &AdmissionRequest, now: Instant) -> Decision {
-        let merged = Merged {
-            cached: self.view.as_ref(),
-            recent: &self.recent,
-            now,
-        };
-        let decision = decide(request, &self.policy, &merged);
-        if decision.allowed
-            && request.dry_run != Some(true)
-            && let Some(shape) = Shape::from_group(&request.kind.group)
-            && let Some(name) = request.name.as_deref()
-            && matches!(classify(name), NameClass::Id | NameClass::Clusterset)
-        {
-            let written = match request.operation {
-                Operation::Create | Operation::Update => Some(Written::Upserted),
-                Operation::Delete => Some(Written::Deleted),
-                Operation::Connect => None,
-            };
-            if let Some(written) = written {
-                self.recent.record(shape, name, written, now);
-            }
-        }
-        decision
-    }
-}
-
-impl Handler for ClaimsGuard {
-    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
-        let decision = self.decide_at(request, Instant::now());
-        self.metrics
-            .claims_decision(decision.rule.as_str(), decision.allowed);
-        decision.into_response(&request.uid)
     }
 }

@@ -16,11 +16,12 @@ use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::LimitRange;
 use kube::{Api, Client, ResourceExt};
+use nodewarden_api::domain::rightsizing::precedence;
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use tokio_util::sync::CancellationToken;
 
 use super::mutate::{Amounts, Targets};
-use crate::caches::{Change, watch_into};
+use crate::watch::{Change, watch_into};
 
 /// (namespace, name).
 pub type Key = (Arc<str>, Arc<str>);
@@ -29,8 +30,11 @@ pub type Key = (Arc<str>, Arc<str>);
 /// interned: every node shares one copy of each.
 #[derive(Clone, Debug)]
 pub struct NodeEntry {
+    /// The autoscaler (namespace and name) the figures are for.
     pub autoscaler: Key,
+    /// The container.
     pub container: Arc<str>,
+    /// Its targets.
     pub amounts: Amounts,
 }
 
@@ -107,6 +111,7 @@ pub struct RightsizingIndex {
 }
 
 impl RightsizingIndex {
+    /// An empty index, not synced.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
@@ -185,6 +190,7 @@ impl RightsizingIndex {
         self.rebuild_targets();
     }
 
+    /// Forgets an autoscaler.
     pub fn delete_autoscaler(&self, namespace: &str, name: &str) {
         self.autoscalers.write().remove(&key(namespace, name));
         self.rebuild_targets();
@@ -204,12 +210,7 @@ impl RightsizingIndex {
                 .push(a.clone());
         }
         for list in map.values_mut() {
-            list.sort_by(|a, b| {
-                let created = |x: &DaemonSetAutoscaler| x.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                created(a)
-                    .cmp(&created(b))
-                    .then_with(|| a.name_any().cmp(&b.name_any()))
-            });
+            list.sort_by(|a, b| precedence(a, b));
         }
         *self.by_target.write().unwrap_or_else(|p| p.into_inner()) = map;
     }
@@ -239,10 +240,12 @@ impl RightsizingIndex {
             .collect()
     }
 
+    /// Forgets a node's recommendation.
     pub fn delete_node_recommendation(&self, node: &str) {
         self.nodes.write().remove(node);
     }
 
+    /// Adds or replaces a LimitRange.
     pub fn apply_limit_range(&self, lr: LimitRange) {
         let k = key(&lr.namespace().unwrap_or_default(), &lr.name_any());
         self.limit_ranges.write().insert(k, Arc::new(lr));

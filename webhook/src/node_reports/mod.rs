@@ -5,7 +5,8 @@
 //! A write is allowed when
 //! * the requester is in one of the allowed groups (`--node-reports-allowed-groups`, default
 //!   `system:masters`), or
-//! * the requester is the agent's service account (`--agent-service-account ns:name`; when unset,
+//! * the requester is the agent's service account (`--agent-service-account ns:name`, the same
+//!   syntax as every service-account flag; when unset,
 //!   any service account) and its token is bound to a pod on node `<n>`:
 //!   `userInfo.extra["authentication.kubernetes.io/node-name"] == ["<n>"]`.
 //!
@@ -14,8 +15,9 @@
 //! that node's pods fall back to the cold-start choice.
 
 use clap::Args;
+use nodewarden_api::domain::names::{ServiceAccountError, ServiceAccountName};
 
-use super::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
 
 /// Path of the node-reports webhook.
 pub const ROUTE: &str = "/validate/node-reports";
@@ -27,8 +29,9 @@ pub const KINDS: [&str; 2] = ["NodeRecommendation", "NodeFeatureReport"];
 /// Flags of the guard.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct NodeReportsArgs {
-    /// The agent's service account as `namespace:name`; only it (with a token bound to node N)
-    /// may write node N's reports. Unset: any service account whose token is bound to node N.
+    /// The agent's service account as `namespace:name` (or `system:serviceaccount:namespace:name`);
+    /// only it (with a token bound to node N) may write node N's reports. Unset: any service
+    /// account whose token is bound to node N.
     #[arg(long, env = "NODEWARDEN_AGENT_SERVICE_ACCOUNT", value_parser = parse_service_account)]
     pub agent_service_account: Option<String>,
 
@@ -42,24 +45,16 @@ pub struct NodeReportsArgs {
     pub node_reports_allowed_groups: Vec<String>,
 }
 
-/// `ns:name` → `system:serviceaccount:ns:name`.
+/// The agent's service account (`ns:name` or `system:serviceaccount:ns:name`, as every
+/// service-account flag reads it) → its user name, `system:serviceaccount:ns:name`.
 pub fn parse_service_account(text: &str) -> Result<String, String> {
-    let accepted = "expected namespace:name, e.g. nodewarden:nodewarden-agent";
-    let (ns, name) = text
-        .split_once(':')
-        .ok_or_else(|| format!("{text:?} is not a service account: {accepted}"))?;
-    let valid = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 253
-            && s.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-    };
-    if !valid(ns) || !valid(name) {
-        return Err(format!(
-            "{text:?} is not a service account: {accepted} (lower-case DNS names)"
-        ));
+    match ServiceAccountName::parse(text) {
+        Ok(account) => Ok(account.username()),
+        Err(ServiceAccountError::NoNamespace(_)) => Err(format!(
+            "{text:?} is not a service account: expected namespace:name, e.g. nodewarden:nodewarden-agent"
+        )),
+        Err(ServiceAccountError::Invalid(why)) => Err(why),
     }
-    Ok(format!("system:serviceaccount:{ns}:{name}"))
 }
 
 /// The guard's settings.
@@ -67,6 +62,7 @@ pub fn parse_service_account(text: &str) -> Result<String, String> {
 pub struct NodeReportsPolicy {
     /// Full user name of the agent (`system:serviceaccount:ns:name`), if pinned.
     pub agent_user: Option<String>,
+    /// Groups whose members may write any node's reports.
     pub allowed_groups: Vec<String>,
 }
 
@@ -99,6 +95,7 @@ pub struct NodeReportsGuard {
 }
 
 impl NodeReportsGuard {
+    /// A guard deciding by `policy`.
     pub fn new(policy: NodeReportsPolicy) -> Self {
         NodeReportsGuard { policy }
     }

@@ -29,7 +29,9 @@ pub struct FieldPath {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid field path {path:?}: {why}; accepted: {ACCEPTED}")]
 pub struct PathError {
+    /// The path as written.
     pub path: String,
+    /// What is wrong with it.
     pub why: String,
 }
 
@@ -40,10 +42,12 @@ pub struct Instance<'a> {
     pub at: String,
     /// The same place as a JSON Pointer, e.g. `/spec/initContainers/1/restartPolicy`.
     pub pointer: String,
+    /// The value set there.
     pub value: &'a Value,
 }
 
 impl FieldPath {
+    /// Parses a dotted path with `[*]` for every item of a list (see `ACCEPTED`).
     pub fn parse(text: &str) -> Result<Self, PathError> {
         let err = |why: String| PathError {
             path: text.to_string(),
@@ -90,6 +94,7 @@ impl FieldPath {
         })
     }
 
+    /// The path as written.
     pub fn as_str(&self) -> &str {
         &self.text
     }

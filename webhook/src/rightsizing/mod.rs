@@ -18,12 +18,13 @@ pub mod status;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use nodewarden_api::domain::rightsizing::{container_policies, controlling_daemonset};
 use nodewarden_api::rightsizing::{ColdStart, DaemonSetAutoscaler, ResourceName};
 
 pub use index::RightsizingIndex;
 pub use mutate::{Decision, Reason, Source, Targets};
 
-use super::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
 
 /// Path of the pod mutation webhook.
 pub const MUTATE_ROUTE: &str = "/mutate/pods";
@@ -32,6 +33,7 @@ pub const VALIDATE_ROUTE: &str = "/validate/autoscalers";
 
 /// Counts right-sizing decisions (bounded labels: reason and source).
 pub trait RightsizingObserver: Send + Sync + 'static {
+    /// One pod: why it came out as it did, and where each container's figures came from.
     fn decided(&self, reason: Reason, sources: &[(String, Source)]);
 }
 
@@ -46,6 +48,7 @@ pub struct PodMutator {
 }
 
 impl PodMutator {
+    /// A mutator reading `index`, counting nothing.
     pub fn new(index: Arc<RightsizingIndex>) -> Self {
         PodMutator {
             index,
@@ -53,6 +56,7 @@ impl PodMutator {
         }
     }
 
+    /// Counts the decisions in `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn RightsizingObserver>) -> Self {
         self.observer = observer;
         self
@@ -67,16 +71,18 @@ impl PodMutator {
 }
 
 /// [`mutate::mutate`] with its inputs taken from the index.
-pub fn decide_with(
+pub(crate) fn decide_with(
     index: &RightsizingIndex,
     namespace: &str,
     autoscaler: &DaemonSetAutoscaler,
     pod: &Pod,
 ) -> Decision {
     let name = autoscaler.metadata.name.as_deref().unwrap_or_default();
-    let node_targets = mutate::target_node(pod)
+    let node = mutate::target_node(pod);
+    let node_targets = node
+        .as_ref()
         .ok()
-        .and_then(|node| index.node_targets(&node, namespace, name));
+        .and_then(|node| index.node_targets(node, namespace, name));
     let fleet = match autoscaler.spec.cold_start {
         ColdStart::Fleet => autoscaler
             .status
@@ -85,9 +91,10 @@ pub fn decide_with(
         ColdStart::Template => None,
     };
     let limit_ranges = index.limit_ranges(namespace);
-    mutate::mutate(
+    mutate::mutate_on(
         pod,
         autoscaler,
+        node.as_deref().map_err(String::as_str),
         node_targets.as_ref(),
         fleet.as_ref(),
         &limit_ranges,
@@ -95,13 +102,8 @@ pub fn decide_with(
 }
 
 /// The name of the DaemonSet that controls the pod (controller ownerReference, apps/v1).
-pub fn owner_daemonset(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true) && r.kind == "DaemonSet" && r.api_version == "apps/v1")
-        .map(|r| r.name.as_str())
+pub(crate) fn owner_daemonset(pod: &Pod) -> Option<&str> {
+    controlling_daemonset(pod.metadata.owner_references.as_deref().unwrap_or_default())
 }
 
 impl Handler for PodMutator {
@@ -228,6 +230,7 @@ pub struct AutoscalerValidator {
 }
 
 impl AutoscalerValidator {
+    /// A validator reading `index` (one autoscaler per DaemonSet).
     pub fn new(index: Arc<RightsizingIndex>) -> Self {
         AutoscalerValidator { index }
     }
@@ -236,12 +239,7 @@ impl AutoscalerValidator {
 /// Problems of an autoscaler on its own: each names the field path and the offending values.
 pub fn validate_autoscaler(autoscaler: &DaemonSetAutoscaler) -> Vec<String> {
     let mut problems = Vec::new();
-    let policies = autoscaler
-        .spec
-        .resource_policy
-        .as_ref()
-        .map(|p| p.container_policies.as_slice())
-        .unwrap_or_default();
+    let policies = container_policies(autoscaler);
     for (i, policy) in policies.iter().enumerate() {
         let path = format!("spec.resourcePolicy.containerPolicies[{i}]");
         if policies[..i]

@@ -1,65 +1,59 @@
-//! Watch caches the admission handlers read: kube-runtime reflectors filled from the API server.
+//! The claims' watch caches: one kube-runtime reflector per claim API the API server serves.
 //!
-//! [`Caches`] is made before the API server is reachable (handlers hold it from the start) and
-//! started with [`Caches::run`] once a [`kube::Client`] exists. [`Caches::synced`] resolves when
-//! every cache started at start-up has listed its objects; the webhook is not ready before.
+//! [`ClaimsCache`] is made before the API server is reachable (the guard holds its view from the
+//! start) and started with [`ClaimsCache::run`] once a [`kube::Client`] exists.
+//! [`ClaimsCache::synced`] resolves when every claim API found at start-up has listed its
+//! objects; the webhook is not ready before.
 //!
-//! Claims: the three claim APIs ([`Shape`]) are found by discovery. A foreign CRD (about-api,
-//! Open Cluster Management) that is installed later is picked up by the next discovery round
+//! The three claim APIs ([`Shape`]) are found by discovery. A foreign CRD (about-api, Open
+//! Cluster Management) that is installed later is picked up by the next discovery round
 //! (`--claims-discovery-interval`, default 1 min), and a cache whose API went away is stopped.
 //! Until a shape's cache has synced, rules that need the other claims of that shape deny with
-//! 503 ([`Rule::CacheNotSynced`](crate::admission::claims::Rule)); the others apply at once.
-//!
-//! Adding a cache of another kind: make its `(Store, Writer)` in [`Caches::new`] (for a typed
-//! kind, `kube::runtime::reflector::store()`), keep the writer until [`Caches::run`], spawn
-//! [`reflect`] for it there, and add its `wait_until_ready()` to the start-up sync.
+//! 503 ([`Rule::CacheNotSynced`](super::Rule)); the others apply at once.
 
 use std::collections::BTreeMap;
-use std::fmt::Debug;
-use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::discovery::Discovery;
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::claims::{ClaimView, Presence, Shape};
+use super::{ClaimView, Presence, Shape};
+use crate::watch::reflect;
 
 /// Settings of the caches.
 #[derive(Clone, Debug)]
-pub struct CachesOptions {
+pub struct ClaimsCacheOptions {
     /// How often to look for claim APIs that appeared or went away after start-up.
     pub discovery_interval: Duration,
 }
 
-impl Default for CachesOptions {
+impl Default for ClaimsCacheOptions {
     fn default() -> Self {
-        CachesOptions {
+        ClaimsCacheOptions {
             discovery_interval: Duration::from_secs(60),
         }
     }
 }
 
-/// Every watch cache of the webhook.
-pub struct Caches {
-    options: CachesOptions,
+/// The claim caches and the discovery loop that starts and stops them.
+pub struct ClaimsCache {
+    options: ClaimsCacheOptions,
     claims: Arc<ClaimCaches>,
     synced: watch::Sender<bool>,
 }
 
-impl Caches {
-    /// Empty caches, not synced; nothing runs until [`Caches::run`].
-    pub fn new(options: CachesOptions) -> Arc<Self> {
-        Arc::new(Caches {
+impl ClaimsCache {
+    /// Empty caches, not synced; nothing runs until [`ClaimsCache::run`].
+    pub fn new(options: ClaimsCacheOptions) -> Arc<Self> {
+        Arc::new(ClaimsCache {
             options,
             claims: Arc::new(ClaimCaches::default()),
             synced: watch::channel(false).0,
@@ -71,6 +65,7 @@ impl Caches {
         self.claims.clone()
     }
 
+    /// Whether every claim API found at start-up has listed its objects.
     pub fn is_synced(&self) -> bool {
         *self.synced.borrow()
     }
@@ -90,7 +85,7 @@ impl Caches {
     /// have listed, then re-runs discovery on the interval until `shutdown`. API server
     /// failures are retried with backoff; this never returns an error.
     pub async fn run(self: Arc<Self>, client: Client, shutdown: CancellationToken) {
-        let mut backoff = crate::retry_backoff();
+        let mut backoff = nodewarden_runtime::client::retry_backoff();
         let shapes = loop {
             match discover_claim_apis(&client).await {
                 Ok(found) => break found,
@@ -128,7 +123,9 @@ impl Caches {
 }
 
 /// Which of the claim APIs the API server serves, each at its recommended version.
-pub async fn discover_claim_apis(client: &Client) -> Result<BTreeMap<Shape, ApiResource>, kube::Error> {
+pub(crate) async fn discover_claim_apis(
+    client: &Client,
+) -> Result<BTreeMap<Shape, ApiResource>, kube::Error> {
     let groups: Vec<&str> = Shape::ALL.iter().map(|s| s.group()).collect();
     let discovery = Discovery::new(client.clone()).filter(&groups).run().await?;
     let mut found = BTreeMap::new();
@@ -143,33 +140,6 @@ pub async fn discover_claim_apis(client: &Client) -> Result<BTreeMap<Shape, ApiR
         }
     }
     Ok(found)
-}
-
-/// Runs a reflector for `api` into `writer` until `stop`: list, then watch, re-listing with
-/// kube-runtime's default backoff after errors (which are logged).
-pub async fn reflect<K>(
-    what: String,
-    api: Api<K>,
-    writer: Writer<K>,
-    config: watcher::Config,
-    stop: CancellationToken,
-) where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
-{
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
-    let mut stream = std::pin::pin!(stream);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            next = stream.next() => match next {
-                Some(Ok(_)) => {}
-                Some(Err(err)) => tracing::warn!(cache = %what, error = %err, "watch failed; retrying"),
-                None => break,
-            },
-        }
-    }
-    tracing::debug!(cache = %what, "cache stopped");
 }
 
 /// The watch cache of one claim API.
@@ -309,54 +279,6 @@ impl ClaimView for ClaimCaches {
             Some(o) if o.metadata.deletion_timestamp.is_some() => Presence::UNCERTAIN,
             Some(_) => Presence::PRESENT,
         })
-    }
-}
-
-/// A change to a watched collection.
-pub(crate) enum Change<V> {
-    Apply(V),
-    Delete(V),
-    /// A complete (re-)list.
-    Replace(Vec<V>),
-}
-
-/// Runs a watcher on `api` until `stop`, handing each object through `convert` (so a re-list
-/// buffers only what the cache keeps, not whole objects) and then to `apply`. Errors are
-/// logged and retried with kube-runtime's default backoff.
-pub(crate) async fn watch_into<K, V, C, F>(
-    what: &'static str,
-    api: kube::Api<K>,
-    stop: CancellationToken,
-    mut convert: C,
-    mut apply: F,
-) where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    C: FnMut(K) -> V,
-    F: FnMut(Change<V>),
-{
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut buffer: Vec<V> = Vec::new();
-    loop {
-        let next = tokio::select! {
-            _ = stop.cancelled() => break,
-            next = stream.next() => next,
-        };
-        match next {
-            Some(Ok(watcher::Event::Init)) => buffer.clear(),
-            Some(Ok(watcher::Event::InitApply(obj))) => buffer.push(convert(obj)),
-            Some(Ok(watcher::Event::InitDone)) => {
-                let all = std::mem::take(&mut buffer);
-                tracing::info!(cache = what, objects = all.len(), "cache listed");
-                apply(Change::Replace(all));
-            }
-            Some(Ok(watcher::Event::Apply(obj))) => apply(Change::Apply(convert(obj))),
-            Some(Ok(watcher::Event::Delete(obj))) => apply(Change::Delete(convert(obj))),
-            Some(Err(err)) => tracing::warn!(cache = what, error = %err, "watch failed; retrying"),
-            None => break,
-        }
     }
 }
 

@@ -1,0 +1,36 @@
+//! The API server client, and how calls to it are retried.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use backon::BackoffBuilder;
+
+/// A client for the API server from `kubeconfig`, else in-cluster or `$KUBECONFIG`.
+/// Nothing is sent to the API server yet.
+pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "finding API server credentials (in-cluster service account, $KUBECONFIG or ~/.kube/config)",
+        )?,
+    };
+    kube::Client::try_from(config).context("building the API server client")
+}
+
+/// Delays between retries of API server calls: exponential from 500 ms to 30 s, with jitter,
+/// without end.
+pub fn retry_backoff() -> impl Iterator<Item = Duration> + Send {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

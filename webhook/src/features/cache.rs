@@ -1,0 +1,169 @@
+//! Features and NodeFeatureReports watched into memory, and the guard index built from them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use kube::{Api, Client, ResourceExt};
+use nodewarden_api::features::{Feature, NodeFeatureReport};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::rules::{GuardIndex, feature_key, guard_index};
+use crate::watch::{Change, watch_into};
+
+/// A map filled by a watcher.
+struct Watched<V> {
+    live: RwLock<HashMap<String, Arc<V>>>,
+    synced: AtomicBool,
+}
+
+impl<V> Default for Watched<V> {
+    fn default() -> Self {
+        Watched {
+            live: RwLock::new(HashMap::new()),
+            synced: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<V> Watched<V> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<V>>> {
+        self.live.read().unwrap_or_else(|p| p.into_inner())
+    }
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<V>>> {
+        self.live.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Watch caches of Features and NodeFeatureReports, and the guard index built from them.
+#[derive(Default)]
+pub struct FeatureCaches {
+    features: Watched<Feature>,
+    reports: Watched<NodeFeatureReport>,
+    index: RwLock<Arc<GuardIndex>>,
+    changed: Notify,
+}
+
+impl FeatureCaches {
+    /// Empty caches, not synced.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Whether both Features and reports have been listed.
+    pub fn is_synced(&self) -> bool {
+        self.features.synced.load(Ordering::Acquire) && self.reports.synced.load(Ordering::Acquire)
+    }
+
+    /// Resolves once both kinds have been listed.
+    pub async fn wait_synced(&self) {
+        while !self.is_synced() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Resolves at the next change of a Feature or a report.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// The guarded fields of the Features that count as off.
+    pub fn guard_index(&self) -> Arc<GuardIndex> {
+        self.index.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Every Feature.
+    pub fn features(&self) -> Vec<Arc<Feature>> {
+        self.features.read().values().cloned().collect()
+    }
+
+    /// The Feature `namespace/name`.
+    pub fn feature(&self, key: &str) -> Option<Arc<Feature>> {
+        self.features.read().get(key).cloned()
+    }
+
+    /// Every node's report.
+    pub fn reports(&self) -> Vec<Arc<NodeFeatureReport>> {
+        self.reports.read().values().cloned().collect()
+    }
+
+    // ---- writes (also used by tests to fill the caches without a cluster)
+
+    /// Adds or replaces a Feature and rebuilds the guard index.
+    pub fn apply_feature(&self, feature: Feature) {
+        self.features
+            .write()
+            .insert(feature_key(&feature), Arc::new(feature));
+        self.features_changed();
+    }
+
+    /// Removes the Feature `namespace/name` and rebuilds the guard index.
+    pub fn delete_feature(&self, key: &str) {
+        self.features.write().remove(key);
+        self.features_changed();
+    }
+
+    /// Adds or replaces a node's report.
+    pub fn apply_report(&self, report: NodeFeatureReport) {
+        self.reports.write().insert(report.name_any(), Arc::new(report));
+        self.changed.notify_waiters();
+    }
+
+    fn features_changed(&self) {
+        let index = {
+            let features = self.features.read();
+            guard_index(features.values().map(|f| f.as_ref()))
+        };
+        *self.index.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(index);
+        self.changed.notify_waiters();
+    }
+
+    /// Watches Features and NodeFeatureReports until `stop`; errors are logged and retried with
+    /// kube-runtime's default backoff.
+    pub async fn run(self: Arc<Self>, client: Client, stop: CancellationToken) {
+        let features = {
+            let caches = self.clone();
+            watch_into(
+                "features",
+                Api::<Feature>::all(client.clone()),
+                stop.clone(),
+                |f| f,
+                move |change| match change {
+                    Change::Apply(f) => caches.apply_feature(f),
+                    Change::Delete(f) => caches.delete_feature(&feature_key(&f)),
+                    Change::Replace(all) => {
+                        *caches.features.write() =
+                            all.into_iter().map(|f| (feature_key(&f), Arc::new(f))).collect();
+                        caches.features.synced.store(true, Ordering::Release);
+                        caches.features_changed();
+                    }
+                },
+            )
+        };
+        let reports = {
+            let caches = self.clone();
+            watch_into(
+                "nodefeaturereports",
+                Api::<NodeFeatureReport>::all(client),
+                stop.clone(),
+                |r| r,
+                move |change| {
+                    match change {
+                        Change::Apply(r) => caches.apply_report(r),
+                        Change::Delete(r) => {
+                            caches.reports.write().remove(&r.name_any());
+                        }
+                        Change::Replace(all) => {
+                            *caches.reports.write() =
+                                all.into_iter().map(|r| (r.name_any(), Arc::new(r))).collect();
+                            caches.reports.synced.store(true, Ordering::Release);
+                        }
+                    }
+                    caches.changed.notify_waiters();
+                },
+            )
+        };
+        tokio::join!(features, reports);
+    }
+}
