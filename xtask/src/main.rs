@@ -27,6 +27,17 @@ enum Task {
         #[command(subcommand)]
         which: Bench,
     },
+    /// Build the webhook and agent images as OCI archives (no container daemon needed):
+    /// `<target>/images/nodewarden-{webhook,agent}.oci.tar`, for `ctr images import` or
+    /// `kind load image-archive`.
+    Image {
+        /// Output folder (default: `<target>/images`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Image tag (default: the chart's appVersion).
+        #[arg(long)]
+        tag: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -46,6 +57,24 @@ fn main() -> Result<()> {
         Task::Crdgen => crdgen(&root),
         Task::Demo => demo(&root),
         Task::Ci => ci(&root),
+        Task::Image { out, tag } => {
+            let mut opts = xtask::image::BuildOptions::for_repo(&root)?;
+            if let Some(out) = out {
+                opts.out_dir = out;
+            }
+            if let Some(tag) = tag {
+                opts.tag = tag;
+            }
+            for image in xtask::image::build_nodewarden_images(&opts)? {
+                println!(
+                    "{} {} {}",
+                    image.reference,
+                    image.manifest_digest,
+                    image.archive.display()
+                );
+            }
+            Ok(())
+        }
         Task::Bench {
             which: Bench::Admission { args },
         } => {
@@ -69,10 +98,7 @@ fn main() -> Result<()> {
 }
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    xtask::image::repo_root()
 }
 
 fn crdgen(root: &Path) -> Result<()> {
