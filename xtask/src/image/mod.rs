@@ -186,6 +186,27 @@ pub fn build_static_binary(opts: &BuildOptions, package: &str, bin: &str, profil
         flags.push(format!("--remap-path-prefix={}=/cargo", home.display()));
     }
     let mut cmd = Command::new(&cargo);
+    // Variables cargo sets for the program running this (a test binary, `cargo run` of xtask):
+    // build scripts such as ring's watch some of them, so leaving them in would rebuild
+    // everything each time this is called from somewhere else.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key == "OUT_DIR"
+            || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&key.as_ref())
+        {
+            cmd.env_remove(key.as_ref());
+        }
+    }
     cmd.current_dir(&opts.root)
         .args([
             "build",
@@ -259,24 +280,38 @@ pub fn ensure_static(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The spec of a nodewarden image around an already built `binary`.
-pub fn nodewarden_spec(opts: &BuildOptions, component: Component, binary: &Path) -> ImageSpec {
+/// The spec of an image around one static `binary`, the way nodewarden's are made: the binary
+/// at `/usr/local/bin/<its file name>` as the entrypoint, `images/etc/{passwd,group}`, user
+/// [`USER`], `PATH`, the OCI labels (title = the file name), files dated `opts.epoch`. The
+/// tests crate makes its own images (sandbox, load generator) with it; add `args`, `env` or
+/// files to the returned spec as needed.
+pub fn binary_spec(opts: &BuildOptions, name: &str, binary: &Path) -> ImageSpec {
+    let file_name = binary
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let entrypoint = format!("/usr/local/bin/{file_name}");
     let etc = opts.root.join("images/etc");
-    let mut spec = ImageSpec::new(component.image_name(), &opts.tag)
+    let mut spec = ImageSpec::new(name, &opts.tag)
         .file("/etc/passwd", Source::Path(etc.join("passwd")), 0o644)
         .file("/etc/group", Source::Path(etc.join("group")), 0o644)
-        .file(component.entrypoint(), Source::Path(binary.to_path_buf()), 0o755)
-        .label("org.opencontainers.image.title", component.package)
+        .file(&entrypoint, Source::Path(binary.to_path_buf()), 0o755)
+        .label("org.opencontainers.image.title", &file_name)
         .label("org.opencontainers.image.source", env!("CARGO_PKG_REPOSITORY"))
         .label("org.opencontainers.image.licenses", env!("CARGO_PKG_LICENSE"))
         .label("org.opencontainers.image.version", &opts.version)
         .label("org.opencontainers.image.revision", &opts.revision);
-    spec.entrypoint = vec![component.entrypoint()];
+    spec.entrypoint = vec![entrypoint];
     spec.user = USER.to_string();
     spec.env = vec![PATH_ENV.to_string()];
     spec.workdir = Some("/".to_string());
     spec.epoch = opts.epoch;
     spec
+}
+
+/// The spec of a nodewarden image around its already built `binary` (named as the package).
+pub fn nodewarden_spec(opts: &BuildOptions, component: Component, binary: &Path) -> ImageSpec {
+    binary_spec(opts, &component.image_name(), binary)
 }
 
 /// Builds both binaries and writes both archives (webhook first, then agent) into
@@ -389,7 +424,7 @@ mod tests {
     fn references_and_dates() {
         assert_eq!(full_reference("busybox", "1"), "docker.io/library/busybox:1");
         assert_eq!(full_reference("a/b", "t"), "docker.io/a/b:t");
-        assert_eq!(full_reference("localhost:5000/a/b", "t"), "localhost:5000/a/b:t");
+        assert_eq!(full_reference("host:5000/a/b", "t"), "host:5000/a/b:t");
         assert_eq!(oci::rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(oci::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(oci::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");

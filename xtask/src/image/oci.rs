@@ -19,7 +19,8 @@ pub const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 pub const MEDIA_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
 /// The annotation containerd's importer names an image by (`ctr images import`, `kind load`).
 pub const ANNOTATION_CONTAINERD_NAME: &str = "io.containerd.image.name";
-/// The OCI image-layout reference (`oci-archive:x.tar:<ref>` in skopeo/buildah).
+/// The OCI image-layout reference (`oci-archive:x.tar:<ref>` in skopeo/buildah); the full
+/// reference too, which `podman load` takes as the name (a bare tag would become `localhost/<tag>`).
 pub const ANNOTATION_REF_NAME: &str = "org.opencontainers.image.ref.name";
 
 /// Where a file's bytes come from.
@@ -282,29 +283,31 @@ pub fn layer_tar(spec: &ImageSpec) -> Result<Vec<u8>> {
     if let Some(clash) = files.keys().find(|f| dirs.contains_key(*f)) {
         bail!("/{clash} is both a file and a folder");
     }
-    // one sorted list, folders as `name/` (the order tar lists them in)
-    let mut entries: Vec<(String, Option<(&Source, u32)>, u32)> = Vec::new();
-    for (dir, mode) in dirs {
-        entries.push((format!("{dir}/"), None, mode));
-    }
-    for (file, (source, mode)) in files {
-        entries.push((file, Some((source, mode)), mode));
-    }
+    // one sorted list, folders as `name/` (the order tar lists them in); None: a folder
+    let mut entries: Vec<(String, u32, Option<&Source>)> = Vec::new();
+    entries.extend(
+        dirs.into_iter()
+            .map(|(dir, mode)| (format!("{dir}/"), mode, None)),
+    );
+    entries.extend(
+        files
+            .into_iter()
+            .map(|(file, (source, mode))| (file, mode, Some(source))),
+    );
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = Vec::new();
-    for (name, file, mode) in entries {
-        match file {
-            None => tar::append(&mut out, &name, tar::Kind::Dir, mode, spec.epoch, &[])?,
-            Some((source, _)) => {
-                let data = match source {
-                    Source::Bytes(b) => std::borrow::Cow::Borrowed(b.as_slice()),
-                    Source::Path(p) => std::borrow::Cow::Owned(
-                        std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
-                    ),
-                };
-                tar::append(&mut out, &name, tar::Kind::File, mode, spec.epoch, &data)?;
+    for (name, mode, source) in entries {
+        let data = match source {
+            None => {
+                tar::append(&mut out, &name, tar::Kind::Dir, mode, spec.epoch, &[])?;
+                continue;
             }
-        }
+            Some(Source::Bytes(b)) => std::borrow::Cow::Borrowed(b.as_slice()),
+            Some(Source::Path(p)) => {
+                std::borrow::Cow::Owned(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?)
+            }
+        };
+        tar::append(&mut out, &name, tar::Kind::File, mode, spec.epoch, &data)?;
     }
     tar::finish(&mut out);
     Ok(out)
@@ -360,7 +363,7 @@ pub fn write_archive(spec: &ImageSpec, archive: &Path) -> Result<BuiltImage> {
         .insert(ANNOTATION_CONTAINERD_NAME.to_string(), reference.clone());
     manifest_desc
         .annotations
-        .insert(ANNOTATION_REF_NAME.to_string(), spec.tag.clone());
+        .insert(ANNOTATION_REF_NAME.to_string(), reference.clone());
     let index = serde_json::to_vec(&Index {
         schema_version: 2,
         media_type: Some(MEDIA_INDEX.to_string()),
