@@ -172,6 +172,16 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
+/// Debian packages `cargo xtask ci` makes sure of before the tests (see tests/node/packages.sh).
+const TEST_PACKAGES: &[&str] = &["buildah"];
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
 fn ci(root: &Path) -> Result<()> {
     let cargo = cargo();
     run(root, "format", &cargo, &["fmt", "--all", "--", "--check"])?;
@@ -191,6 +201,24 @@ fn ci(root: &Path) -> Result<()> {
             "warnings",
         ],
     )?;
+    // Debian packages the tests use (buildah: tests/tests/images.rs builds the Containerfile).
+    // packages.sh installs only what is missing; without root it just names what is missing
+    // and the tests that need it fail under CI=true (and skip loudly elsewhere).
+    let mut packages = vec!["tests/node/packages.sh"];
+    packages.extend(TEST_PACKAGES);
+    if cfg!(target_os = "linux") && !is_root() {
+        eprintln!("==> packages: not root, not installing; checking only");
+        if let Err(e) = Command::new("bash")
+            .args(&packages)
+            .env("NODEWARDEN_NO_APT", "1")
+            .current_dir(root)
+            .status()
+        {
+            eprintln!("==> packages: {e}");
+        }
+    } else if cfg!(target_os = "linux") {
+        run(root, "packages", "bash", &packages)?;
+    }
     run(
         root,
         "tests",
