@@ -745,7 +745,11 @@ async fn everything_on_renders_every_optional_part() -> Result<()> {
     ensure!(ds["spec"]["template"]["spec"]["initContainers"].is_null());
     ensure!(volume(ds, "checkpoint")?["hostPath"]["path"] == "/var/lib/nodewarden-alt");
     let agent = container(ds, "agent")?;
-    ensure!(agent["image"] == "nodewarden/nodewarden-agent:0.1.0-rc1");
+    ensure!(
+        agent["image"] == "mirror.invalid:5000/nodewarden/nodewarden-agent:0.1.0-rc1",
+        "registry (its trailing / dropped) + repository + tag: {}",
+        agent["image"]
+    );
     // The kubelet's own CA, mounted from a ConfigMap, verifies its serving certificate; kube-proxy's
     // URL reaches the agent with the node IP left for the kubelet to expand.
     for (name, want) in [

@@ -96,14 +96,18 @@ app.kubernetes.io/component: webhook
 app.kubernetes.io/component: agent
 {{- end -}}
 
-{{/* Images: `repository@digest` when a digest is given, else `repository:tag` (tag defaults to the
-     chart's appVersion). Call with (dict "image" .Values.x.image "root" $). */}}
+{{/* Images: `[registry/]repository@digest` when a digest is given, else `[registry/]repository:tag`
+     (tag defaults to the chart's appVersion). Call with (dict "image" .Values.x.image "root" $). */}}
 {{- define "nodewarden.image" -}}
 {{- $img := .image -}}
+{{- $repo := $img.repository -}}
+{{- with $img.registry -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" .) $repo -}}
+{{- end -}}
 {{- if $img.digest -}}
-{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- printf "%s@%s" $repo $img.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag | toString) -}}
+{{- printf "%s:%s" $repo (default .root.Chart.AppVersion $img.tag | toString) -}}
 {{- end -}}
 {{- end -}}
 

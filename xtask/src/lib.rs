@@ -1,0 +1,4 @@
+//! Project tasks (`cargo xtask <task>`) and what other crates of the workspace reuse from them:
+//! [`image`] writes nodewarden's container images and the test images of the tests crate.
+
+pub mod image;
