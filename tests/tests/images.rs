@@ -62,18 +62,20 @@ fn the_images_start_their_program_from_their_own_files() {
         assert_eq!(contents.config.user, image::USER, "{}", image.reference);
         let paths: Vec<&str> = contents.rootfs.keys().map(String::as_str).collect();
         let entry = &contents.config.entrypoint[0];
+        let component = COMPONENTS
+            .iter()
+            .find(|c| image.reference.contains(&c.image_name()))
+            .expect("one of nodewarden's images");
+        let mut expected = vec!["/etc", "/etc/group", "/etc/passwd", "/usr", "/usr/local", "/usr/local/bin"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
+        expected.extend(component.bins().iter().map(|b| format!("/usr/local/bin/{b}")));
+        expected.sort();
+        assert_eq!(&format!("/usr/local/bin/{}", component.package), entry);
         assert_eq!(
-            paths,
-            [
-                "/etc",
-                "/etc/group",
-                "/etc/passwd",
-                "/usr",
-                "/usr/local",
-                "/usr/local/bin",
-                entry.as_str()
-            ],
-            "{}: a static binary and the two account files, nothing else (no shell)",
+            paths, expected,
+            "{}: the static binaries and the two account files, nothing else (no shell)",
             image.reference
         );
         assert!(contents.rootfs.values().all(|e| e.uid == 0 && e.gid == 0));

@@ -125,14 +125,16 @@ fn crdgen(root: &Path) -> Result<()> {
 
 fn run(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<()> {
     eprintln!("==> {what}: {program} {}", args.join(" "));
+    let started = std::time::Instant::now();
     let status = Command::new(program)
         .args(args)
         .current_dir(root)
         .status()
         .with_context(|| format!("starting {program}"))?;
     if !status.success() {
-        bail!("{what} failed ({status})");
+        bail!("{what} failed ({status}) after {:.0?}", started.elapsed());
     }
+    eprintln!("==> {what}: done in {:.0?}", started.elapsed());
     Ok(())
 }
 
@@ -172,8 +174,17 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
-/// Debian packages `cargo xtask ci` makes sure of before the tests (see tests/node/packages.sh).
-const TEST_PACKAGES: &[&str] = &["buildah"];
+/// Debian packages `cargo xtask ci` makes sure of before the tests (see tests/node/packages.sh):
+/// buildah for the Containerfile test, and what a real node runs on (the same list as
+/// `nodewarden_tests::node::NODE_PACKAGES`, which the real-node tier installs itself too).
+const TEST_PACKAGES: &[&str] = &[
+    "buildah",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "iptables",
+    "conntrack",
+];
 
 fn is_root() -> bool {
     Command::new("id")
@@ -201,7 +212,8 @@ fn ci(root: &Path) -> Result<()> {
             "warnings",
         ],
     )?;
-    // Debian packages the tests use (buildah: tests/tests/images.rs builds the Containerfile).
+    // Debian packages the tests use (buildah: tests/tests/images.rs builds the Containerfile;
+    // the real-node tier's containerd, runc, CNI plugins, iptables, conntrack).
     // packages.sh installs only what is missing; without root it just names what is missing
     // and the tests that need it fail under CI=true (and skip loudly elsewhere).
     let mut packages = vec!["tests/node/packages.sh"];

@@ -11,7 +11,7 @@
 //! `/etc/hosts` and `/etc/resolv.conf` the kubelet mounts work too; only NSS modules loaded
 //! with `dlopen` (LDAP, systemd) are out, which a FROM-scratch image cannot hold anyway.
 //!
-//! The tests crate builds its own images with [`write_archive`] and [`build_static_binary`].
+//! The tests crate builds its own images with [`write_archive`] and [`build_static_binaries`].
 
 pub mod oci;
 pub mod tar;
@@ -35,18 +35,24 @@ pub const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/b
 /// One of the two nodewarden programs and how its image is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Component {
-    /// Cargo package and binary name, and the image's name after `nodewarden/`.
+    /// Cargo package and binary name (the entrypoint), and the image's name after `nodewarden/`.
     pub package: &'static str,
+    /// More binaries of the package the image holds beside the entrypoint, in `/usr/local/bin`.
+    pub extra_bins: &'static [&'static str],
     /// Cargo profile of the image's build.
     pub profile: &'static str,
 }
 
 pub const WEBHOOK: Component = Component {
     package: "nodewarden-webhook",
+    extra_bins: &[],
     profile: "release",
 };
+/// The agent's image also holds `nodewarden-agent-init`, the chart's init container for the
+/// checkpoint folder, so a node pulls one image for both.
 pub const AGENT: Component = Component {
     package: "nodewarden-agent",
+    extra_bins: &["nodewarden-agent-init"],
     profile: "agent-release",
 };
 pub const COMPONENTS: [Component; 2] = [WEBHOOK, AGENT];
@@ -60,6 +66,11 @@ impl Component {
     /// Path of the binary in the image (the entrypoint).
     pub fn entrypoint(&self) -> String {
         format!("/usr/local/bin/{}", self.package)
+    }
+
+    /// Every binary of the image, the entrypoint first.
+    pub fn bins(&self) -> Vec<&'static str> {
+        std::iter::once(self.package).chain(self.extra_bins.iter().copied()).collect()
     }
 
     /// The archive's file name in the output folder: `<package>.oci.tar`.
@@ -171,14 +182,21 @@ pub fn host_triple() -> Result<String> {
 }
 
 /// Builds `bin` of `package` with `profile` as a static executable and returns its path:
-/// `<target>/<host triple>/<profile dir>/<bin>`.
+/// `<target>/<host triple>/<profile dir>/<bin>`. See [`build_static_binaries`].
+pub fn build_static_binary(opts: &BuildOptions, package: &str, bin: &str, profile: &str) -> Result<PathBuf> {
+    let mut built = build_static_binaries(opts, package, &[bin], profile)?;
+    built.pop().context("cargo built nothing")
+}
+
+/// Builds `bins` of `package` with `profile` as static executables in one cargo run and returns
+/// their paths, in the order given: `<target>/<host triple>/<profile dir>/<bin>`.
 ///
 /// `--target <host>` keeps these builds (which have their own RUSTFLAGS) apart from the
 /// ordinary `target/release` ones, and leaves build scripts and proc macros alone. The release
 /// profile's debug info is turned off and symbols stripped (as agent-release does already):
 /// an image has no use for them. Paths of registry sources are remapped so the binary does
 /// not depend on where cargo keeps them.
-pub fn build_static_binary(opts: &BuildOptions, package: &str, bin: &str, profile: &str) -> Result<PathBuf> {
+pub fn build_static_binaries(opts: &BuildOptions, package: &str, bins: &[&str], profile: &str) -> Result<Vec<PathBuf>> {
     let triple = host_triple()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut flags = vec!["-Ctarget-feature=+crt-static".to_string()];
@@ -215,9 +233,8 @@ pub fn build_static_binary(opts: &BuildOptions, package: &str, bin: &str, profil
             profile,
             "-p",
             package,
-            "--bin",
-            bin,
         ])
+        .args(bins.iter().flat_map(|b| ["--bin", b]))
         .args(["--target", &triple])
         .env("CARGO_TARGET_DIR", &opts.target_dir)
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
@@ -227,25 +244,30 @@ pub fn build_static_binary(opts: &BuildOptions, package: &str, bin: &str, profil
     if !opts.progress {
         cmd.arg("--quiet");
     }
+    let names = bins.join(", ");
     opts.say(format_args!(
-        "building {bin} (cargo build --profile {profile} -p {package} --target {triple}, static; \
+        "building {names} (cargo build --profile {profile} -p {package} --target {triple}, static; \
          a cold release build takes minutes)"
     ));
     let started = Instant::now();
     let status = cmd.status().with_context(|| format!("starting {cargo}"))?;
     if !status.success() {
-        bail!("building {bin} failed ({status})");
+        bail!("building {names} failed ({status})");
     }
     let dir = if profile == "dev" { "debug" } else { profile };
-    let path = opts.target_dir.join(&triple).join(dir).join(bin);
-    opts.say(format_args!(
-        "{} built in {:.0?}: {:.1} MiB",
-        path.display(),
-        started.elapsed(),
-        std::fs::metadata(&path)?.len() as f64 / 1048576.0
-    ));
-    ensure_static(&path)?;
-    Ok(path)
+    let mut paths = Vec::new();
+    for bin in bins {
+        let path = opts.target_dir.join(&triple).join(dir).join(bin);
+        opts.say(format_args!(
+            "{} built in {:.0?}: {:.1} MiB",
+            path.display(),
+            started.elapsed(),
+            std::fs::metadata(&path)?.len() as f64 / 1048576.0
+        ));
+        ensure_static(&path)?;
+        paths.push(path);
+    }
+    Ok(paths)
 }
 
 fn cargo_home() -> Option<PathBuf> {
@@ -309,9 +331,16 @@ pub fn binary_spec(opts: &BuildOptions, name: &str, binary: &Path) -> ImageSpec 
     spec
 }
 
-/// The spec of a nodewarden image around its already built `binary` (named as the package).
-pub fn nodewarden_spec(opts: &BuildOptions, component: Component, binary: &Path) -> ImageSpec {
-    binary_spec(opts, &component.image_name(), binary)
+/// The spec of a nodewarden image around its already built `binaries` (the entrypoint first,
+/// named as the package, then the component's extra binaries beside it).
+pub fn nodewarden_spec(opts: &BuildOptions, component: Component, binaries: &[PathBuf]) -> ImageSpec {
+    let (entry, extra) = binaries.split_first().map_or((Path::new(""), &[][..]), |(e, x)| (e.as_path(), x));
+    let mut spec = binary_spec(opts, &component.image_name(), entry);
+    for bin in extra {
+        let name = bin.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        spec = spec.file(format!("/usr/local/bin/{name}"), Source::Path(bin.clone()), 0o755);
+    }
+    spec
 }
 
 /// Builds both binaries and writes both archives (webhook first, then agent) into
@@ -320,8 +349,8 @@ pub fn build_nodewarden_images(opts: &BuildOptions) -> Result<Vec<BuiltImage>> {
     let started = Instant::now();
     let mut built = Vec::new();
     for component in COMPONENTS {
-        let binary = build_static_binary(opts, component.package, component.package, component.profile)?;
-        let spec = nodewarden_spec(opts, component, &binary);
+        let binaries = build_static_binaries(opts, component.package, &component.bins(), component.profile)?;
+        let spec = nodewarden_spec(opts, component, &binaries);
         let image = write_archive(&spec, &opts.archive(component))?;
         opts.say(format_args!(
             "{} {} → {} ({:.1} MiB)",

@@ -72,20 +72,12 @@ fn number(flag: &str, value: &str, max: u64) -> Result<u64, String> {
 }
 
 fn pause() -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("starting the runtime: {e}"))?;
-    runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-        let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        Ok(())
-    })
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .map_err(|e| format!("installing the signal handlers: {e}"))?;
+    // returns at the first of them
+    let _ = signals.forever().next();
+    Ok(())
 }
 
 fn burn(millicores: u64, memory_mib: u64) -> Result<(), String> {
