@@ -132,6 +132,26 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
         let html = report(&["--kubeconfig", &kubeconfig, "-n", &env.namespace, "-o", "html"]).await?;
         ensure!(html.contains("<svg") && html.contains(a.as_str()), "HTML page with a chart");
 
+        // `kubectl get noderec` and `kubectl get dsa` columns, as the API server prints them
+        let noderec = api_table(&env, &format!("/apis/nodewarden.io/v1alpha1/noderecommendations/{a}")).await?;
+        for (column, want) in [("Containers", "agent"), ("CPU", "300m"), ("Memory", "200Mi"), ("OOM", "2")] {
+            ensure!(noderec.get(column).map(String::as_str) == Some(want), "noderec {column}: {noderec:?}");
+        }
+        ensure!(
+            noderec.get("Upper Memory").map(String::as_str) == Some("256Mi"),
+            "-o wide: {noderec:?}"
+        );
+        let dsa = api_table(
+            &env,
+            &format!("/apis/nodewarden.io/v1alpha1/namespaces/{}/daemonsetautoscalers/{DS}", env.namespace),
+        )
+        .await?;
+        let columns: Vec<&str> = dsa.keys().map(String::as_str).collect();
+        for column in ["Target", "Mode", "Nodes", "CPU P90", "Memory P90", "Provided", "Age", "Cold Start", "Ceiling"] {
+            ensure!(columns.contains(&column), "dsa columns: {columns:?}");
+        }
+        ensure!(dsa.get("Cold Start").map(String::as_str) == Some("Template"), "{dsa:?}");
+
         // a service account with no rights
         let token = env.cp.service_account_token(&env.namespace, "default", None).await?;
         let dir = tempfile::tempdir()?;
@@ -149,6 +169,34 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
         Ok(())
     })
     .await;
+}
+
+/// One object as the API server prints it for kubectl (`as=Table`): column name → cell text.
+async fn api_table(env: &TestEnv, path: &str) -> Result<BTreeMap<String, String>> {
+    let request = http::Request::get(path)
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())?;
+    let table: Value = env
+        .client
+        .request(request)
+        .await
+        .with_context(|| format!("GET {path} as Table"))?;
+    let names = table["columnDefinitions"]
+        .as_array()
+        .context("columnDefinitions")?;
+    let cells = table["rows"][0]["cells"].as_array().context("cells")?;
+    Ok(names
+        .iter()
+        .zip(cells)
+        .map(|(n, c)| {
+            let text = match c {
+                Value::String(s) => s.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            (n["name"].as_str().unwrap_or_default().to_string(), text)
+        })
+        .collect())
 }
 
 /// `kubectl nodewarden report <args>`, its output as text.
