@@ -21,8 +21,9 @@ pub use error::Error;
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-nodewarden", bin_name = "kubectl nodewarden", version)]
 pub struct Cli {
-    /// Kubeconfig file to use; the usual KUBECONFIG / ~/.kube/config (or in-cluster) when unset.
-    #[arg(long, global = true, env = "KUBECONFIG", value_name = "FILE")]
+    /// Kubeconfig file to use. When unset, as kubectl: the files listed in KUBECONFIG (separated
+    /// by `:`), else ~/.kube/config, else the in-cluster service account.
+    #[arg(long, global = true, env = "NODEWARDEN_KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Context of the kubeconfig to use; its current context when unset.
     #[arg(long, global = true, env = "NODEWARDEN_CONTEXT", value_name = "NAME")]

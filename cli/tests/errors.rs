@@ -4,9 +4,15 @@ use std::process::Command;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubectl-nodewarden"));
-    cmd.args(args)
-        .env_remove("KUBECONFIG")
-        .env_remove("NODEWARDEN_OUTPUT");
+    cmd.args(args);
+    for var in [
+        "KUBECONFIG",
+        "NODEWARDEN_KUBECONFIG",
+        "NODEWARDEN_CONTEXT",
+        "NODEWARDEN_OUTPUT",
+    ] {
+        cmd.env_remove(var);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -49,9 +55,21 @@ fn no_cluster_says_so_and_how_to_point_at_one() {
     assert!(stderr.contains("--context / --kubeconfig"), "{stderr}");
 
     // the same through the environment
-    let (code, _, stderr) = run(&["report"], &[("KUBECONFIG", path)]);
+    let (code, _, stderr) = run(&["report"], &[("NODEWARDEN_KUBECONFIG", path)]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("cannot reach the cluster"), "{stderr}");
+    // kubectl's KUBECONFIG, a list of files
+    let list = format!("{path}:{path}");
+    let (code, _, stderr) = run(&["report"], &[("KUBECONFIG", &list)]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot reach the cluster"), "{stderr}");
+    let list = format!("/nonexistent/other:{path}");
+    let (code, _, stderr) = run(&["report"], &[("KUBECONFIG", &list)]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.starts_with("error: cannot load the kubeconfig") && stderr.contains("/nonexistent/other"),
+        "{stderr}"
+    );
 }
 
 #[test]
