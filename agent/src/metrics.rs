@@ -59,6 +59,8 @@ pub struct Figures {
 pub struct Metrics {
     registry: Registry,
     usage: Family<ResourceLabels, FloatGauge>,
+    request: Family<ResourceLabels, FloatGauge>,
+    oom_kills: Family<ContainerLabels, Counter>,
     target: Family<ResourceLabels, FloatGauge>,
     lower: Family<ResourceLabels, FloatGauge>,
     upper: Family<ResourceLabels, FloatGauge>,
@@ -99,6 +101,18 @@ impl Metrics {
             "container_usage",
             "Last measured usage of an autoscaled container: cpu in cores, memory working set in bytes",
             usage.clone(),
+        );
+        let request = Family::<ResourceLabels, FloatGauge>::default();
+        registry.register(
+            "container_request",
+            "Request of an autoscaled container's running pod (cpu in cores, memory in bytes); absent when not set",
+            request.clone(),
+        );
+        let oom_kills = Family::<ContainerLabels, Counter>::default();
+        registry.register(
+            "oom_kills",
+            "OOM kills of an autoscaled container seen on this node; each bumps the memory recommendation",
+            oom_kills.clone(),
         );
         let target = Family::<ResourceLabels, FloatGauge>::default();
         registry.register(
@@ -183,6 +197,8 @@ impl Metrics {
             feature_report_writes,
             registry,
             usage,
+            request,
+            oom_kills,
             target,
             lower,
             upper,
@@ -225,6 +241,23 @@ impl Metrics {
         );
     }
 
+    /// The requests of the container's running pod (millicores, bytes).
+    pub fn request(&self, key: &Key, cpu_milli: Option<u64>, memory_bytes: Option<u64>) {
+        Self::set(
+            &self.request,
+            key,
+            Some(Figures {
+                cpu_cores: cpu_milli.map(|m| m as f64 / 1000.0),
+                memory_bytes: memory_bytes.map(|b| b as f64),
+            }),
+        );
+    }
+
+    /// `n` OOM kills of the container seen.
+    pub fn oom_killed(&self, key: &Key, n: u64) {
+        self.oom_kills.get_or_create(&container_labels(key)).inc_by(n);
+    }
+
     pub fn recommendation(
         &self,
         key: &Key,
@@ -243,10 +276,11 @@ impl Metrics {
 
     /// Drops every series of a container whose history is gone.
     pub fn forget(&self, key: &Key) {
-        for f in [&self.usage, &self.target, &self.lower, &self.upper] {
+        for f in [&self.usage, &self.request, &self.target, &self.lower, &self.upper] {
             Self::set(f, key, None);
         }
         self.samples.remove(&container_labels(key));
+        self.oom_kills.remove(&container_labels(key));
     }
 
     pub fn tracked(&self, n: usize) {

@@ -259,6 +259,7 @@ impl Sampler {
                 && *at > h.last_oom_ms
             {
                 h.record_oom(&cfg, *at, t.memory_request_bytes.unwrap_or(0) as f64);
+                self.metrics.oom_killed(&t.key, 1);
                 tracing::info!(pod = %t.pod_name, container = %t.key.container, "container was OOM-killed; memory recommendation bumped");
             }
             self.oom_recorded.insert(id.clone());
@@ -322,11 +323,14 @@ impl Sampler {
             {
                 history.record_oom(&cfg, now_ms, request_mem);
                 history.oom_count += reading.oom_kill - before - 1;
+                self.metrics.oom_killed(&t.key, reading.oom_kill - before);
                 self.oom_recorded.insert(t.container_id.clone());
                 tracing::info!(pod = %t.pod_name, container = %t.key.container, "OOM kill seen; memory recommendation bumped");
             }
             self.oom_counters.insert(t.container_id.clone(), reading.oom_kill);
             self.metrics.usage(&t.key, cpu_cores, ws);
+            self.metrics
+                .request(&t.key, t.cpu_request_milli, t.memory_request_bytes);
         }
         // forget what no longer exists
         let live_ids: HashSet<&str> = targets

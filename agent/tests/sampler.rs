@@ -201,6 +201,18 @@ fn ticks_measure_recommend_and_publish_on_material_change() {
         text.contains("nodewarden_agent_samples{namespace=\"mon\",autoscaler=\"agent\",container=\"app\"} 3"),
         "{text}"
     );
+    assert!(
+        text.contains(
+            "nodewarden_agent_oom_kills_total{namespace=\"mon\",autoscaler=\"agent\",container=\"side\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "nodewarden_agent_container_request{namespace=\"mon\",autoscaler=\"agent\",container=\"app\",resource=\"cpu\"} 0.1"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

@@ -24,7 +24,25 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Desired", type_ = "string", json_path = ".spec.desired"),
     printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "Uses", type_ = "string", json_path = ".status.usesSummary"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Since",
+        type_ = "date",
+        description = "When the current or last transition started",
+        json_path = ".status.transitionTime"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Tasks",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.tasks[*].name"
+    ),
+    printcolumn(
+        name = "Task States",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.tasks[*].state"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct FeatureSpec {
@@ -199,7 +217,21 @@ pub struct ComponentUses {
     derive = "PartialEq",
     doc = "Feature gates of the node components of one node, written by the nodewarden agent on that node.",
     printcolumn(name = "Components", type_ = "string", json_path = ".spec.components[*].name"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Observed",
+        type_ = "string",
+        priority = 1,
+        description = "When each component was last read, in the order of Components",
+        json_path = ".spec.components[*].observedTime"
+    ),
+    printcolumn(
+        name = "Errors",
+        type_ = "string",
+        priority = 1,
+        description = "Why a component could not be read",
+        json_path = ".spec.components[*].error"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeFeatureReportSpec {

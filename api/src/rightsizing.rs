@@ -28,9 +28,46 @@ use crate::quantity::{ResourceList, resource_list_schema};
     printcolumn(
         name = "Nodes",
         type_ = "integer",
+        description = "Nodes whose agent published a recommendation for this autoscaler",
         json_path = ".status.nodesWithRecommendation"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "CPU P90",
+        type_ = "string",
+        description = "Per container, the 90th percentile of the node targets (the fleet figure)",
+        json_path = ".status.fleet[*].target.cpu"
+    ),
+    printcolumn(
+        name = "Memory P90",
+        type_ = "string",
+        description = "Per container, the 90th percentile of the node targets (the fleet figure)",
+        json_path = ".status.fleet[*].target.memory"
+    ),
+    printcolumn(
+        name = "Provided",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"RecommendationProvided\")].status"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Containers",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.fleet[*].containerName"
+    ),
+    printcolumn(
+        name = "Cold Start",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.coldStart"
+    ),
+    printcolumn(name = "Ceiling", type_ = "string", priority = 1, json_path = ".spec.ceiling"),
+    printcolumn(
+        name = "Unsupported",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.conditions[?(@.type==\"ConfigUnsupported\")].status"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DaemonSetAutoscalerSpec {
@@ -238,8 +275,68 @@ pub struct FleetRecommendation {
         type_ = "string",
         json_path = ".spec.recommendations[*].containerName"
     ),
+    printcolumn(
+        name = "CPU",
+        type_ = "string",
+        description = "Target of each container, in the order of Containers",
+        json_path = ".spec.recommendations[*].target.cpu"
+    ),
+    printcolumn(
+        name = "Memory",
+        type_ = "string",
+        description = "Target of each container, in the order of Containers",
+        json_path = ".spec.recommendations[*].target.memory"
+    ),
+    printcolumn(
+        name = "OOM",
+        type_ = "string",
+        description = "OOM kills of each container seen on this node",
+        json_path = ".spec.recommendations[*].oomCount"
+    ),
     printcolumn(name = "Updated", type_ = "date", json_path = ".spec.updateTime"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Autoscalers",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.recommendations[*].autoscaler.name"
+    ),
+    printcolumn(
+        name = "Samples",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.recommendations[*].sampleCount"
+    ),
+    printcolumn(
+        name = "Last Sample",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.recommendations[*].lastSampleTime"
+    ),
+    printcolumn(
+        name = "Lower CPU",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.recommendations[*].lowerBound.cpu"
+    ),
+    printcolumn(
+        name = "Upper CPU",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.recommendations[*].upperBound.cpu"
+    ),
+    printcolumn(
+        name = "Lower Memory",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.recommendations[*].lowerBound.memory"
+    ),
+    printcolumn(
+        name = "Upper Memory",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.recommendations[*].upperBound.memory"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeRecommendationSpec {

@@ -1,0 +1,117 @@
+//! What can go wrong, each with what to do about it.
+
+/// An error of `kubectl nodewarden`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(
+        "cannot load the kubeconfig: {0}; pass --kubeconfig <file> (or set KUBECONFIG) and --context <name>"
+    )]
+    Config(String),
+    #[error(
+        "cannot reach the cluster while listing {what}: {message}; check that the cluster is up and that \
+         --context / --kubeconfig point at it"
+    )]
+    Unreachable { what: String, message: String },
+    #[error(
+        "the nodewarden CRDs are not installed in this cluster ({what} is not served); install the nodewarden \
+         chart first"
+    )]
+    MissingCrds { what: String },
+    #[error(
+        "permission denied listing {what}: {message}; the report needs list on daemonsetautoscalers and \
+         noderecommendations (nodewarden.io), get on daemonsets (apps) and list on pods"
+    )]
+    Forbidden { what: String, message: String },
+    #[error("the API server refused to list {what} (HTTP {code}): {message}")]
+    Api {
+        what: String,
+        code: u16,
+        message: String,
+    },
+    #[error("cannot write the report: {0}")]
+    Output(String),
+}
+
+impl Error {
+    /// The process exit code: 2 for configuration and access problems, 1 for the rest.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Output(_) | Error::Api { .. } => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// Sorts a client error into what the user should do.
+pub fn classify(what: &str, err: kube::Error) -> Error {
+    let what = what.to_string();
+    match err {
+        kube::Error::Api(status) => match status.code {
+            404 if what.ends_with("nodewarden.io") => Error::MissingCrds { what },
+            401 | 403 => Error::Forbidden {
+                what,
+                message: status.message.clone(),
+            },
+            code => Error::Api {
+                what,
+                code,
+                message: status.message.clone(),
+            },
+        },
+        other => Error::Unreachable {
+            what,
+            message: error_chain(&other),
+        },
+    }
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": code, "message": message, "reason": "x"
+        }))
+        .expect("status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn errors_say_what_to_do() {
+        let cases = [
+            (
+                404,
+                "daemonsetautoscalers.nodewarden.io",
+                "CRDs are not installed",
+            ),
+            (404, "daemonsets.apps", "HTTP 404"),
+            (
+                403,
+                "pods",
+                "permission denied listing pods: no; the report needs",
+            ),
+            (401, "pods", "permission denied"),
+            (500, "pods", "refused to list pods (HTTP 500): no"),
+        ];
+        for (code, what, want) in cases {
+            let got = classify(what, api_error(code, "no")).to_string();
+            assert!(got.contains(want), "{code} {what}: {got}");
+        }
+    }
+}

@@ -1,0 +1,503 @@
+//! The report as an aligned table, JSON, CSV or a self-contained HTML page.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use comfy_table::{Cell, CellAlignment, Table, presets};
+
+use super::{DaemonSetReport, Delta, Report, Resources, Row, Totals};
+
+const KI: i64 = 1 << 10;
+const MI: i64 = 1 << 20;
+const GI: i64 = 1 << 30;
+
+/// CPU as Kubernetes writes it: `250m`, `2`.
+pub fn cpu(millis: i64) -> String {
+    if millis % 1000 == 0 {
+        format!("{}", millis / 1000)
+    } else {
+        format!("{millis}m")
+    }
+}
+
+/// Memory in binary units: `64Mi`, `1Gi`, `1.5Gi`, `300Ki`, `12` (bytes).
+pub fn memory(bytes: i64) -> String {
+    let abs = bytes.unsigned_abs();
+    let (unit, name) = match abs {
+        a if a >= GI as u64 => (GI, "Gi"),
+        a if a >= MI as u64 => (MI, "Mi"),
+        a if a >= KI as u64 => (KI, "Ki"),
+        _ => return bytes.to_string(),
+    };
+    if bytes % unit == 0 {
+        format!("{}{name}", bytes / unit)
+    } else {
+        let v = bytes as f64 / unit as f64;
+        let text = format!("{v:.1}");
+        format!("{}{name}", text.trim_end_matches(".0"))
+    }
+}
+
+fn signed(v: i64, f: fn(i64) -> String) -> String {
+    match v {
+        0 => "0".to_string(),
+        v if v > 0 => format!("+{}", f(v)),
+        v => format!("-{}", f(-v)),
+    }
+}
+
+fn pair(r: Resources) -> String {
+    if r.cpu_millis.is_none() && r.memory_bytes.is_none() {
+        return "-".to_string();
+    }
+    format!(
+        "{} / {}",
+        r.cpu_millis.map(cpu).unwrap_or_else(|| "-".to_string()),
+        r.memory_bytes.map(memory).unwrap_or_else(|| "-".to_string())
+    )
+}
+
+fn totals_line(t: &Totals) -> String {
+    let net = t.net();
+    format!(
+        "frees {} CPU and {} memory, needs {} CPU and {} memory on top (net {} CPU, {} memory); {} OOM kills",
+        cpu(t.cpu_free_millis),
+        memory(t.memory_free_bytes),
+        cpu(t.cpu_needed_millis),
+        memory(t.memory_needed_bytes),
+        signed(net.cpu_millis, cpu),
+        signed(net.memory_bytes, memory),
+        t.oom_kills
+    )
+}
+
+fn plain_table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(presets::NOTHING);
+    table.set_header(header.iter().map(Cell::new));
+    table
+}
+
+fn right(text: String) -> Cell {
+    Cell::new(text).set_alignment(CellAlignment::Right)
+}
+
+/// The default output: one table per DaemonSet, then the nodes, then the overall totals.
+pub fn table(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    if report.daemonsets.is_empty() {
+        return writeln!(out, "No DaemonSetAutoscalers found.");
+    }
+    for ds in &report.daemonsets {
+        writeln!(
+            out,
+            "DaemonSet {}/{} (autoscaler {}, mode {})",
+            ds.namespace, ds.daemonset, ds.autoscaler, ds.mode
+        )?;
+        if let Some(problem) = &ds.problem {
+            writeln!(out, "  {problem}\n")?;
+            continue;
+        }
+        if ds.rows.is_empty() {
+            writeln!(out, "  no pods and no recommendations yet\n")?;
+            continue;
+        }
+        let mut t = plain_table(&[
+            "NODE",
+            "CONTAINER",
+            "TEMPLATE",
+            "CURRENT",
+            "TARGET",
+            "LOWER",
+            "UPPER",
+            "SOURCE",
+            "OOM",
+            "CPU Δ",
+            "MEMORY Δ",
+        ]);
+        for r in &ds.rows {
+            t.add_row(vec![
+                Cell::new(&r.node),
+                Cell::new(&r.container),
+                right(pair(r.template)),
+                right(if r.has_pod {
+                    pair(r.current)
+                } else {
+                    "no pod".to_string()
+                }),
+                right(pair(r.target)),
+                right(pair(r.lower_bound)),
+                right(pair(r.upper_bound)),
+                Cell::new(r.source.as_str()),
+                right(r.oom_kills.to_string()),
+                right(signed(r.delta.cpu_millis, cpu)),
+                right(signed(r.delta.memory_bytes, memory)),
+            ]);
+        }
+        writeln!(out, "{t}")?;
+        writeln!(out, "  {}\n", totals_line(&ds.totals))?;
+    }
+    if !report.nodes.is_empty() {
+        writeln!(out, "By node (every autoscaled DaemonSet)")?;
+        let mut t = plain_table(&["NODE", "CURRENT", "TARGET", "FREES", "NEEDS", "OOM"]);
+        for n in &report.nodes {
+            t.add_row(vec![
+                Cell::new(&n.node),
+                right(format!(
+                    "{} / {}",
+                    cpu(n.current.cpu_millis),
+                    memory(n.current.memory_bytes)
+                )),
+                right(format!(
+                    "{} / {}",
+                    cpu(n.target.cpu_millis),
+                    memory(n.target.memory_bytes)
+                )),
+                right(format!(
+                    "{} / {}",
+                    cpu(n.totals.cpu_free_millis),
+                    memory(n.totals.memory_free_bytes)
+                )),
+                right(format!(
+                    "{} / {}",
+                    cpu(n.totals.cpu_needed_millis),
+                    memory(n.totals.memory_needed_bytes)
+                )),
+                right(n.totals.oom_kills.to_string()),
+            ]);
+        }
+        writeln!(out, "{t}\n")?;
+    }
+    writeln!(out, "Total: {}", totals_line(&report.totals))
+}
+
+/// The report as JSON (quantities as millicores and bytes).
+pub fn json(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, report)?;
+    writeln!(out)
+}
+
+/// One line per DaemonSet, node and container; quantities as millicores and bytes.
+pub fn csv(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut w = csv::Writer::from_writer(out);
+    w.write_record([
+        "namespace",
+        "autoscaler",
+        "daemonset",
+        "mode",
+        "node",
+        "container",
+        "source",
+        "has_pod",
+        "template_cpu_millis",
+        "template_memory_bytes",
+        "current_cpu_millis",
+        "current_memory_bytes",
+        "target_cpu_millis",
+        "target_memory_bytes",
+        "lower_cpu_millis",
+        "lower_memory_bytes",
+        "upper_cpu_millis",
+        "upper_memory_bytes",
+        "oom_kills",
+        "delta_cpu_millis",
+        "delta_memory_bytes",
+    ])?;
+    let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
+    for ds in &report.daemonsets {
+        for r in &ds.rows {
+            w.write_record([
+                ds.namespace.clone(),
+                ds.autoscaler.clone(),
+                ds.daemonset.clone(),
+                ds.mode.clone(),
+                r.node.clone(),
+                r.container.clone(),
+                r.source.as_str().to_string(),
+                r.has_pod.to_string(),
+                opt(r.template.cpu_millis),
+                opt(r.template.memory_bytes),
+                opt(r.current.cpu_millis),
+                opt(r.current.memory_bytes),
+                opt(r.target.cpu_millis),
+                opt(r.target.memory_bytes),
+                opt(r.lower_bound.cpu_millis),
+                opt(r.lower_bound.memory_bytes),
+                opt(r.upper_bound.cpu_millis),
+                opt(r.upper_bound.memory_bytes),
+                r.oom_kills.to_string(),
+                r.delta.cpu_millis.to_string(),
+                r.delta.memory_bytes.to_string(),
+            ])?;
+        }
+    }
+    w.flush()
+}
+
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Which figure of a row a chart shows.
+#[derive(Clone, Copy)]
+enum Axis {
+    Cpu,
+    Memory,
+}
+
+impl Axis {
+    fn get(self, r: Resources) -> Option<i64> {
+        match self {
+            Axis::Cpu => r.cpu_millis,
+            Axis::Memory => r.memory_bytes,
+        }
+    }
+
+    fn label(self, v: i64) -> String {
+        match self {
+            Axis::Cpu => cpu(v),
+            Axis::Memory => memory(v),
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Axis::Cpu => "CPU requests",
+            Axis::Memory => "memory requests",
+        }
+    }
+}
+
+/// Per node (summed over the DaemonSet's containers): the template (dashed line), the current
+/// request (grey bar), the target (blue bar) and the lower–upper bounds (whisker).
+fn chart(ds: &DaemonSetReport, axis: Axis) -> String {
+    struct Bar {
+        node: String,
+        template: i64,
+        current: i64,
+        target: i64,
+        bounds: Option<(i64, i64)>,
+    }
+    let mut bars: Vec<Bar> = Vec::new();
+    for r in &ds.rows {
+        let sum = |v: Option<i64>| v.unwrap_or(0);
+        let bounds = match (axis.get(r.lower_bound), axis.get(r.upper_bound)) {
+            (Some(l), Some(u)) => Some((l, u)),
+            _ => None,
+        };
+        match bars.last_mut().filter(|b| b.node == r.node) {
+            Some(b) => {
+                b.template += sum(axis.get(r.template));
+                b.current += sum(axis.get(r.current));
+                b.target += sum(axis.get(r.target));
+                b.bounds = match (b.bounds, bounds) {
+                    (Some((l1, u1)), Some((l2, u2))) => Some((l1 + l2, u1 + u2)),
+                    _ => None,
+                };
+            }
+            None => bars.push(Bar {
+                node: r.node.clone(),
+                template: sum(axis.get(r.template)),
+                current: sum(axis.get(r.current)),
+                target: sum(axis.get(r.target)),
+                bounds,
+            }),
+        }
+    }
+    let max = bars
+        .iter()
+        .map(|b| {
+            b.template
+                .max(b.current)
+                .max(b.target)
+                .max(b.bounds.map_or(0, |(_, u)| u))
+        })
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let (label_w, plot_w, row_h) = (220.0, 460.0, 34.0);
+    let height = 40.0 + row_h * bars.len() as f64;
+    let x = |v: i64| label_w + plot_w * (v as f64 / max as f64);
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" role="img" aria-label="{title} per node">"#,
+        w = label_w + plot_w + 90.0,
+        title = axis.title()
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="0" y="14" class="t">{} per node</text>"#,
+        axis.title()
+    );
+    for (i, b) in bars.iter().enumerate() {
+        let y = 28.0 + row_h * i as f64;
+        let _ = write!(
+            svg,
+            r#"<text x="{lx}" y="{ty}" text-anchor="end">{node}</text>"#,
+            lx = label_w - 8.0,
+            ty = y + 17.0,
+            node = escape(&b.node)
+        );
+        let _ = write!(
+            svg,
+            r##"<rect x="{label_w}" y="{y}" width="{w:.1}" height="11" fill="#9e9e9e"><title>current {v}</title></rect>"##,
+            w = x(b.current) - label_w,
+            v = axis.label(b.current)
+        );
+        let _ = write!(
+            svg,
+            r##"<rect x="{label_w}" y="{y2}" width="{w:.1}" height="11" fill="#1f77b4"><title>target {v}</title></rect>"##,
+            y2 = y + 13.0,
+            w = x(b.target) - label_w,
+            v = axis.label(b.target)
+        );
+        if let Some((l, u)) = b.bounds {
+            let yy = y + 18.5;
+            let _ = write!(
+                svg,
+                r##"<line x1="{x1:.1}" x2="{x2:.1}" y1="{yy}" y2="{yy}" stroke="#111" stroke-width="1.5"><title>bounds {lt} – {ut}</title></line>"##,
+                x1 = x(l),
+                x2 = x(u),
+                lt = axis.label(l),
+                ut = axis.label(u)
+            );
+        }
+        let _ = write!(
+            svg,
+            r##"<line x1="{tx:.1}" x2="{tx:.1}" y1="{y0}" y2="{y1}" stroke="#d62728" stroke-dasharray="3,2"><title>template {v}</title></line>"##,
+            tx = x(b.template),
+            y0 = y - 2.0,
+            y1 = y + 26.0,
+            v = axis.label(b.template)
+        );
+        let _ = write!(
+            svg,
+            r#"<text x="{vx:.1}" y="{ty}">{v}</text>"#,
+            vx = x(b.current.max(b.target).max(b.template)) + 6.0,
+            ty = y + 17.0,
+            v = axis.label(b.target)
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+fn html_row(r: &Row) -> String {
+    format!(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        escape(&r.node),
+        escape(&r.container),
+        escape(&pair(r.template)),
+        if r.has_pod {
+            escape(&pair(r.current))
+        } else {
+            "no pod".to_string()
+        },
+        escape(&pair(r.target)),
+        escape(&pair(r.lower_bound)),
+        escape(&pair(r.upper_bound)),
+        r.source.as_str(),
+        r.oom_kills,
+        escape(&signed(r.delta.cpu_millis, cpu)),
+        escape(&signed(r.delta.memory_bytes, memory)),
+    )
+}
+
+fn delta_pair(d: Delta) -> String {
+    format!("{} / {}", cpu(d.cpu_millis), memory(d.memory_bytes))
+}
+
+/// A page with no external assets: the tables and, per DaemonSet, an inline SVG chart per resource.
+pub fn html(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut page = String::new();
+    page.push_str(concat!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>nodewarden report</title>\n",
+        "<style>body{font:14px system-ui,sans-serif;margin:2em;color:#111}table{border-collapse:collapse;margin:.5em 0 1em}",
+        "td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,td:nth-child(2),th:first-child,",
+        "th:nth-child(2){text-align:left}svg{display:block;margin:.5em 0;font:12px system-ui,sans-serif}.t{font-weight:600}",
+        ".legend span{display:inline-block;margin-right:1.5em}</style></head><body>\n",
+        "<h1>nodewarden report</h1>\n"
+    ));
+    let _ = writeln!(
+        page,
+        "<p><strong>Total:</strong> {}</p>",
+        escape(&totals_line(&report.totals))
+    );
+    page.push_str(concat!(
+        "<p class=\"legend\"><span style=\"color:#9e9e9e\">&#9632; current request</span>",
+        "<span style=\"color:#1f77b4\">&#9632; target</span><span>&#9473; lower–upper bound</span>",
+        "<span style=\"color:#d62728\">┆ template</span></p>\n"
+    ));
+    if report.daemonsets.is_empty() {
+        page.push_str("<p>No DaemonSetAutoscalers found.</p>\n");
+    }
+    for ds in &report.daemonsets {
+        let _ = writeln!(
+            page,
+            "<h2>DaemonSet {}/{}</h2><p>autoscaler {}, mode {}</p>",
+            escape(&ds.namespace),
+            escape(&ds.daemonset),
+            escape(&ds.autoscaler),
+            escape(&ds.mode)
+        );
+        if let Some(problem) = &ds.problem {
+            let _ = writeln!(page, "<p>{}</p>", escape(problem));
+            continue;
+        }
+        if ds.rows.is_empty() {
+            page.push_str("<p>No pods and no recommendations yet.</p>\n");
+            continue;
+        }
+        page.push_str(&chart(ds, Axis::Cpu));
+        page.push_str(&chart(ds, Axis::Memory));
+        page.push_str(concat!(
+            "<table><tr><th>node</th><th>container</th><th>template</th><th>current</th><th>target</th>",
+            "<th>lower</th><th>upper</th><th>source</th><th>OOM</th><th>CPU Δ</th><th>memory Δ</th></tr>\n"
+        ));
+        for r in &ds.rows {
+            page.push_str(&html_row(r));
+            page.push('\n');
+        }
+        let _ = writeln!(page, "</table><p>{}</p>", escape(&totals_line(&ds.totals)));
+    }
+    if !report.nodes.is_empty() {
+        page.push_str(concat!(
+            "<h2>By node</h2><table><tr><th>node</th><th>current</th><th>target</th><th>frees</th>",
+            "<th>needs</th><th>OOM</th></tr>\n"
+        ));
+        for n in &report.nodes {
+            let _ = writeln!(
+                page,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&n.node),
+                escape(&delta_pair(n.current)),
+                escape(&delta_pair(n.target)),
+                escape(&format!(
+                    "{} / {}",
+                    cpu(n.totals.cpu_free_millis),
+                    memory(n.totals.memory_free_bytes)
+                )),
+                escape(&format!(
+                    "{} / {}",
+                    cpu(n.totals.cpu_needed_millis),
+                    memory(n.totals.memory_needed_bytes)
+                )),
+                n.totals.oom_kills
+            );
+        }
+        page.push_str("</table>\n");
+    }
+    page.push_str("</body></html>\n");
+    out.write_all(page.as_bytes())
+}

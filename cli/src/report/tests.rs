@@ -1,0 +1,478 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+const MI: i64 = 1 << 20;
+
+fn dsa(extra_spec: Value, status: Value) -> DaemonSetAutoscaler {
+    let mut spec = json!({"targetRef": {"kind": "DaemonSet", "name": "logs"}});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        s.extend(e.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": "logs", "namespace": "obs"},
+        "spec": spec, "status": status,
+    }))
+    .expect("autoscaler")
+}
+
+fn daemonset() -> DaemonSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "logs", "namespace": "obs", "uid": "ds-uid"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "logs"}},
+            "template": {"metadata": {"labels": {"app": "logs"}}, "spec": {"containers": [
+                {"name": "shipper", "image": "x", "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}}},
+                {"name": "sidecar", "image": "x", "resources": {"requests": {"cpu": "50m"}}},
+            ]}},
+        },
+    }))
+    .expect("daemonset")
+}
+
+/// A pod of the DaemonSet aimed at `node` the way the DaemonSet controller does it (matchFields).
+fn pod(node: &str, created: &str, shipper: (&str, &str)) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("logs-{node}-{created}"), "namespace": "obs", "creationTimestamp": created,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "logs",
+                                 "uid": "ds-uid", "controller": true}],
+        },
+        "spec": {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]}}},
+            "containers": [
+                {"name": "shipper", "image": "x", "resources": {"requests": {"cpu": shipper.0, "memory": shipper.1}}},
+                {"name": "sidecar", "image": "x", "resources": {"requests": {"cpu": "50m"}}},
+            ],
+        },
+    }))
+    .expect("pod")
+}
+
+fn rec(
+    node: &str,
+    container: &str,
+    target: (&str, &str),
+    lower: (&str, &str),
+    upper: (&str, &str),
+    oom: i64,
+) -> NodeRecommendation {
+    serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "NodeRecommendation",
+        "metadata": {"name": node},
+        "spec": {"recommendations": [{
+            "autoscaler": {"namespace": "obs", "name": "logs"}, "containerName": container,
+            "target": {"cpu": target.0, "memory": target.1},
+            "lowerBound": {"cpu": lower.0, "memory": lower.1},
+            "upperBound": {"cpu": upper.0, "memory": upper.1},
+            "sampleCount": 100, "oomCount": oom,
+        }]},
+    }))
+    .expect("recommendation")
+}
+
+fn res(cpu: i64, mem: i64) -> Resources {
+    Resources {
+        cpu_millis: Some(cpu),
+        memory_bytes: Some(mem),
+    }
+}
+
+fn shipper_row<'a>(report: &'a Report, node: &str) -> &'a Row {
+    report.daemonsets[0]
+        .rows
+        .iter()
+        .find(|r| r.node == node && r.container == "shipper")
+        .expect("row")
+}
+
+/// What one case expects of the `shipper` container on node `a`.
+struct Want {
+    source: Source,
+    current: Resources,
+    target: Resources,
+    delta: (i64, i64),
+}
+
+#[test]
+fn shipper_on_node_a_per_case() {
+    let hot = rec(
+        "a",
+        "shipper",
+        ("500m", "512Mi"),
+        ("400m", "400Mi"),
+        ("800m", "1Gi"),
+        2,
+    );
+    let quiet = rec(
+        "a",
+        "shipper",
+        ("20m", "100Mi"),
+        ("10m", "80Mi"),
+        ("40m", "150Mi"),
+        0,
+    );
+    type Case = (
+        &'static str,
+        DaemonSetAutoscaler,
+        Vec<Pod>,
+        Vec<NodeRecommendation>,
+        Want,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "a hot node needs more than its pod has",
+            dsa(json!({}), json!({})),
+            vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+            vec![hot.clone()],
+            Want {
+                source: Source::Node,
+                current: res(200, 256 * MI),
+                target: res(500, 512 * MI),
+                delta: (300, 256 * MI),
+            },
+        ),
+        (
+            "a quiet node frees what its pod does not use",
+            dsa(json!({}), json!({})),
+            vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+            vec![quiet.clone()],
+            Want {
+                source: Source::Node,
+                current: res(200, 256 * MI),
+                target: res(20, 100 * MI),
+                delta: (-180, -156 * MI),
+            },
+        ),
+        (
+            "the newest pod on the node counts",
+            dsa(json!({}), json!({})),
+            vec![
+                pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi")),
+                pod("a", "2026-01-02T00:00:00Z", ("500m", "512Mi")),
+            ],
+            vec![hot.clone()],
+            Want {
+                source: Source::Node,
+                current: res(500, 512 * MI),
+                target: res(500, 512 * MI),
+                delta: (0, 0),
+            },
+        ),
+        (
+            "no pod yet: current is the template",
+            dsa(json!({}), json!({})),
+            vec![],
+            vec![quiet.clone()],
+            Want {
+                source: Source::Node,
+                current: res(200, 256 * MI),
+                target: res(20, 100 * MI),
+                delta: (-180, -156 * MI),
+            },
+        ),
+        (
+            "ceiling Template caps the target at the template",
+            dsa(json!({"ceiling": "Template"}), json!({})),
+            vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+            vec![hot.clone()],
+            Want {
+                source: Source::Node,
+                current: res(200, 256 * MI),
+                target: res(200, 256 * MI),
+                delta: (0, 0),
+            },
+        ),
+        (
+            "no recommendation, cold start Template: nothing changes",
+            dsa(
+                json!({}),
+                json!({"fleet": [{"containerName": "shipper", "target": {"cpu": "1", "memory": "1Gi"}}]}),
+            ),
+            vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+            vec![],
+            Want {
+                source: Source::None,
+                current: res(200, 256 * MI),
+                target: res(200, 256 * MI),
+                delta: (0, 0),
+            },
+        ),
+        (
+            "no recommendation, cold start Fleet: the fleet figure",
+            dsa(
+                json!({"coldStart": "Fleet"}),
+                json!({"fleet": [{"containerName": "shipper", "target": {"cpu": "1", "memory": "1Gi"}}]}),
+            ),
+            vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+            vec![],
+            Want {
+                source: Source::Fleet,
+                current: res(200, 256 * MI),
+                target: res(1000, 1024 * MI),
+                delta: (800, 768 * MI),
+            },
+        ),
+        (
+            "container policy Off keeps the pod as it is",
+            dsa(
+                json!({"resourcePolicy": {"containerPolicies": [{"containerName": "shipper", "mode": "Off"}]}}),
+                json!({}),
+            ),
+            vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+            vec![hot.clone()],
+            Want {
+                source: Source::Off,
+                current: res(200, 256 * MI),
+                target: res(200, 256 * MI),
+                delta: (0, 0),
+            },
+        ),
+        (
+            "only cpu controlled: memory stays",
+            dsa(
+                json!({"resourcePolicy": {"containerPolicies": [{"containerName": "*", "controlledResources": ["cpu"]}]}}),
+                json!({}),
+            ),
+            vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+            vec![hot.clone()],
+            Want {
+                source: Source::Node,
+                current: res(200, 256 * MI),
+                target: res(500, 256 * MI),
+                delta: (300, 0),
+            },
+        ),
+    ];
+    for (name, autoscaler, pods, recommendations, want) in cases {
+        let report = compute(&Snapshot {
+            autoscalers: vec![autoscaler],
+            daemonsets: vec![daemonset()],
+            pods,
+            recommendations,
+        });
+        let row = shipper_row(&report, "a");
+        assert_eq!(row.source, want.source, "{name}: source");
+        assert_eq!(row.current, want.current, "{name}: current");
+        assert_eq!(row.template, res(200, 256 * MI), "{name}: template");
+        assert_eq!(row.target, want.target, "{name}: target");
+        assert_eq!(
+            (row.delta.cpu_millis, row.delta.memory_bytes),
+            want.delta,
+            "{name}: delta"
+        );
+    }
+}
+
+#[test]
+fn totals_add_up_by_node_and_overall() {
+    let mut hot = rec(
+        "a",
+        "shipper",
+        ("500m", "512Mi"),
+        ("400m", "400Mi"),
+        ("800m", "1Gi"),
+        2,
+    );
+    hot.spec.recommendations.push(
+        rec(
+            "a",
+            "sidecar",
+            ("10m", "20Mi"),
+            ("5m", "10Mi"),
+            ("20m", "30Mi"),
+            0,
+        )
+        .spec
+        .recommendations[0]
+            .clone(),
+    );
+    let quiet = rec(
+        "b",
+        "shipper",
+        ("20m", "100Mi"),
+        ("10m", "80Mi"),
+        ("40m", "150Mi"),
+        1,
+    );
+    let report = compute(&Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![daemonset()],
+        pods: vec![
+            pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi")),
+            pod("b", "2026-01-01T00:00:00Z", ("200m", "256Mi")),
+            pod("c", "2026-01-01T00:00:00Z", ("200m", "256Mi")),
+        ],
+        recommendations: vec![hot, quiet],
+    });
+    let ds = &report.daemonsets[0];
+    assert_eq!(ds.rows.len(), 6, "3 nodes × 2 containers");
+    // node a: shipper +300m +256Mi, sidecar -40m +20Mi (no memory request in the pod: it adds one)
+    // node b: shipper -180m -156Mi; node c: no recommendation
+    let by_node: Vec<(&str, i64, i64, i64, i64, i64)> = report
+        .nodes
+        .iter()
+        .map(|n| {
+            let t = n.totals;
+            (
+                n.node.as_str(),
+                t.cpu_free_millis,
+                t.cpu_needed_millis,
+                t.memory_free_bytes,
+                t.memory_needed_bytes,
+                t.oom_kills,
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_node,
+        vec![
+            ("a", 40, 300, 0, 276 * MI, 2),
+            ("b", 180, 0, 156 * MI, 0, 1),
+            ("c", 0, 0, 0, 0, 0)
+        ]
+    );
+    assert_eq!(
+        report.totals,
+        Totals {
+            cpu_free_millis: 220,
+            cpu_needed_millis: 300,
+            memory_free_bytes: 156 * MI,
+            memory_needed_bytes: 276 * MI,
+            oom_kills: 3
+        }
+    );
+    assert_eq!(ds.totals, report.totals);
+    assert_eq!(
+        report.nodes[0].current,
+        Delta {
+            cpu_millis: 250,
+            memory_bytes: 256 * MI
+        }
+    );
+    assert_eq!(
+        report.nodes[0].target,
+        Delta {
+            cpu_millis: 510,
+            memory_bytes: 532 * MI
+        }
+    );
+}
+
+#[test]
+fn missing_daemonset_and_other_autoscalers_entries() {
+    let mut other = rec("a", "shipper", ("5", "5Gi"), ("1", "1Gi"), ("9", "9Gi"), 0);
+    other.spec.recommendations[0].autoscaler.name = "other".to_string();
+    let report = compute(&Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![],
+        pods: vec![],
+        recommendations: vec![other.clone()],
+    });
+    assert_eq!(
+        report.daemonsets[0].problem.as_deref(),
+        Some("DaemonSet obs/logs does not exist")
+    );
+    let report = compute(&Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![daemonset()],
+        pods: vec![],
+        recommendations: vec![other],
+    });
+    assert!(
+        report.daemonsets[0].rows.is_empty(),
+        "entries of another autoscaler are not this one's"
+    );
+}
+
+#[test]
+fn pod_node_reads_node_name_then_match_fields() {
+    let mut p = pod("a", "2026-01-01T00:00:00Z", ("1", "1Mi"));
+    assert_eq!(pod_node(&p).as_deref(), Some("a"));
+    p.spec.as_mut().expect("spec").node_name = Some("b".to_string());
+    assert_eq!(pod_node(&p).as_deref(), Some("b"));
+}
+
+#[test]
+fn quantities_print_as_kubernetes_writes_them() {
+    use render::{cpu, memory};
+    let cases: &[(String, &str)] = &[
+        (cpu(250), "250m"),
+        (cpu(2000), "2"),
+        (cpu(1500), "1500m"),
+        (memory(64 * MI), "64Mi"),
+        (memory(1 << 30), "1Gi"),
+        (memory(3 << 29), "1.5Gi"),
+        (memory(300 << 10), "300Ki"),
+        (memory(12), "12"),
+        (memory(-156 * MI), "-156Mi"),
+    ];
+    for (got, want) in cases {
+        assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn every_format_renders_the_figures() {
+    let report = compute(&Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![daemonset()],
+        pods: vec![pod("a<b", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+        recommendations: vec![rec(
+            "a<b",
+            "shipper",
+            ("500m", "512Mi"),
+            ("400m", "400Mi"),
+            ("800m", "1Gi"),
+            2,
+        )],
+    });
+    let text = |f: fn(&Report, &mut dyn std::io::Write) -> std::io::Result<()>| {
+        let mut out = Vec::new();
+        f(&report, &mut out).expect("render");
+        String::from_utf8(out).expect("utf-8")
+    };
+    let table = text(render::table);
+    assert!(
+        table.contains("DaemonSet obs/logs (autoscaler logs, mode Initial)"),
+        "{table}"
+    );
+    assert!(table.contains("200m / 256Mi"), "{table}");
+    assert!(table.contains("500m / 512Mi"), "{table}");
+    assert!(table.contains("+300m"), "{table}");
+    assert!(
+        table.contains("Total: frees 0 CPU and 0 memory, needs 300m CPU and 256Mi memory"),
+        "{table}"
+    );
+
+    let json: Value = serde_json::from_str(&text(render::json)).expect("json");
+    assert_eq!(json["daemonsets"][0]["rows"][0]["target"]["cpuMillis"], 500);
+    assert_eq!(json["totals"]["memoryNeededBytes"], 256 * MI);
+
+    let csv = text(render::csv);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "header + 2 containers: {csv}");
+    assert!(
+        lines[1].starts_with(
+            "obs,logs,logs,Initial,a<b,shipper,node,true,200,268435456,200,268435456,500,536870912"
+        ),
+        "{csv}"
+    );
+
+    let html = text(render::html);
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains("<svg"), "a chart");
+    assert!(
+        html.contains("a&lt;b") && !html.contains("a<b"),
+        "names are escaped"
+    );
+    assert!(
+        !html.contains("<script") && !html.contains("<link") && !html.contains("src="),
+        "no external assets"
+    );
+}
