@@ -203,6 +203,9 @@ async fn watchdog_restores_the_host_after_kill_9() -> Result<()> {
     if !require_real_nodes("watchdog_restores_the_host_after_kill_9")? {
         return Ok(());
     }
+    // built here, not in the child: a build (minutes when cold) must not count against the
+    // child's start-up below
+    images::build_testbox().await?;
     // the child runs under this lock, so no other real node changes the host meanwhile
     let _lock = nodewarden_tests::node::lock_host().await?;
     let tmp = tempfile::tempdir()?;
