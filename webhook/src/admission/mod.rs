@@ -200,10 +200,23 @@ fn deny_invalid(uid: &str, message: String) -> AdmissionResponse {
 }
 
 /// The request uid of a body that is JSON but not a well-formed review, if it has one.
+///
+/// Read in one streaming pass that keeps nothing but the uid (borrowed from `body` unless it
+/// has escapes): a malformed review costs about its own size, not a generic JSON tree of it.
 fn uid_of(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let uid = value.get("request")?.get("uid")?.as_str()?;
-    (!uid.is_empty()).then(|| uid.to_string())
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow, default)]
+        request: Option<UidOnly<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct UidOnly<'a> {
+        #[serde(borrow, default)]
+        uid: Option<std::borrow::Cow<'a, str>>,
+    }
+    let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
+    let uid = envelope.request?.uid?;
+    (!uid.is_empty()).then(|| uid.into_owned())
 }
 
 /// The admission router: one POST route per capability, 404 for any other path.
