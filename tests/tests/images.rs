@@ -66,10 +66,17 @@ fn the_images_start_their_program_from_their_own_files() {
             .iter()
             .find(|c| image.reference.contains(&c.image_name()))
             .expect("one of nodewarden's images");
-        let mut expected = vec!["/etc", "/etc/group", "/etc/passwd", "/usr", "/usr/local", "/usr/local/bin"]
-            .into_iter()
-            .map(String::from)
-            .collect::<Vec<_>>();
+        let mut expected = vec![
+            "/etc",
+            "/etc/group",
+            "/etc/passwd",
+            "/usr",
+            "/usr/local",
+            "/usr/local/bin",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
         expected.extend(component.bins().iter().map(|b| format!("/usr/local/bin/{b}")));
         expected.sort();
         assert_eq!(&format!("/usr/local/bin/{}", component.package), entry);

@@ -70,7 +70,9 @@ impl Component {
 
     /// Every binary of the image, the entrypoint first.
     pub fn bins(&self) -> Vec<&'static str> {
-        std::iter::once(self.package).chain(self.extra_bins.iter().copied()).collect()
+        std::iter::once(self.package)
+            .chain(self.extra_bins.iter().copied())
+            .collect()
     }
 
     /// The archive's file name in the output folder: `<package>.oci.tar`.
@@ -196,7 +198,12 @@ pub fn build_static_binary(opts: &BuildOptions, package: &str, bin: &str, profil
 /// profile's debug info is turned off and symbols stripped (as agent-release does already):
 /// an image has no use for them. Paths of registry sources are remapped so the binary does
 /// not depend on where cargo keeps them.
-pub fn build_static_binaries(opts: &BuildOptions, package: &str, bins: &[&str], profile: &str) -> Result<Vec<PathBuf>> {
+pub fn build_static_binaries(
+    opts: &BuildOptions,
+    package: &str,
+    bins: &[&str],
+    profile: &str,
+) -> Result<Vec<PathBuf>> {
     let triple = host_triple()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut flags = vec!["-Ctarget-feature=+crt-static".to_string()];
@@ -226,14 +233,7 @@ pub fn build_static_binaries(opts: &BuildOptions, package: &str, bins: &[&str], 
         }
     }
     cmd.current_dir(&opts.root)
-        .args([
-            "build",
-            "--locked",
-            "--profile",
-            profile,
-            "-p",
-            package,
-        ])
+        .args(["build", "--locked", "--profile", profile, "-p", package])
         .args(bins.iter().flat_map(|b| ["--bin", b]))
         .args(["--target", &triple])
         .env("CARGO_TARGET_DIR", &opts.target_dir)
@@ -334,10 +334,15 @@ pub fn binary_spec(opts: &BuildOptions, name: &str, binary: &Path) -> ImageSpec 
 /// The spec of a nodewarden image around its already built `binaries` (the entrypoint first,
 /// named as the package, then the component's extra binaries beside it).
 pub fn nodewarden_spec(opts: &BuildOptions, component: Component, binaries: &[PathBuf]) -> ImageSpec {
-    let (entry, extra) = binaries.split_first().map_or((Path::new(""), &[][..]), |(e, x)| (e.as_path(), x));
+    let (entry, extra) = binaries
+        .split_first()
+        .map_or((Path::new(""), &[][..]), |(e, x)| (e.as_path(), x));
     let mut spec = binary_spec(opts, &component.image_name(), entry);
     for bin in extra {
-        let name = bin.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = bin
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
         spec = spec.file(format!("/usr/local/bin/{name}"), Source::Path(bin.clone()), 0o755);
     }
     spec
