@@ -25,7 +25,30 @@ pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, Revie
 pub trait Handler: Send + Sync + 'static {
     /// The answer to one request; it must not panic (the pipeline turns a panic into an error answer).
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse;
+
+    /// Whether a fault in this handler (a panic) admits the request unchanged, as a webhook
+    /// registered with `failurePolicy: Ignore` promises; otherwise it is denied with code 500.
+    fn fails_open(&self) -> bool {
+        false
+    }
 }
+
+/// A handler whose faults admit the request unchanged ([`Handler::fails_open`]).
+pub struct FailOpen<H>(pub H);
+
+impl<H: Handler> Handler for FailOpen<H> {
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        self.0.review(request)
+    }
+
+    fn fails_open(&self) -> bool {
+        true
+    }
+}
+
+/// The warning of an answer that admitted a request because the handler failed.
+pub const FAILED_OPEN_WARNING: &str =
+    "nodewarden could not evaluate this request and admitted it unchanged (this webhook fails open)";
 
 impl<F> Handler for F
 where
@@ -78,6 +101,8 @@ pub enum Outcome {
     Invalid,
     /// The handler failed; the review was answered with `allowed: false`.
     Error,
+    /// The handler of a fail-open webhook failed; the review was allowed unchanged.
+    FailedOpen,
 }
 
 impl Outcome {
@@ -89,6 +114,7 @@ impl Outcome {
             Outcome::Denied => "denied",
             Outcome::Invalid => "invalid",
             Outcome::Error => "error",
+            Outcome::FailedOpen => "failed_open",
         }
     }
 }
@@ -175,6 +201,15 @@ pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
                 Outcome::Allowed
             };
             (response, outcome)
+        }
+        Err(_) if handler.fails_open() => {
+            tracing::error!(uid = %request.uid, "admission handler panicked; admitting unchanged (fail-open)");
+            let mut allowed = AdmissionResponse::allow(&request.uid);
+            allowed.warnings.push(FAILED_OPEN_WARNING.to_string());
+            allowed
+                .audit_annotations
+                .insert("failed-open".to_string(), "handler panicked".to_string());
+            (allowed, Outcome::FailedOpen)
         }
         Err(_) => {
             tracing::error!(uid = %request.uid, "admission handler panicked; answering allowed=false");
@@ -311,5 +346,6 @@ fn log_outcome(span: &tracing::Span, out: &ReviewOut, outcome: Outcome, ident: &
         Outcome::Denied => info!(%message, "denied"),
         Outcome::Invalid => warn!(%message, "invalid review"),
         Outcome::Error => tracing::error!(%message, "handler error"),
+        Outcome::FailedOpen => tracing::error!("handler error; admitted unchanged (fail-open)"),
     }
 }
