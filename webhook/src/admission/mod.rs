@@ -203,7 +203,7 @@ pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
             (response, outcome)
         }
         Err(_) if handler.fails_open() => {
-            tracing::error!(uid = %request.uid, "admission handler panicked; admitting unchanged (fail-open)");
+            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; admitting unchanged (fail-open)");
             let mut allowed = AdmissionResponse::allow(&request.uid);
             allowed.warnings.push(FAILED_OPEN_WARNING.to_string());
             allowed
@@ -212,7 +212,7 @@ pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
             (allowed, Outcome::FailedOpen)
         }
         Err(_) => {
-            tracing::error!(uid = %request.uid, "admission handler panicked; answering allowed=false");
+            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; answering allowed=false");
             (
                 AdmissionResponse::deny(
                     &request.uid,
@@ -298,7 +298,8 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
         uid = tracing::field::Empty,
         kind = tracing::field::Empty,
         namespace = tracing::field::Empty,
-        name = tracing::field::Empty,
+        // not `name`: the JSON log writes the span's own name under that key
+        object_name = tracing::field::Empty,
         operation = tracing::field::Empty
     );
     let _entered = span.enter();
@@ -322,30 +323,44 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
             state
                 .metrics
                 .observed(state.path, Outcome::Invalid, started.elapsed());
-            warn!(%message, "rejected a malformed AdmissionReview");
+            warn!(reason = %clip(&message), "rejected a malformed AdmissionReview");
             (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
         }
     }
 }
 
+/// Longest request field or message written to a log line, in characters.
+pub const LOG_FIELD_CHARS: usize = 256;
+
+/// `text` as logged: at most [`LOG_FIELD_CHARS`] characters, then `…` and the original length.
+pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(LOG_FIELD_CHARS) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((cut, _)) => std::borrow::Cow::Owned(format!("{}… ({} bytes)", &text[..cut], text.len())),
+    }
+}
+
 fn log_outcome(span: &tracing::Span, out: &ReviewOut, outcome: Outcome, ident: &Ident) {
-    span.record("uid", out.response.uid.as_str());
-    span.record("kind", ident.kind.as_str());
-    span.record("namespace", ident.namespace.as_str());
-    span.record("name", ident.name.as_str());
+    // every field comes from the request: clipped, so one review cannot write a 10 MB line
+    span.record("uid", clip(&out.response.uid).as_ref());
+    span.record("kind", clip(&ident.kind).as_ref());
+    span.record("namespace", clip(&ident.namespace).as_ref());
+    span.record("object_name", clip(&ident.name).as_ref());
     span.record("operation", ident.operation);
-    let message = out
-        .response
-        .status
-        .as_ref()
-        .map(|s| s.message.as_str())
-        .unwrap_or("");
+    let reason = clip(
+        out.response
+            .status
+            .as_ref()
+            .map(|s| s.message.as_str())
+            .unwrap_or(""),
+    );
+    // the denial's text is `reason`: a field named `message` would be a second `message` key
     match outcome {
         Outcome::Allowed => debug!("allowed"),
         Outcome::Patched => info!("patched"),
-        Outcome::Denied => info!(%message, "denied"),
-        Outcome::Invalid => warn!(%message, "invalid review"),
-        Outcome::Error => tracing::error!(%message, "handler error"),
+        Outcome::Denied => info!(%reason, "denied"),
+        Outcome::Invalid => warn!(%reason, "invalid review"),
+        Outcome::Error => tracing::error!(%reason, "handler error"),
         Outcome::FailedOpen => tracing::error!("handler error; admitted unchanged (fail-open)"),
     }
 }
