@@ -6,7 +6,8 @@
 //!
 //! A file that does not parse, or has a version this agent does not know, is renamed to
 //! `<file>.corrupt-<unix seconds>` or `<file>.unsupported-<unix seconds>` with a warning, and the
-//! agent starts with no history.
+//! agent starts with no history. Loading also tidies the folder: temporary files of saves that
+//! never finished are removed, and only the 3 newest files moved aside are kept.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -100,10 +101,56 @@ pub fn path(dir: &Path, node: &str) -> PathBuf {
 /// Loads `node`'s checkpoint from `dir` (or an older agent's `checkpoint.json` when the node has
 /// none yet); moves a corrupt or unknown-version file aside.
 pub fn load(dir: &Path, node: &str, now_secs: u64) -> Loaded {
-    match load_file(&path(dir, node), now_secs) {
+    let loaded = match load_file(&path(dir, node), now_secs) {
         Loaded::Missing => load_file(&dir.join(LEGACY_FILE_NAME), now_secs),
         other => other,
+    };
+    tidy(dir, node);
+    loaded
+}
+
+/// Files moved aside (`.corrupt-*`, `.unsupported-*`) kept per checkpoint file, newest first.
+pub const KEEP_MOVED_ASIDE: usize = 3;
+
+/// Removes what earlier runs left behind for `node` (and the older agents' `checkpoint.json`):
+/// temporary files of saves that never finished (the agent was killed), and all but the
+/// [`KEEP_MOVED_ASIDE`] newest files moved aside. Other nodes' files are left alone (agents may
+/// share the folder). Returns the files removed; a file that cannot be removed is skipped.
+pub fn tidy(dir: &Path, node: &str) -> Vec<PathBuf> {
+    let own = path(dir, node)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    let mut moved_aside: Vec<(u64, String)> = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        for base in [own.as_str(), LEGACY_FILE_NAME] {
+            if name.starts_with(&format!(".{base}.tmp-")) {
+                let file = dir.join(&name);
+                if fs::remove_file(&file).is_ok() {
+                    removed.push(file);
+                }
+            } else if let Some(rest) = name
+                .strip_prefix(&format!("{base}.corrupt-"))
+                .or_else(|| name.strip_prefix(&format!("{base}.unsupported-")))
+            {
+                moved_aside.push((rest.parse().unwrap_or(0), name.clone()));
+            }
+        }
     }
+    // newest first: by the seconds in the name, then by name
+    moved_aside.sort_by(|a, b| b.cmp(a));
+    for (_, name) in moved_aside.into_iter().skip(KEEP_MOVED_ASIDE) {
+        let file = dir.join(name);
+        if fs::remove_file(&file).is_ok() {
+            removed.push(file);
+        }
+    }
+    removed
 }
 
 fn load_file(file: &Path, now_secs: u64) -> Loaded {
@@ -241,6 +288,54 @@ mod tests {
         save(dir.path(), &sample()).unwrap();
         assert!(!legacy.exists(), "the new file replaces the old one");
         assert_eq!(load(dir.path(), "x", 1), Loaded::Found(sample()));
+    }
+
+    #[test]
+    fn leftovers_are_removed_at_load_and_only_the_three_newest_moved_aside_files_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let touch = |name: &str| fs::write(d.join(name), b"x").unwrap();
+        // a save killed before its rename, by two earlier runs
+        touch(".checkpoint-x.json.tmp-41");
+        touch(".checkpoint-x.json.tmp-977");
+        for secs in [10, 20, 30, 40] {
+            touch(&format!("checkpoint-x.json.corrupt-{secs}"));
+        }
+        touch("checkpoint-x.json.unsupported-25");
+        // another node's agent shares the folder: its files are its own
+        touch(".checkpoint-y.json.tmp-5");
+        touch("checkpoint-y.json.corrupt-1");
+        save(d, &sample()).unwrap();
+        assert!(matches!(load(d, "x", 50), Loaded::Found(_)));
+        let mut left: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".checkpoint-y.json.tmp-5",
+                "checkpoint-x.json",
+                "checkpoint-x.json.corrupt-30",
+                "checkpoint-x.json.corrupt-40",
+                "checkpoint-x.json.unsupported-25",
+                "checkpoint-y.json.corrupt-1",
+            ]
+        );
+        // a corrupt file moved aside now counts as the newest
+        fs::write(path(d, "x"), b"{").unwrap();
+        assert!(matches!(load(d, "x", 60), Loaded::MovedAside { .. }));
+        let aside = fs::read_dir(d)
+            .unwrap()
+            .filter(|e| {
+                let n = e.as_ref().unwrap().file_name().to_string_lossy().into_owned();
+                n.starts_with("checkpoint-x.json.")
+                    && (n.contains(".corrupt-") || n.contains(".unsupported-"))
+            })
+            .count();
+        assert_eq!(aside, KEEP_MOVED_ASIDE);
+        assert!(d.join("checkpoint-x.json.corrupt-60").exists());
     }
 
     #[test]

@@ -229,6 +229,39 @@ async fn default_validating_webhooks_fail_closed_with_their_rules() -> Result<()
         "features rules without ownedResources: {}",
         features["rules"]
     );
+    // no self-lockout: the release's own namespace is left out of the fail-closed features webhook
+    ensure!(
+        features["namespaceSelector"]
+            == json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NS]}]}),
+        "features namespaceSelector: {}",
+        features["namespaceSelector"]
+    );
+    Ok(())
+}
+
+/// The release-namespace exemption of the features webhook goes with the release's namespace and
+/// can be turned off.
+#[tokio::test]
+async fn the_features_webhook_exempts_the_release_namespace_unless_told_not_to() -> Result<()> {
+    let helm = Helm::locate().await?;
+    let r = helm.template::<&str>(RELEASE, "elsewhere", &[]).await?;
+    let config = r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?;
+    let features = webhook(config, "features.nodewarden.io")?;
+    ensure!(
+        features["namespaceSelector"]["matchExpressions"][0]["values"] == json!(["elsewhere"]),
+        "{}",
+        features["namespaceSelector"]
+    );
+    let r = helm
+        .template(RELEASE, NS, &["--set", "features.exemptReleaseNamespace=false"])
+        .await?;
+    let config = r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?;
+    let features = webhook(config, "features.nodewarden.io")?;
+    ensure!(
+        features.get("namespaceSelector").is_none(),
+        "no selector when turned off: {}",
+        features["namespaceSelector"]
+    );
     Ok(())
 }
 
@@ -662,6 +695,12 @@ async fn everything_on_renders_every_optional_part() -> Result<()> {
     ensure!(
         features["namespaceSelector"]["matchExpressions"][0]["values"] == json!(["kube-system"]),
         "namespaceSelector passed through: {}",
+        features["namespaceSelector"]
+    );
+    ensure!(
+        features["namespaceSelector"]["matchExpressions"][1]["operator"] == "NotIn"
+            && features["namespaceSelector"]["matchExpressions"][1]["key"] == "kubernetes.io/metadata.name",
+        "the release namespace exemption follows the user's expressions: {}",
         features["namespaceSelector"]
     );
     let cr = r.get("ClusterRole", "nw-webhook")?;

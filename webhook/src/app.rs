@@ -188,12 +188,13 @@ impl App {
 
         let app = self.router();
         let stop_serving = CancellationToken::new();
-        let serve_task = tokio::spawn(server::serve_tls(
+        let serve_task = tokio::spawn(server::serve_tls_with(
             listener,
             tls,
             app,
             stop_serving.clone(),
             config.shutdown_grace,
+            config.server_limits(),
         ));
 
         let (delay, name) = (config.shutdown_delay, "nodewarden-webhook");

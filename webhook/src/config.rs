@@ -53,6 +53,38 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
     pub max_body_bytes: u64,
 
+    /// Most admission connections open at once; at the limit, new connections wait in the
+    /// listen backlog until one closes.
+    #[arg(long, env = "NODEWARDEN_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
+    /// How long a client may take to finish the TLS handshake before its connection is closed.
+    #[arg(long, env = "NODEWARDEN_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_interval)]
+    pub tls_handshake_timeout: Duration,
+
+    /// How long an HTTP/1.1 client may take to send a request's headers before its connection
+    /// is closed.
+    #[arg(long, env = "NODEWARDEN_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_interval)]
+    pub header_read_timeout: Duration,
+
+    /// How long a request may take from its headers to its answer, reading the body included;
+    /// then HTTP 408.
+    #[arg(long, env = "NODEWARDEN_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_interval)]
+    pub request_timeout: Duration,
+
+    /// A connection (HTTP/1.1 or HTTP/2) with no request in flight for this long is closed.
+    #[arg(long, env = "NODEWARDEN_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_interval)]
+    pub idle_timeout: Duration,
+
+    /// How often an HTTP/2 connection is pinged to find dead peers.
+    #[arg(long, env = "NODEWARDEN_HTTP2_KEEP_ALIVE_INTERVAL", default_value = "30s", value_parser = parse_interval)]
+    pub http2_keep_alive_interval: Duration,
+
+    /// How long an HTTP/2 ping may go unanswered before the connection is closed.
+    #[arg(long, env = "NODEWARDEN_HTTP2_KEEP_ALIVE_TIMEOUT", default_value = "10s", value_parser = parse_interval)]
+    pub http2_keep_alive_timeout: Duration,
+
     /// After SIGTERM, how long to keep accepting while readiness is already false (lets
     /// endpoints drop this pod first).
     #[arg(long, env = "NODEWARDEN_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
@@ -155,6 +187,19 @@ pub struct Config {
 }
 
 impl Config {
+    /// The admission server's connection limits.
+    pub fn server_limits(&self) -> crate::server::ServerLimits {
+        crate::server::ServerLimits {
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            tls_handshake_timeout: self.tls_handshake_timeout,
+            header_read_timeout: self.header_read_timeout,
+            request_timeout: self.request_timeout,
+            idle_timeout: self.idle_timeout,
+            http2_keep_alive_interval: self.http2_keep_alive_interval,
+            http2_keep_alive_timeout: self.http2_keep_alive_timeout,
+        }
+    }
+
     /// Parses flags from `args` (the first is the program name), for tools and tests that run
     /// the webhook in-process.
     pub fn from_args<I, T>(args: I) -> Result<Self, clap::Error>
@@ -254,6 +299,10 @@ mod tests {
             (&["--cert-reload-interval", "soon"], "use e.g."),
             (&["--cert-reload-interval", "1ms"], "at least 100ms"),
             (&["--max-body-bytes", "10"], "1024"),
+            (&["--max-connections", "0"], "1..=1000000"),
+            (&["--idle-timeout", "forever"], "use e.g."),
+            (&["--tls-handshake-timeout", "1ms"], "at least 100ms"),
+            (&["--request-timeout", "1 fortnight"], "use e.g."),
             (&["--log-format", "xml"], "json"),
             (
                 &["--claims-allowed-service-accounts", "nodewarden"],

@@ -91,7 +91,7 @@ impl Metrics {
         let admission_requests = Family::<AdmissionLabels, Counter>::default();
         registry.register(
             "admission_requests",
-            "AdmissionReviews answered, by route and outcome (allowed, patched, denied, invalid, error)",
+            "AdmissionReviews answered, by route and outcome (allowed, patched, denied, invalid, error, failed_open)",
             admission_requests.clone(),
         );
         let admission_duration =

@@ -1,20 +1,98 @@
-//! The HTTPS listener: rustls, HTTP/2 and HTTP/1.1 by ALPN, keep-alive, graceful shutdown.
+//! The HTTPS listener: rustls, HTTP/2 and HTTP/1.1 by ALPN, keep-alive, graceful shutdown, and
+//! the limits that keep a client from holding the server's connections or memory
+//! ([`ServerLimits`]; what happens at each one is in docs/server.md).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
+use tokio::sync::{Notify, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
-/// How long a client may take to finish the TLS handshake, and an HTTP/1.1 client to send its headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The admission server's limits per connection and in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Most connections open at once; at the limit, new ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// How long a client may take to finish the TLS handshake.
+    pub tls_handshake_timeout: Duration,
+    /// How long an HTTP/1.1 client may take to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// How long a request may take from its headers to its answer (reading the body included).
+    pub request_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// How often an HTTP/2 connection is pinged.
+    pub http2_keep_alive_interval: Duration,
+    /// How long an HTTP/2 ping may go unanswered before the connection is closed.
+    pub http2_keep_alive_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 512,
+            tls_handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            http2_keep_alive_interval: Duration::from_secs(30),
+            http2_keep_alive_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Requests in flight on one connection, and a signal each time one ends.
+#[derive(Default)]
+struct Activity {
+    in_flight: AtomicUsize,
+    ended: Notify,
+}
+
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn begin(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.notify_one();
+    }
+}
+
+/// Resolves once the connection has had no request in flight for `idle`.
+async fn idle_for(activity: &Activity, idle: Duration) {
+    loop {
+        let ended = activity.ended.notified();
+        if activity.in_flight.load(Ordering::SeqCst) == 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(idle) => {
+                    if activity.in_flight.load(Ordering::SeqCst) == 0 {
+                        return;
+                    }
+                }
+                _ = ended => {}
+            }
+        } else {
+            ended.await;
+        }
+    }
+}
 
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled; then stops accepting,
 /// lets in-flight requests finish for at most `grace`, and returns.
@@ -25,23 +103,50 @@ pub async fn serve_tls(
     shutdown: CancellationToken,
     grace: Duration,
 ) {
+    serve_tls_with(listener, tls, app, shutdown, grace, ServerLimits::default()).await;
+}
+
+/// [`serve_tls`] with the given limits.
+pub async fn serve_tls_with(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    app: Router,
+    shutdown: CancellationToken,
+    grace: Duration,
+    limits: ServerLimits,
+) {
     let acceptor = TlsAcceptor::from(tls);
-    let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT)
+        .header_read_timeout(limits.header_read_timeout)
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
+        .keep_alive_interval(limits.http2_keep_alive_interval)
+        .keep_alive_timeout(limits.http2_keep_alive_timeout)
         .max_concurrent_streams(256);
     let builder = Arc::new(builder);
-    // connections that are still doing their TLS handshake are not watched by `graceful`
-    let handshakes = CancellationToken::new();
+    let max_connections = limits
+        .max_connections
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let connections = Arc::new(Semaphore::new(max_connections));
+    // asks open connections to finish their requests and close
+    let draining = CancellationToken::new();
+    // drops the connections still open when the grace period is over
+    let closing = CancellationToken::new();
 
     loop {
+        // at the limit, wait for a connection to close before accepting the next one
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -58,12 +163,13 @@ pub async fn serve_tls(
         let acceptor = acceptor.clone();
         let app = app.clone();
         let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let handshakes = handshakes.clone();
+        let draining = draining.clone();
+        let closing = closing.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let tls = tokio::select! {
-                _ = handshakes.cancelled() => return,
-                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => r,
+                _ = draining.cancelled() => return,
+                r = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(stream)) => r,
             };
             let tls = match tls {
                 Ok(Ok(tls)) => tls,
@@ -76,18 +182,62 @@ pub async fn serve_tls(
                     return;
                 }
             };
-            let service = TowerToHyperService::new(app);
-            let conn = builder.serve_connection(TokioIo::new(tls), service).into_owned();
-            if let Err(err) = watcher.watch(conn).await {
+            let activity = Arc::new(Activity::default());
+            let per_request = activity.clone();
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let in_flight = InFlight::begin(&per_request);
+                let answer = app.clone().oneshot(request.map(Body::new));
+                async move {
+                    let answered = tokio::time::timeout(limits.request_timeout, answer).await;
+                    drop(in_flight);
+                    Ok::<_, std::convert::Infallible>(match answered {
+                        Ok(Ok(response)) => response,
+                        Ok(Err(never)) => match never {},
+                        Err(_) => timed_out(limits.request_timeout),
+                    })
+                }
+            });
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            tokio::pin!(conn);
+            let mut asked_to_close = false;
+            let ended = loop {
+                tokio::select! {
+                    ended = conn.as_mut() => break ended,
+                    _ = closing.cancelled() => return,
+                    _ = draining.cancelled(), if !asked_to_close => {
+                        asked_to_close = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ = idle_for(&activity, limits.idle_timeout), if !asked_to_close => {
+                        tracing::debug!(%peer, "closing an idle connection");
+                        asked_to_close = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            };
+            if let Err(err) = ended {
                 tracing::debug!(%peer, %err, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    handshakes.cancel();
+    draining.cancel();
     tracing::info!(grace = ?grace, "stopped accepting connections; waiting for in-flight requests");
-    match tokio::time::timeout(grace, graceful.shutdown()).await {
-        Ok(()) => tracing::info!("all connections closed"),
-        Err(_) => tracing::warn!("grace period over; closing the remaining connections"),
+    let all_closed = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    match tokio::time::timeout(grace, connections.acquire_many(all_closed)).await {
+        Ok(_) => tracing::info!("all connections closed"),
+        Err(_) => {
+            tracing::warn!("grace period over; closing the remaining connections");
+            closing.cancel();
+        }
     }
+}
+
+fn timed_out(limit: Duration) -> Response<Body> {
+    let mut response = Response::new(Body::from(format!(
+        "the request was not read and answered within {}\n",
+        humantime::format_duration(limit)
+    )));
+    *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
+    response
 }

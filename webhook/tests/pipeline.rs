@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use nodewarden_webhook::admission::{self, AdmissionRequest, AdmissionResponse, Route};
+use nodewarden_webhook::admission::{self, AdmissionRequest, AdmissionResponse, FailOpen, Route};
 use nodewarden_webhook::metrics::Metrics;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -34,6 +34,10 @@ fn app(metrics: Arc<Metrics>) -> axum::Router {
         Route::new("/panics", |_: &AdmissionRequest| -> AdmissionResponse {
             panic!("handler bug")
         }),
+        Route::new(
+            "/panics-open",
+            FailOpen(|_: &AdmissionRequest| -> AdmissionResponse { panic!("handler bug") }),
+        ),
     ];
     admission::router(routes, metrics, MAX_BODY)
 }
@@ -205,6 +209,26 @@ async fn a_panicking_handler_answers_allowed_false_without_internals() {
         !message.contains("handler bug"),
         "no internals in the answer: {message}"
     );
+}
+
+#[tokio::test]
+async fn a_panicking_fail_open_handler_admits_unchanged_with_a_warning_and_a_metric() {
+    let metrics = Arc::new(Metrics::new());
+    let (status, body) = post_with(app(metrics.clone()), "/panics-open", POD_REVIEW).await;
+    assert_eq!(status, StatusCode::OK);
+    let out: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(out["response"]["allowed"], true);
+    assert_eq!(out["response"]["uid"], uid().as_str());
+    assert!(out["response"]["patch"].is_null(), "admitted unchanged: {out}");
+    assert_eq!(out["response"]["warnings"][0], admission::FAILED_OPEN_WARNING);
+    assert!(admission::FAILED_OPEN_WARNING.len() < 120);
+    assert_eq!(
+        out["response"]["auditAnnotations"]["failed-open"],
+        "handler panicked"
+    );
+    let text = metrics.encode();
+    let want = r#"nodewarden_admission_requests_total{route="/panics-open",outcome="failed_open"} 1"#;
+    assert!(text.contains(want), "missing {want} in\n{text}");
 }
 
 #[tokio::test]

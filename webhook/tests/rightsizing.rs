@@ -376,6 +376,34 @@ fn cases() -> Vec<Case> {
             )],
         },
         Case {
+            name: "near the top of the range: the pod sum saturates, the scaled limit is capped",
+            pod: with_sidecar(base_pod(), json!({"requests": {"memory": "8Ei"}})),
+            autoscaler: autoscaler(json!({})),
+            node: Some(targets(&[("agent", None, Some("8Ei"))])),
+            fleet: None,
+            limit_ranges: vec![limit_range(json!([{"type": "Pod", "max": {"memory": "15Ei"}}]))],
+            want: vec![
+                // 8Ei + 8Ei is beyond u64; the pod max leaves 7Ei; 7Ei × 2 is capped at 2^63 − 1
+                json!({"requests": {"cpu": "100m", "memory": "7168Pi"}, "limits": {"cpu": "200m", "memory": "9223372036854775807"}}),
+                json!({"requests": {"memory": "8Ei"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
+            name: "the largest quantities: a proportional limit never overflows nor drops below the request",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({})),
+            node: Some(targets(&[("agent", Some("18446744073709551"), Some("15Ei"))])),
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![
+                json!({"requests": {"cpu": "18446744073709551", "memory": "15360Pi"}, "limits": {"cpu": "18446744073709551", "memory": "15360Pi"}}),
+            ],
+            reason: Reason::Resized,
+            annotations: vec![],
+        },
+        Case {
             name: "two containers, named and wildcard policies, a name that needs pointer escaping",
             pod: with_sidecar(
                 base_pod(),
@@ -931,4 +959,10 @@ fn handler_only_mutates_pod_creates() {
     update["request"]["oldObject"] = update["request"]["object"].clone();
     let response = handler.review(&request(&update));
     assert!(response.allowed && response.patch.is_none());
+}
+
+#[test]
+fn the_pod_mutator_fails_open_and_the_autoscaler_validator_fails_closed() {
+    assert!(PodMutator::new(index_with("300m")).fails_open());
+    assert!(!AutoscalerValidator::new(index_with("300m")).fails_open());
 }

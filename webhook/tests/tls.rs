@@ -13,8 +13,9 @@ use nodewarden_certs::{Ca, CaConfig, IssuedCert, ServingSpec, service_dns_names}
 use nodewarden_webhook::admission::{self, AdmissionRequest, AdmissionResponse, Route};
 use nodewarden_webhook::certificates::{CertReloader, CertResolver, Reload, server_config};
 use nodewarden_webhook::metrics::Metrics;
-use nodewarden_webhook::server::serve_tls;
+use nodewarden_webhook::server::{ServerLimits, serve_tls_with};
 use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +55,10 @@ struct Server {
 }
 
 async fn start(resolver: Arc<CertResolver>) -> Server {
+    start_with(resolver, ServerLimits::default()).await
+}
+
+async fn start_with(resolver: Arc<CertResolver>, limits: ServerLimits) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let app = admission::router(
@@ -63,12 +68,13 @@ async fn start(resolver: Arc<CertResolver>) -> Server {
     );
     let stop = CancellationToken::new();
     let tls = server_config(resolver).expect("tls config");
-    let task = tokio::spawn(serve_tls(
+    let task = tokio::spawn(serve_tls_with(
         listener,
         tls,
         app,
         stop.clone(),
         Duration::from_secs(5),
+        limits,
     ));
     Server { addr, stop, task }
 }
@@ -389,4 +395,119 @@ async fn shutdown_lets_in_flight_reviews_finish_and_refuses_new_connections() {
         client.connect(server.addr).await.is_err(),
         "no new connections after shutdown"
     );
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+}
+
+/// Waits until the server closes `tcp`, at most 5 s: half the default handshake timeout, so
+/// only the short limit set in the test can close it in time.
+async fn closed_by_server(tcp: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    });
+    read.await.is_ok()
+}
+
+/// Waits (at most 20 s) until the server closes the connection behind `sender`.
+async fn sender_closed(sender: &Sender) -> bool {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while !sender.is_closed() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
+fn short(limits: impl FnOnce(&mut ServerLimits)) -> ServerLimits {
+    let mut l = ServerLimits::default();
+    limits(&mut l);
+    l
+}
+
+#[tokio::test]
+async fn a_connection_that_never_starts_its_handshake_is_closed() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start_with(
+        resolver_with(&serving(&ca, "a.example")),
+        short(|l| l.tls_handshake_timeout = Duration::from_millis(200)),
+    )
+    .await;
+    let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
+    assert!(
+        closed_by_server(&mut tcp).await,
+        "a silent connection stayed open"
+    );
+    // the server still serves others
+    let mut ok = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("connect");
+    assert!(ok.review("default").await.expect("review").1);
+}
+
+#[tokio::test]
+async fn idle_http11_and_h2_connections_are_closed_and_busy_ones_are_not() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start_with(
+        resolver_with(&serving(&ca, "a.example")),
+        short(|l| l.idle_timeout = Duration::from_millis(300)),
+    )
+    .await;
+    for alpn in [&b"http/1.1"[..], &b"h2"[..]] {
+        let mut c = Client::new(&ca.cert_pem);
+        c.alpn = vec![alpn.to_vec()];
+        let mut conn = c.connect(server.addr).await.expect("connect");
+        // a review that takes longer than the idle timeout is answered: it is in flight
+        assert!(conn.review("slow").await.expect("slow review").1);
+        assert!(
+            sender_closed(&conn.sender).await,
+            "an idle {} connection stayed open",
+            String::from_utf8_lossy(alpn)
+        );
+    }
+}
+
+#[tokio::test]
+async fn at_the_connection_limit_a_new_connection_waits_for_a_free_slot() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start_with(
+        resolver_with(&serving(&ca, "a.example")),
+        short(|l| l.max_connections = 1),
+    )
+    .await;
+    let mut first = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("connect");
+    assert!(first.review("default").await.expect("review").1);
+    let client = Client::new(&ca.cert_pem);
+    let second = client.connect(server.addr);
+    tokio::pin!(second);
+    // while the first is open, the second is not served (its handshake is not answered)
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), second.as_mut())
+            .await
+            .is_err(),
+        "a second connection was served beyond the limit of 1"
+    );
+    drop(first);
+    let mut second = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("served once the first closed")
+        .expect("connect");
+    assert!(second.review("default").await.expect("review").1);
 }

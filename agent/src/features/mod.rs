@@ -190,6 +190,34 @@ mod tests {
     }
 
     #[test]
+    fn odd_utf8_is_read_or_refused_without_a_panic() {
+        // a bad label name made of multi-byte characters: the quoted part is cut by characters
+        // (3 bytes each, so 10 bytes in falls inside the fourth)
+        let text = "kubernetes_feature_enabled{\u{20ac}\u{20ac}\u{20ac}\u{20ac}\u{20ac}=\"A\"} 1";
+        let err = parse(text).expect_err(text).to_string();
+        assert!(
+            err.contains("bad label name at \"\u{20ac}\u{20ac}\u{20ac}\u{20ac}\u{20ac}="),
+            "{err}"
+        );
+        let cases = [
+            "kubernetes_feature_enabled{\u{1F600}} 1",
+            "kubernetes_feature_enabled{n\u{e9}=\"A\"} 1",
+            "kubernetes_feature_enabled{name=\"\u{1F600}\\\u{e9}\"} 1",
+            "kubernetes_feature_enabled{name=\"A\"} \u{e9}",
+            "kubernetes_feature_enabled\u{e9}{name=\"A\"} 1",
+            "kubernetes_feature_enabled{name=\"\u{e9}",
+            "kubernetes_feature_enabled{name\u{3000}=\"A\"} 1",
+        ];
+        for text in cases {
+            // an answer, either way: no panic on any of them
+            let _ = parse(text);
+        }
+        let gates = parse("kubernetes_feature_enabled{name=\"Gr\u{fc}n\u{1F600}\",stage=\"ALPHA\"} 1")
+            .expect("UTF-8 in a value");
+        assert_eq!(gates[0].name, "Gr\u{fc}n\u{1F600}");
+    }
+
+    #[test]
     fn a_component_that_cannot_be_read_is_reported_with_the_error() {
         let now = Timestamp::now();
         let c = component(KUBELET, Err("GET /metrics: connection refused".into()), now);

@@ -87,10 +87,9 @@ fn parse_labels(body: &str) -> Result<(Vec<(String, String)>, usize), String> {
         }
         let key = &body[start..i];
         if key.is_empty() {
-            return Err(format!(
-                "bad label name at {:?}",
-                &body[start..(start + 10).min(body.len())]
-            ));
+            // the quoted text is cut by characters: a byte count may fall inside one
+            let near: String = body[start..].chars().take(10).collect();
+            return Err(format!("bad label name at {near:?}"));
         }
         while i < bytes.len() && bytes[i] == b' ' {
             i += 1;

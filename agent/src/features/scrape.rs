@@ -10,6 +10,9 @@ use kube::config::{
 
 use super::GatesArgs;
 
+/// Most bytes of a `/metrics` answer read (a kubelet's is 100–500 KiB); a larger one is an error.
+pub const MAX_SCRAPE_BYTES: u64 = 4 * 1024 * 1024;
+
 /// Reads one component's `/metrics`.
 pub struct Scraper {
     client: Client,
@@ -98,9 +101,54 @@ impl Scraper {
         let request = http::Request::get(self.path.as_str())
             .body(Vec::new())
             .map_err(|e| e.to_string())?;
-        self.client
-            .request_text(request)
+        let body = self
+            .client
+            .request_stream(request)
+            .await
+            .map_err(|e| format!("GET {}: {e}", self.path))?;
+        read_bounded(body, MAX_SCRAPE_BYTES)
             .await
             .map_err(|e| format!("GET {}: {e}", self.path))
+    }
+}
+
+/// Reads at most `limit` bytes of UTF-8 text; more is an error that names the limit.
+pub async fn read_bounded(body: impl futures::AsyncRead + Unpin, limit: u64) -> Result<String, String> {
+    use futures::AsyncReadExt;
+    let mut bytes = Vec::new();
+    body.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| format!("reading the body: {e}"))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!(
+            "the metrics text is larger than {limit} bytes; nodewarden reads at most that much"
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("the metrics text is not UTF-8: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_a_clear_error_and_one_at_the_limit_is_read() {
+        let at_limit = vec![b'#'; 1024];
+        let read = read_bounded(futures::io::Cursor::new(at_limit), 1024).await;
+        assert_eq!(read.map(|t| t.len()), Ok(1024));
+        let over = vec![b'#'; 1025];
+        let err = read_bounded(futures::io::Cursor::new(over), 1024)
+            .await
+            .expect_err("over the limit");
+        assert!(err.contains("larger than 1024 bytes"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_utf8_is_an_error() {
+        let err = read_bounded(futures::io::Cursor::new(vec![b'a', 0xff, b'b']), 1024)
+            .await
+            .expect_err("not UTF-8");
+        assert!(err.contains("not UTF-8"), "{err}");
     }
 }

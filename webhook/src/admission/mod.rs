@@ -25,7 +25,30 @@ pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, Revie
 pub trait Handler: Send + Sync + 'static {
     /// The answer to one request; it must not panic (the pipeline turns a panic into an error answer).
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse;
+
+    /// Whether a fault in this handler (a panic) admits the request unchanged, as a webhook
+    /// registered with `failurePolicy: Ignore` promises; otherwise it is denied with code 500.
+    fn fails_open(&self) -> bool {
+        false
+    }
 }
+
+/// A handler whose faults admit the request unchanged ([`Handler::fails_open`]).
+pub struct FailOpen<H>(pub H);
+
+impl<H: Handler> Handler for FailOpen<H> {
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        self.0.review(request)
+    }
+
+    fn fails_open(&self) -> bool {
+        true
+    }
+}
+
+/// The warning of an answer that admitted a request because the handler failed.
+pub const FAILED_OPEN_WARNING: &str =
+    "nodewarden could not evaluate this request and admitted it unchanged (this webhook fails open)";
 
 impl<F> Handler for F
 where
@@ -78,6 +101,8 @@ pub enum Outcome {
     Invalid,
     /// The handler failed; the review was answered with `allowed: false`.
     Error,
+    /// The handler of a fail-open webhook failed; the review was allowed unchanged.
+    FailedOpen,
 }
 
 impl Outcome {
@@ -89,6 +114,7 @@ impl Outcome {
             Outcome::Denied => "denied",
             Outcome::Invalid => "invalid",
             Outcome::Error => "error",
+            Outcome::FailedOpen => "failed_open",
         }
     }
 }
@@ -176,8 +202,17 @@ pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
             };
             (response, outcome)
         }
+        Err(_) if handler.fails_open() => {
+            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; admitting unchanged (fail-open)");
+            let mut allowed = AdmissionResponse::allow(&request.uid);
+            allowed.warnings.push(FAILED_OPEN_WARNING.to_string());
+            allowed
+                .audit_annotations
+                .insert("failed-open".to_string(), "handler panicked".to_string());
+            (allowed, Outcome::FailedOpen)
+        }
         Err(_) => {
-            tracing::error!(uid = %request.uid, "admission handler panicked; answering allowed=false");
+            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; answering allowed=false");
             (
                 AdmissionResponse::deny(
                     &request.uid,
@@ -200,10 +235,23 @@ fn deny_invalid(uid: &str, message: String) -> AdmissionResponse {
 }
 
 /// The request uid of a body that is JSON but not a well-formed review, if it has one.
+///
+/// Read in one streaming pass that keeps nothing but the uid (borrowed from `body` unless it
+/// has escapes): a malformed review costs about its own size, not a generic JSON tree of it.
 fn uid_of(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let uid = value.get("request")?.get("uid")?.as_str()?;
-    (!uid.is_empty()).then(|| uid.to_string())
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow, default)]
+        request: Option<UidOnly<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct UidOnly<'a> {
+        #[serde(borrow, default)]
+        uid: Option<std::borrow::Cow<'a, str>>,
+    }
+    let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
+    let uid = envelope.request?.uid?;
+    (!uid.is_empty()).then(|| uid.into_owned())
 }
 
 /// The admission router: one POST route per capability, 404 for any other path.
@@ -250,7 +298,8 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
         uid = tracing::field::Empty,
         kind = tracing::field::Empty,
         namespace = tracing::field::Empty,
-        name = tracing::field::Empty,
+        // not `name`: the JSON log writes the span's own name under that key
+        object_name = tracing::field::Empty,
         operation = tracing::field::Empty
     );
     let _entered = span.enter();
@@ -274,29 +323,44 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
             state
                 .metrics
                 .observed(state.path, Outcome::Invalid, started.elapsed());
-            warn!(%message, "rejected a malformed AdmissionReview");
+            warn!(reason = %clip(&message), "rejected a malformed AdmissionReview");
             (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
         }
     }
 }
 
+/// Longest request field or message written to a log line, in characters.
+pub const LOG_FIELD_CHARS: usize = 256;
+
+/// `text` as logged: at most [`LOG_FIELD_CHARS`] characters, then `…` and the original length.
+pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(LOG_FIELD_CHARS) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((cut, _)) => std::borrow::Cow::Owned(format!("{}… ({} bytes)", &text[..cut], text.len())),
+    }
+}
+
 fn log_outcome(span: &tracing::Span, out: &ReviewOut, outcome: Outcome, ident: &Ident) {
-    span.record("uid", out.response.uid.as_str());
-    span.record("kind", ident.kind.as_str());
-    span.record("namespace", ident.namespace.as_str());
-    span.record("name", ident.name.as_str());
+    // every field comes from the request: clipped, so one review cannot write a 10 MB line
+    span.record("uid", clip(&out.response.uid).as_ref());
+    span.record("kind", clip(&ident.kind).as_ref());
+    span.record("namespace", clip(&ident.namespace).as_ref());
+    span.record("object_name", clip(&ident.name).as_ref());
     span.record("operation", ident.operation);
-    let message = out
-        .response
-        .status
-        .as_ref()
-        .map(|s| s.message.as_str())
-        .unwrap_or("");
+    let reason = clip(
+        out.response
+            .status
+            .as_ref()
+            .map(|s| s.message.as_str())
+            .unwrap_or(""),
+    );
+    // the denial's text is `reason`: a field named `message` would be a second `message` key
     match outcome {
         Outcome::Allowed => debug!("allowed"),
         Outcome::Patched => info!("patched"),
-        Outcome::Denied => info!(%message, "denied"),
-        Outcome::Invalid => warn!(%message, "invalid review"),
-        Outcome::Error => tracing::error!(%message, "handler error"),
+        Outcome::Denied => info!(%reason, "denied"),
+        Outcome::Invalid => warn!(%reason, "invalid review"),
+        Outcome::Error => tracing::error!(%reason, "handler error"),
+        Outcome::FailedOpen => tracing::error!("handler error; admitted unchanged (fail-open)"),
     }
 }

@@ -167,7 +167,7 @@ impl CertReloader {
                 // a missing file mid-rotation: keep serving what we have
                 let message = err.to_string();
                 if last.is_some() || self.resolver.is_loaded() {
-                    tracing::warn!(%message, "certificate files unreadable; keeping the loaded pair");
+                    tracing::warn!(reason = %message, "certificate files unreadable; keeping the loaded pair");
                 }
                 return Reload::Rejected(message);
             }

@@ -211,31 +211,74 @@ struct ClaimMeta {
 #[derive(Deserialize, Debug, Default)]
 struct ClaimSpec {
     #[serde(default)]
-    value: Option<serde_json::Value>,
+    value: Option<ClaimValue>,
+}
+
+/// `spec.value` as read: the string, or only the JSON type of anything else (never built as a
+/// tree, so a huge array or object costs no memory beyond the request itself).
+#[derive(Debug, PartialEq, Eq)]
+enum ClaimValue {
+    Null,
+    Text(String),
+    Other(&'static str),
+}
+
+impl<'de> Deserialize<'de> for ClaimValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Kind;
+        impl<'de> serde::de::Visitor<'de> for Kind {
+            type Value = ClaimValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_unit<E>(self) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Null)
+            }
+            fn visit_none<E>(self) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Null)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Other("a boolean"))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Other("a number"))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Other("a number"))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Other("a number"))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Text(v.to_string()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<ClaimValue, E> {
+                Ok(ClaimValue::Text(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ClaimValue, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(ClaimValue::Other("an array"))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ClaimValue, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(ClaimValue::Other("an object"))
+            }
+        }
+        deserializer.deserialize_any(Kind)
+    }
 }
 
 impl ClaimObject {
     /// `spec.value`; missing counts as empty; a non-string is an error.
     fn value(&self, field: &str) -> Result<String, String> {
         match self.spec.as_ref().and_then(|s| s.value.as_ref()) {
-            None | Some(serde_json::Value::Null) => Ok(String::new()),
-            Some(serde_json::Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(format!(
-                "{field}.spec.value must be a string, got {}",
-                json_type(other)
-            )),
+            None | Some(ClaimValue::Null) => Ok(String::new()),
+            Some(ClaimValue::Text(s)) => Ok(s.clone()),
+            Some(ClaimValue::Other(kind)) => Err(format!("{field}.spec.value must be a string, got {kind}")),
         }
-    }
-}
-
-fn json_type(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
     }
 }
 

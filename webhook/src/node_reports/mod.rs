@@ -89,6 +89,19 @@ impl Default for NodeReportsPolicy {
     }
 }
 
+/// What the guard reads of a report object when the request carries no name.
+#[derive(serde::Deserialize)]
+struct NamedObject {
+    #[serde(default)]
+    metadata: Option<NamedMeta>,
+}
+
+#[derive(serde::Deserialize)]
+struct NamedMeta {
+    #[serde(default)]
+    name: Option<String>,
+}
+
 /// The `/validate/node-reports` handler.
 pub struct NodeReportsGuard {
     policy: NodeReportsPolicy,
@@ -120,12 +133,8 @@ pub fn decide(policy: &NodeReportsPolicy, request: &AdmissionRequest) -> Result<
         .filter(|n| !n.is_empty())
         .map(str::to_string)
         .or_else(|| {
-            request
-                .object_as::<serde_json::Value>()
-                .ok()?
-                .pointer("/metadata/name")?
-                .as_str()
-                .map(str::to_string)
+            // only the name is kept; the rest of the object is skipped, never built as a tree
+            request.object_as::<NamedObject>().ok()?.metadata?.name
         });
     let Some(node) = object_name else {
         return Err(format!(

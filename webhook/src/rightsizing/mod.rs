@@ -150,6 +150,11 @@ impl Handler for PodMutator {
             }
         }
     }
+
+    /// The pod webhook is registered with `failurePolicy: Ignore`: a fault admits the pod unchanged.
+    fn fails_open(&self) -> bool {
+        true
+    }
 }
 
 /// The fields of a pod the decision reads; everything else in the review is skipped while

@@ -561,10 +561,15 @@ fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
                 let r = c.resources.as_ref()?;
                 Amounts::from_list(r.requests.as_ref()).get(resource)
             })
-            .sum();
-        let ours: u64 = planned.iter().map(|&p| plans[p].value).sum();
+            .fold(0, u64::saturating_add);
+        let ours: u64 = planned
+            .iter()
+            .map(|&p| plans[p].value)
+            .fold(0, u64::saturating_add);
+        // saturating: a sum beyond u64 is over any max and never under a min
+        let total = others.saturating_add(ours);
         if let Some(max) = bound(&ranges.pod, resource, lr_max, u64::min)
-            && others + ours > max
+            && total > max
             && ours > 0
         {
             let room = max.saturating_sub(others);
@@ -573,7 +578,7 @@ fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
                 plans[p].caps.push(Cap::LimitRangePodMax);
             }
         } else if let Some(min) = bound(&ranges.pod, resource, lr_min, u64::max)
-            && others + ours < min
+            && total < min
             && ours > 0
         {
             let need = min.saturating_sub(others);
@@ -631,6 +636,10 @@ fn cap_containers(plans: &mut [Plan], ceiling: Ceiling, ranges: &Ranges) {
     }
 }
 
+/// The largest limit the ratio may scale to: 2^63 − 1 (millicores or bytes), the largest amount
+/// Kubernetes keeps exactly as an integer. Never below the request (see docs/rightsizing.md).
+pub const MAX_SCALED_LIMIT: u64 = i64::MAX as u64;
+
 /// The limit that goes with a planned request: `RequestsOnly` keeps the limit as it is;
 /// `RequestsAndLimits` keeps the limit-to-request ratio, within the LimitRange max and never
 /// below the request.
@@ -640,7 +649,7 @@ fn scaled_limit(plan: &Plan, request: u64, ranges: &Ranges) -> Option<u64> {
         ControlledValues::RequestsAndLimits => plan.limit.map(|old_limit| {
             let scaled = match plan.request {
                 Some(old_request) if old_request != old_limit && old_request > 0 => {
-                    scale_ceil(old_limit, request, old_request)
+                    scale_ceil(old_limit, request, old_request).min(MAX_SCALED_LIMIT)
                 }
                 _ => request,
             };
