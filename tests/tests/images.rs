@@ -137,7 +137,10 @@ impl Buildah {
             .env("BUILDAH_ISOLATION", "chroot")
             // no registries.conf or policy of the machine matters: FROM scratch, nothing pulled
             .env("REGISTRIES_CONFIG_PATH", d.join("registries.conf"))
-            .env("CONTAINERS_REGISTRIES_CONF", d.join("registries.conf"));
+            .env("CONTAINERS_REGISTRIES_CONF", d.join("registries.conf"))
+            // its network configuration in the temporary folder too: by default buildah creates
+            // /etc/cni/net.d on the host
+            .env("CONTAINERS_CONF", d.join("containers.conf"));
         cmd
     }
 
@@ -189,6 +192,14 @@ fn the_containerfile_builds_the_same_images() {
     )
     .expect("writing policy.json");
     std::fs::write(buildah.dir.path().join("registries.conf"), "").expect("writing registries.conf");
+    std::fs::write(
+        buildah.dir.path().join("containers.conf"),
+        format!(
+            "[network]\nnetwork_config_dir = \"{}\"\n",
+            buildah.dir.path().join("cni").display()
+        ),
+    )
+    .expect("writing containers.conf");
     let triple = image::host_triple().expect("host triple");
     let root = &opts.root;
     // the Containerfile expects the binaries under <root>/target
