@@ -269,31 +269,9 @@ pub async fn create_ready_node(
     .await
 }
 
-/// The node a DaemonSet pod is meant for, the way the DaemonSet controller says it:
-/// `spec.nodeName` when set, else the value of the single required node-affinity term
-/// `matchFields: metadata.name In [<node>]`.
+/// The node a DaemonSet pod is meant for (`nodewarden_api::domain::rightsizing::daemonset_pod_node`).
 pub fn daemonset_pod_target_node(pod: &Pod) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    if let Some(n) = spec.node_name.as_ref().filter(|n| !n.is_empty()) {
-        return Some(n.clone());
-    }
-    let terms = &spec
-        .affinity
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required_during_scheduling_ignored_during_execution
-        .as_ref()?
-        .node_selector_terms;
-    let [term] = terms.as_slice() else { return None };
-    let [field] = term.match_fields.as_deref()? else {
-        return None;
-    };
-    let values = field.values.as_deref()?;
-    match (field.key.as_str(), field.operator.as_str(), values) {
-        ("metadata.name", "In", [node]) => Some(node.clone()),
-        _ => None,
-    }
+    nodewarden_api::domain::rightsizing::daemonset_pod_node(pod)
 }
 
 /// Waits until the DaemonSet controller has created exactly one pod for each of `nodes`

@@ -4,10 +4,43 @@
 
 use std::cmp::Ordering;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 
 use crate::rightsizing::{ContainerPolicy, DaemonSetAutoscaler};
+
+/// The node a DaemonSet pod runs on or is meant for, as the DaemonSet controller says it
+/// (Kubernetes' `GetTargetNodeName`): `spec.nodeName` when set, else the value of the single
+/// required node-affinity term `matchFields: metadata.name In [<node>]`. The webhook reads the same
+/// rule from the raw review (it parses only the fields it needs); this is the typed form for tools
+/// that hold a whole `Pod` (the report, the tests).
+pub fn daemonset_pod_node(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    if let Some(n) = spec.node_name.as_ref().filter(|n| !n.is_empty()) {
+        return Some(n.clone());
+    }
+    let terms = &spec
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    let [term] = terms.as_slice() else { return None };
+    let [field] = term.match_fields.as_deref()? else {
+        return None;
+    };
+    match (
+        field.key.as_str(),
+        field.operator.as_str(),
+        field.values.as_deref()?,
+    ) {
+        ("metadata.name", "In", [node]) => Some(node.clone()),
+        _ => None,
+    }
+}
 
 /// The container policy name that applies to every container without a policy of its own.
 pub const ANY_CONTAINER: &str = "*";

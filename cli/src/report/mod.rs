@@ -209,32 +209,10 @@ pub struct Report {
     pub totals: Totals,
 }
 
-/// The node a DaemonSet pod runs on or is aimed at: `spec.nodeName`, else the single
-/// `matchFields metadata.name In [node]` term the DaemonSet controller sets.
+/// The node a DaemonSet pod runs on or is aimed at (the shared rule,
+/// `nodewarden_api::domain::rightsizing::daemonset_pod_node`).
 pub fn pod_node(pod: &Pod) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    if let Some(n) = spec.node_name.as_ref().filter(|n| !n.is_empty()) {
-        return Some(n.clone());
-    }
-    let terms = &spec
-        .affinity
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required_during_scheduling_ignored_during_execution
-        .as_ref()?
-        .node_selector_terms;
-    let mut nodes = terms
-        .iter()
-        .flat_map(|t| t.match_fields.iter().flatten())
-        .filter(|r| {
-            r.key == "metadata.name" && r.operator == "In" && r.values.as_ref().is_some_and(|v| v.len() == 1)
-        });
-    let only = nodes.next()?;
-    if nodes.next().is_some() {
-        return None;
-    }
-    only.values.as_ref()?.first().cloned()
+    nodewarden_api::domain::rightsizing::daemonset_pod_node(pod)
 }
 
 fn owned_by(pod: &Pod, ds: &DaemonSet) -> bool {
