@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::NodeRecommendation;
-use nodewarden_api::quantity::parse_milli;
+use nodewarden_api::domain::quantity::amount;
+use nodewarden_api::rightsizing::ResourceName;
 use serde_json::json;
 
 use crate::helm::{Helm, chart_dir};
@@ -213,24 +214,19 @@ pub async fn wait_for_recommendation(client: &Client, node: &str, load: Load) ->
     }
 }
 
-/// A CPU quantity in millicores (`None` when absent).
+/// A CPU quantity in millicores (`None` when absent), by the shared quantity codec.
 pub fn cpu_milli(q: Option<&Quantity>) -> Result<Option<u64>> {
-    q.map(|q| {
-        parse_milli(&q.0)
-            .and_then(|m| u64::try_from(m).ok())
-            .ok_or_else(|| anyhow!("{:?} is not a CPU quantity", q.0))
-    })
-    .transpose()
+    amount_of(ResourceName::Cpu, q)
 }
 
-/// A memory quantity in bytes (`None` when absent).
+/// A memory quantity in bytes (`None` when absent), by the shared quantity codec.
 pub fn memory_bytes(q: Option<&Quantity>) -> Result<Option<u64>> {
-    q.map(|q| {
-        parse_milli(&q.0)
-            .and_then(|m| u64::try_from(m.div_ceil(1000)).ok())
-            .ok_or_else(|| anyhow!("{:?} is not a memory quantity", q.0))
-    })
-    .transpose()
+    amount_of(ResourceName::Memory, q)
+}
+
+fn amount_of(resource: ResourceName, q: Option<&Quantity>) -> Result<Option<u64>> {
+    q.map(|q| amount(resource, q).ok_or_else(|| anyhow!("{:?} is not a {resource:?} quantity", q.0)))
+        .transpose()
 }
 
 /// The shipper container's (cpu, memory) requests.
