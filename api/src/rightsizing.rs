@@ -133,7 +133,11 @@ pub struct UpdatePolicy {
 }
 
 /// As in VPA: `Off` only recommends; `Initial` sets resources when a pod is created;
-/// `Recreate` also evicts pods that are far off; `InPlace` resizes running pods.
+/// `Recreate` also evicts running pods that are far off (the DaemonSet controller re-creates
+/// them on the same node, with the webhook's figures); `InPlace` has each node's agent resize
+/// its running pods through `pods/resize`, evicting only when the kubelet cannot apply a resize.
+/// VPA's names are accepted so objects carry over: `Auto` is `Recreate` (as in VPA) and
+/// `InPlaceOrRecreate` is `InPlace`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
 pub enum UpdateMode {
     Off,
@@ -141,6 +145,44 @@ pub enum UpdateMode {
     Initial,
     Recreate,
     InPlace,
+    /// VPA's name for `Recreate`.
+    Auto,
+    /// VPA's name for `InPlace` (which falls back to eviction here too).
+    InPlaceOrRecreate,
+}
+
+/// What an update mode does to running pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunningPods {
+    /// Nothing (`Off`, `Initial`).
+    Untouched,
+    /// Evicted when far off (`Recreate`, `Auto`).
+    Evict,
+    /// Resized in place, evicted when a resize cannot be applied (`InPlace`, `InPlaceOrRecreate`).
+    Resize,
+}
+
+impl UpdateMode {
+    /// What the mode does to running pods.
+    pub fn running_pods(self) -> RunningPods {
+        match self {
+            UpdateMode::Off | UpdateMode::Initial => RunningPods::Untouched,
+            UpdateMode::Recreate | UpdateMode::Auto => RunningPods::Evict,
+            UpdateMode::InPlace | UpdateMode::InPlaceOrRecreate => RunningPods::Resize,
+        }
+    }
+
+    /// The mode's name as written in the object.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateMode::Off => "Off",
+            UpdateMode::Initial => "Initial",
+            UpdateMode::Recreate => "Recreate",
+            UpdateMode::InPlace => "InPlace",
+            UpdateMode::Auto => "Auto",
+            UpdateMode::InPlaceOrRecreate => "InPlaceOrRecreate",
+        }
+    }
 }
 
 /// Per-container policies.

@@ -5,9 +5,14 @@
 //! - [`names`]: DNS names as Kubernetes checks them, and service-account names on the command
 //!   line,
 //! - [`quantity`]: the quantity codec, one canonical format,
+//! - [`sizing`]: the requests and limits a DaemonSet pod gets on its node (the webhook's patch
+//!   for a new pod, the agent's resize of a running one),
+//! - [`update`]: resize, evict or leave a running pod (VPA's updater rules),
 //! - the Feature state names are
 //!   [`FeatureState::as_str`](crate::features::FeatureState::as_str).
 
 pub mod names;
 pub mod quantity;
 pub mod rightsizing;
+pub mod sizing;
+pub mod update;

@@ -247,15 +247,6 @@ fn mode_of(dsa: &DaemonSetAutoscaler) -> UpdateMode {
         .unwrap_or_default()
 }
 
-fn mode_name(mode: UpdateMode) -> &'static str {
-    match mode {
-        UpdateMode::Off => "Off",
-        UpdateMode::Initial => "Initial",
-        UpdateMode::Recreate => "Recreate",
-        UpdateMode::InPlace => "InPlace",
-    }
-}
-
 fn cap(value: Option<i64>, ceiling: Option<i64>) -> Option<i64> {
     match (value, ceiling) {
         (Some(v), Some(c)) => Some(v.min(c)),
@@ -282,7 +273,7 @@ pub fn compute(snapshot: &Snapshot) -> Report {
             namespace: namespace.clone(),
             autoscaler: dsa.name_any(),
             daemonset: dsa.spec.target_ref.name.clone(),
-            mode: mode_name(mode_of(dsa)).to_string(),
+            mode: mode_of(dsa).as_str().to_string(),
             problem: None,
             rows: Vec::new(),
             totals: Totals::default(),

@@ -12,7 +12,7 @@
 //! Semantics, annotations and caps are described for users in docs/rightsizing.md.
 
 pub mod index;
-pub mod mutate;
+pub use nodewarden_api::domain::sizing as mutate;
 pub mod status;
 
 use std::sync::Arc;

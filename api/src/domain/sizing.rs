@@ -1,4 +1,4 @@
-//! The pure part of right-sizing: (pod, autoscaler, this node's targets, fleet targets, limit
+//! The pure part of right-sizing, shared by the webhook (new pods) and the agent (running pods): (pod, autoscaler, this node's targets, fleet targets, limit
 //! ranges) → a JSON Patch and the annotations that explain it.
 //!
 //! Amounts are integers: CPU in millicores, memory in bytes. Quantities written into the pod use
@@ -15,15 +15,15 @@
 
 use std::collections::BTreeMap;
 
-use json_patch::{AddOperation, Patch, PatchOperation};
-use k8s_openapi::api::core::v1::{Container, LimitRange, LimitRangeItem, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-pub use nodewarden_api::domain::quantity::{amount, format_amount};
-use nodewarden_api::domain::rightsizing::container_policy;
-use nodewarden_api::rightsizing::{
+pub use crate::domain::quantity::{amount, format_amount};
+use crate::domain::rightsizing::container_policy;
+use crate::rightsizing::{
     Ceiling, ColdStart, ContainerMode, ContainerPolicy, ControlledValues, DaemonSetAutoscaler,
     FleetRecommendation, NodeRecommendation, ResourceName, UpdateMode,
 };
+use json_patch::{AddOperation, Patch, PatchOperation};
+use k8s_openapi::api::core::v1::{Container, LimitRange, LimitRangeItem, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
 /// Prefix of every annotation the webhook sets on a pod.
@@ -467,6 +467,61 @@ pub fn mutate_on(
     }
 }
 
+/// The requests and limits one container gets on its node: only the resources the decision
+/// covers (a resource without a target, not controlled, or under a policy `Off` is absent).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerSizing {
+    /// The container's name.
+    pub name: String,
+    /// The requests it gets.
+    pub requests: Amounts,
+    /// The limits it gets (`None` per resource: the limit is not the decision's to set, as with
+    /// `RequestsOnly` or no limit at all).
+    pub limits: Amounts,
+}
+
+/// What [`mutate_on`] gives `pod`'s containers on `node`, as figures instead of a patch: the
+/// agent compares them with a running pod's and resizes it to exactly these. Pass the pod as
+/// its DaemonSet's template makes it (the template's requests and limits), so `ceiling:
+/// Template` and the limit ratio are those of the template, as for a new pod. `updateMode` is
+/// not looked at (the caller decides what to do with the figures). Containers in pod order.
+pub fn sizing_on(
+    pod: &Pod,
+    autoscaler: &DaemonSetAutoscaler,
+    node_targets: Option<&Targets>,
+    fleet: Option<&Targets>,
+    limit_ranges: &[LimitRange],
+) -> Vec<ContainerSizing> {
+    let containers: &[Container] = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    let ranges = Ranges::of(limit_ranges);
+    let (mut plans, _) = plan(containers, autoscaler, node_targets, fleet, &ranges);
+    cap_pod(&mut plans, containers, &ranges);
+    cap_containers(&mut plans, autoscaler.spec.ceiling, &ranges);
+    let mut out = Vec::new();
+    for (index, container) in containers.iter().enumerate() {
+        let mut sizing = ContainerSizing {
+            name: container.name.clone(),
+            ..ContainerSizing::default()
+        };
+        let mut any = false;
+        for plan in plans.iter().filter(|p| p.container == index) {
+            any = true;
+            sizing.requests.set(plan.resource, Some(plan.value));
+            sizing
+                .limits
+                .set(plan.resource, scaled_limit(plan, plan.value, &ranges));
+        }
+        if any {
+            out.push(sizing);
+        }
+    }
+    out
+}
+
 /// The LimitRange items of the pod's namespace, by type.
 struct Ranges<'a> {
     container: Vec<&'a LimitRangeItem>,
@@ -799,6 +854,112 @@ mod tests {
         let op = add(&["metadata", "annotations", "a~b/c"], Value::Null);
         let text = serde_json::to_string(&op).expect("json");
         assert!(text.contains(r#""/metadata/annotations/a~0b~1c""#), "{text}");
+    }
+
+    /// `sizing_on` gives the figures `mutate_on` writes: a pod sized by the patch has exactly
+    /// them (ratio kept, LimitRange max, per-container `Off`, `RequestsOnly` with a limit cap).
+    #[test]
+    fn sizing_is_what_the_patch_writes() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "containers": [
+                {"name": "app", "resources": {"requests": {"cpu": "100m", "memory": "100Mi"},
+                                               "limits": {"cpu": "200m", "memory": "200Mi"}}},
+                {"name": "capped", "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "150m"}}},
+                {"name": "off", "resources": {"requests": {"cpu": "100m"}}}
+            ]}
+        }))
+        .expect("pod");
+        let autoscaler: DaemonSetAutoscaler = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+            "metadata": {"name": "a", "namespace": "ns"},
+            "spec": {"targetRef": {"kind": "DaemonSet", "name": "ds"}, "resourcePolicy": {"containerPolicies": [
+                {"containerName": "capped", "controlledValues": "RequestsOnly"},
+                {"containerName": "off", "mode": "Off"}
+            ]}}
+        }))
+        .expect("autoscaler");
+        let limit_ranges: Vec<LimitRange> = vec![
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "lr", "namespace": "ns"},
+                "spec": {"limits": [{"type": "Container", "max": {"memory": "500Mi"}}]}
+            }))
+            .expect("limit range"),
+        ];
+        let mi = 1u64 << 20;
+        let targets = Targets::from([
+            (
+                "app".to_string(),
+                Amounts {
+                    cpu: Some(300),
+                    memory: Some(300 * mi),
+                },
+            ),
+            (
+                "capped".to_string(),
+                Amounts {
+                    cpu: Some(400),
+                    memory: None,
+                },
+            ),
+            (
+                "off".to_string(),
+                Amounts {
+                    cpu: Some(400),
+                    memory: None,
+                },
+            ),
+        ]);
+        let sizing = sizing_on(&pod, &autoscaler, Some(&targets), None, &limit_ranges);
+        let want = vec![
+            ContainerSizing {
+                name: "app".to_string(),
+                requests: Amounts {
+                    cpu: Some(300),
+                    memory: Some(300 * mi),
+                },
+                // ratio 2 kept for CPU; memory's 600Mi is over the LimitRange max
+                limits: Amounts {
+                    cpu: Some(600),
+                    memory: Some(500 * mi),
+                },
+            },
+            ContainerSizing {
+                name: "capped".to_string(),
+                requests: Amounts {
+                    cpu: Some(150),
+                    memory: None,
+                },
+                limits: Amounts::default(),
+            },
+        ];
+        assert_eq!(sizing, want);
+
+        let decision = mutate_on(&pod, &autoscaler, Ok("n1"), Some(&targets), None, &limit_ranges);
+        let mut patched = serde_json::to_value(&pod).expect("json");
+        json_patch::patch(&mut patched, &decision.patch).expect("patch applies");
+        let patched: Pod = serde_json::from_value(patched).expect("pod");
+        for s in &want {
+            let spec = patched.spec.as_ref().expect("spec");
+            let c = spec
+                .containers
+                .iter()
+                .find(|c| c.name == s.name)
+                .expect("container");
+            let r = c.resources.as_ref().expect("resources");
+            let (requests, limits) = (
+                Amounts::from_list(r.requests.as_ref()),
+                Amounts::from_list(r.limits.as_ref()),
+            );
+            for resource in RESOURCES {
+                if let Some(v) = s.requests.get(resource) {
+                    assert_eq!(requests.get(resource), Some(v), "{} {resource:?} request", s.name);
+                }
+                if let Some(v) = s.limits.get(resource) {
+                    assert_eq!(limits.get(resource), Some(v), "{} {resource:?} limit", s.name);
+                }
+            }
+        }
     }
 
     #[test]
