@@ -80,6 +80,10 @@ pub struct Config {
     /// Feature gate reports (`NodeFeatureReport/<node>`).
     #[command(flatten)]
     pub gates: crate::features::GatesArgs,
+
+    /// Updates of running pods (`updateMode` InPlace and Recreate).
+    #[command(flatten)]
+    pub update: crate::update::UpdateArgs,
 }
 
 /// The estimator's constants; defaults are the VPA recommender's.
@@ -176,7 +180,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-fn parse_non_negative(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_non_negative(s: &str) -> Result<f64, String> {
     let v = parse_f64(s)?;
     if v < 0.0 {
         return Err(format!("{s} must not be negative"));

@@ -25,6 +25,7 @@ pub mod pods;
 pub mod publish;
 pub mod recommender;
 pub mod sampler;
+pub mod update;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -130,6 +131,15 @@ pub async fn run_with_client(
         ))
     });
     let (desired_tx, desired_rx) = watch::channel::<publish::Desired>(None);
+    let updater = tokio::spawn(update::run(
+        client.clone(),
+        config.node_name.clone(),
+        config.update.clone(),
+        stores.clone(),
+        desired_rx.clone(),
+        metrics.clone(),
+        stop.clone(),
+    ));
     let publisher = tokio::spawn(publish::run_publisher(
         client,
         config.node_name.clone(),
@@ -179,6 +189,7 @@ pub async fn run_with_client(
     write_checkpoint(&sampler, &config, &metrics);
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), publisher).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), updater).await;
     if let Some(task) = gates_task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }

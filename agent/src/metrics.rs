@@ -43,6 +43,15 @@ pub struct GateScrapeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpdateLabels {
+    /// `resize` or `evict`.
+    pub action: &'static str,
+    /// `ok`, `refused`, `blocked` (a PodDisruptionBudget), `budget` (the DaemonSet's
+    /// maxUnavailable), `too-soon`, `error`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -74,6 +83,7 @@ pub struct Metrics {
     tracked: Gauge,
     gate_scrapes: Family<GateScrapeLabels, Counter>,
     feature_report_writes: Family<ResultLabels, Counter>,
+    pod_updates: Family<UpdateLabels, Counter>,
 }
 
 fn labels(key: &Key, resource: &'static str) -> ResourceLabels {
@@ -192,7 +202,14 @@ impl Metrics {
             "NodeFeatureReport writes, by result (ok, error)",
             feature_report_writes.clone(),
         );
+        let pod_updates = Family::<UpdateLabels, Counter>::default();
+        registry.register(
+            "pod_updates",
+            "Resizes and evictions of running pods on this node, by action (resize, evict) and outcome",
+            pod_updates.clone(),
+        );
         Metrics {
+            pod_updates,
             gate_scrapes,
             feature_report_writes,
             registry,
@@ -281,6 +298,13 @@ impl Metrics {
         }
         self.samples.remove(&container_labels(key));
         self.oom_kills.remove(&container_labels(key));
+    }
+
+    /// One resize or eviction attempt and its outcome.
+    pub fn pod_update(&self, action: &'static str, outcome: &'static str) {
+        self.pod_updates
+            .get_or_create(&UpdateLabels { action, outcome })
+            .inc();
     }
 
     pub fn tracked(&self, n: usize) {

@@ -50,6 +50,8 @@ pub struct NodeContainer {
 pub struct Requests {
     #[serde(default)]
     pub requests: Option<BTreeMap<String, Quantity>>,
+    #[serde(default)]
+    pub limits: Option<BTreeMap<String, Quantity>>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -57,6 +59,28 @@ pub struct Requests {
 pub struct NodePodStatus {
     #[serde(default)]
     pub container_statuses: Option<Vec<NodeContainerStatus>>,
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub start_time: Option<Time>,
+    #[serde(default)]
+    pub conditions: Option<Vec<PodCondition>>,
+}
+
+/// A pod condition (the updater reads `Ready`, `PodResizePending` and `PodResizeInProgress`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub last_transition_time: Option<Time>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -85,6 +109,8 @@ pub struct Terminated {
     pub reason: Option<String>,
     #[serde(default, rename = "containerID")]
     pub container_id: Option<String>,
+    #[serde(default)]
+    pub started_at: Option<Time>,
     #[serde(default)]
     pub finished_at: Option<Time>,
 }
@@ -157,7 +183,7 @@ pub fn cgroup_uid(pod: &NodePod) -> Option<String> {
     pod.metadata.uid.clone()
 }
 
-fn daemonset_owner(pod: &NodePod) -> Option<&str> {
+pub fn daemonset_owner(pod: &NodePod) -> Option<&str> {
     controlling_daemonset(pod.owner_references())
 }
 
