@@ -89,6 +89,10 @@ pub struct UpdateArgs {
     /// At most one eviction per DaemonSet on this node per this interval.
     #[arg(long, env = "NODEWARDEN_EVICTION_MIN_INTERVAL", default_value = "10m", value_parser = parse_interval)]
     pub eviction_min_interval: Duration,
+    /// After an eviction held back (the DaemonSet's budget, a PodDisruptionBudget), the next
+    /// try for that DaemonSet on this node waits this long.
+    #[arg(long, env = "NODEWARDEN_EVICTION_RETRY_INTERVAL", default_value = "2m", value_parser = parse_interval)]
+    pub eviction_retry_interval: Duration,
     /// Namespace of the disruption leases (the agent's own).
     #[arg(long, env = "NODEWARDEN_POD_NAMESPACE", default_value = "nodewarden")]
     pub disruption_namespace: String,
@@ -131,6 +135,8 @@ pub struct Updater {
     recorder: Recorder,
     templates: HashMap<(String, String), Arc<Vec<Container>>>,
     last_eviction: HashMap<(String, String), tokio::time::Instant>,
+    /// Evictions held back: (namespace, daemonset) → not before.
+    retry_at: HashMap<(String, String), tokio::time::Instant>,
     /// Disruption leases this agent holds: (namespace, daemonset) → (lease name, evicted pod UID).
     held: HashMap<(String, String), (String, String)>,
 }
@@ -205,6 +211,7 @@ impl Updater {
             recorder,
             templates: HashMap::new(),
             last_eviction: HashMap::new(),
+            retry_at: HashMap::new(),
             held: HashMap::new(),
         }
     }
@@ -401,9 +408,15 @@ impl Updater {
                 self.args.eviction_min_interval.as_secs()
             ));
         }
+        if let Some(at) = self.retry_at.get(&key)
+            && tokio::time::Instant::now() < *at
+        {
+            return Outcome::Held("an earlier eviction was held back; waiting to retry".to_string());
+        }
         let lease = match self.budget(ns, ds, pod).await {
             Ok(lease) => lease,
             Err(held) => {
+                self.hold_back(key);
                 self.metrics.pod_update("evict", "budget");
                 tracing::info!(pod = %pod.name_any(), namespace = ns, reason = %held, "eviction held back");
                 return Outcome::Held(held);
@@ -432,6 +445,7 @@ impl Updater {
             }
             Ok(Err(err)) => {
                 self.release(ns, &lease).await;
+                self.hold_back(key);
                 let blocked = matches!(&err, kube::Error::Api(s) if s.code == 429);
                 self.metrics
                     .pod_update("evict", if blocked { "blocked" } else { "error" });
@@ -461,6 +475,16 @@ impl Updater {
                 Outcome::Held("eviction timed out".to_string())
             }
         }
+    }
+
+    fn hold_back(&mut self, key: (String, String)) {
+        if self.retry_at.len() >= TEMPLATE_CACHE {
+            self.retry_at.retain(|_, at| *at > tokio::time::Instant::now());
+        }
+        self.retry_at.insert(
+            key,
+            tokio::time::Instant::now() + self.args.eviction_retry_interval,
+        );
     }
 
     /// Takes a disruption lease for one pod of `ds`, or says why not.

@@ -90,6 +90,11 @@ async fn agent_identity(env: &TestEnv, node: &str, rules: Vec<PolicyRule>) -> Re
 /// when `n` is 1) and an autoscaler for it; its pod on `node` is bound like the scheduler
 /// would and given the container statuses a kubelet would report. Returns the pod's UID.
 async fn autoscaled_pod_on(env: &TestEnv, node: &str, n: usize) -> Result<String> {
+    autoscaled_pod_with_mode(env, node, n, "Initial").await
+}
+
+/// [`autoscaled_pod_on`] with the autoscaler's `updateMode`.
+async fn autoscaled_pod_with_mode(env: &TestEnv, node: &str, n: usize, mode: &str) -> Result<String> {
     let mut ds = simple_daemonset("workload", &env.node_selector())?;
     if n > 1 {
         let spec = ds
@@ -116,7 +121,7 @@ async fn autoscaled_pod_on(env: &TestEnv, node: &str, n: usize) -> Result<String
     let dsa: DaemonSetAutoscaler = serde_json::from_value(json!({
         "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
         "metadata": {"name": "workload"},
-        "spec": {"targetRef": {"kind": "DaemonSet", "name": "workload"}}
+        "spec": {"targetRef": {"kind": "DaemonSet", "name": "workload"}, "updatePolicy": {"updateMode": mode}}
     }))?;
     env.api::<DaemonSetAutoscaler>()
         .create(&PostParams::default(), &dsa)
@@ -160,7 +165,10 @@ async fn autoscaled_pod_on(env: &TestEnv, node: &str, n: usize) -> Result<String
     pods.patch_status(
         &pod_name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running", "containerStatuses": statuses}})),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running", "startTime": "2026-11-21T07:00:00Z", "containerStatuses": statuses,
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-21T07:00:01Z"}]
+        }})),
     )
     .await
     .context("setting the pod's container statuses")?;
@@ -450,6 +458,287 @@ async fn agent_binary_footprint_with_100_containers() {
         );
         writer.abort();
         child.kill().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// A token of the agent's service account bound to a new agent pod on `node` (the identity
+/// must exist: [`agent_identity`]).
+async fn agent_token_on(env: &TestEnv, node: &str, pod_name: &str) -> Result<String> {
+    let agent_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": pod_name},
+        "spec": {"nodeName": node, "serviceAccountName": "nodewarden-agent",
+                 "containers": [{"name": "agent", "image": "nodewarden-agent:e2e"}]}
+    }))?;
+    let agent_pod = env
+        .api::<Pod>()
+        .create(&PostParams::default(), &agent_pod)
+        .await?;
+    env.cp
+        .service_account_token(
+            &env.namespace,
+            "nodewarden-agent",
+            Some((&agent_pod.name_any(), &agent_pod.uid().unwrap_or_default())),
+        )
+        .await
+}
+
+/// The chart's agent rules, plus leases in any namespace (the chart grants those in its own
+/// namespace only, by a Role; here the test namespace is that namespace).
+async fn agent_rules_with_leases() -> Result<Vec<PolicyRule>> {
+    let mut rules = chart_agent_rules().await?;
+    rules.push(serde_json::from_value(json!({
+        "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+        "verbs": ["get", "list", "create", "update", "delete"]
+    }))?);
+    Ok(rules)
+}
+
+/// An in-process agent on `node` with a synthetic cgroup tree holding the pod's container, and
+/// a fast update round.
+fn start_agent(
+    env: &TestEnv,
+    node: &str,
+    pod_uid: &str,
+    client: kube::Client,
+    stop: &CancellationToken,
+) -> Result<(tempfile::TempDir, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+    let tmp = tempfile::tempdir()?;
+    let cgroup_root = tmp.path().join("cgroup");
+    synthetic_cgroup_tree(&cgroup_root, pod_uid, 1)?;
+    let checkpoint_dir = tmp.path().join("checkpoint");
+    let config = Config::try_from_args([
+        "nodewarden-agent",
+        "--node-name",
+        node,
+        "--cgroup-root",
+        cgroup_root.to_str().unwrap_or_default(),
+        "--checkpoint-dir",
+        checkpoint_dir.to_str().unwrap_or_default(),
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--sample-interval",
+        "200ms",
+        "--update-interval",
+        "500ms",
+        "--eviction-retry-interval",
+        "1s",
+        "--disruption-namespace",
+        &env.namespace,
+        "--log-format",
+        "text",
+    ])?;
+    let agent = tokio::spawn(nodewarden_agent::run_with_client(config, client, stop.clone()));
+    Ok((tmp, agent))
+}
+
+fn requests_of(pod: &Pod) -> (String, String) {
+    let r = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.requests.clone())
+        .unwrap_or_default();
+    let get = |k: &str| r.get(k).map(|q| q.0.clone()).unwrap_or_default();
+    (get("cpu"), get("memory"))
+}
+
+#[tokio::test]
+async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_does_not() {
+    e2e("agent-in-place", |env| async move {
+        let cp = env.cp;
+        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let node = env.create_nodes(1).await?.remove(0);
+        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        let pod_uid = autoscaled_pod_on(&env, &node, 1).await?;
+        let stop = CancellationToken::new();
+        let client = cp.client_with_token(&token).await?;
+        let (_tmp, agent) = start_agent(&env, &node, &pod_uid, client, &stop)?;
+
+        let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
+        let rec = cp
+            .poll("NodeRecommendation for the node", || {
+                let (recs, node) = (recs.clone(), node.clone());
+                async move {
+                    Ok(recs
+                        .get_opt(&node)
+                        .await?
+                        .filter(|r| !r.spec.recommendations.is_empty()))
+                }
+            })
+            .await?;
+        let target = rec.spec.recommendations[0].target.clone().unwrap_or_default();
+        let pods = env.api::<Pod>();
+        let pod_name = pods
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|p| p.uid().as_deref() == Some(pod_uid.as_str()))
+            .map(|p| p.name_any())
+            .ok_or_else(|| anyhow!("the DaemonSet pod is gone"))?;
+
+        // Initial: several update rounds pass, the running pod keeps its requests.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            requests_of(&pods.get(&pod_name).await?),
+            ("100m".to_string(), "64Mi".to_string()),
+            "updateMode Initial must not touch a running pod"
+        );
+
+        // InPlace: the agent resizes it to exactly its node's figures, limits by the template's ratio.
+        env.api::<DaemonSetAutoscaler>()
+            .patch(
+                "workload",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"updatePolicy": {"updateMode": "InPlace"}}})),
+            )
+            .await?;
+        let resized = cp
+            .poll("the pod resized in place", || {
+                let (pods, pod_name) = (pods.clone(), pod_name.clone());
+                async move {
+                    let pod = pods.get(&pod_name).await?;
+                    Ok((requests_of(&pod).1 != "64Mi").then_some(pod))
+                }
+            })
+            .await?;
+        assert_eq!(
+            resized.uid().as_deref(),
+            Some(pod_uid.as_str()),
+            "resized, not replaced"
+        );
+        assert_eq!(
+            requests_of(&resized),
+            (target["cpu"].0.clone(), target["memory"].0.clone()),
+            "the pod's requests are the node's target"
+        );
+        let limits = resized
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].resources.as_ref())
+            .and_then(|r| r.limits.clone())
+            .unwrap_or_default();
+        // 25m × 200m / 100m: the template's limit-to-request ratio
+        assert_eq!(limits["cpu"].0, "50m");
+        let note = env.wait_for_event("Pod", &pod_name, "Resized").await?;
+        assert!(note.contains("resized in place to agent: cpu 25m/50m"), "{note}");
+        assert!(note.contains("outside the recommendation's bounds"), "{note}");
+
+        stop.cancel();
+        agent.await??;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn recreate_mode_evicts_one_pod_at_a_time_and_honours_a_pod_disruption_budget() {
+    e2e("agent-recreate", |env| async move {
+        let cp = env.cp;
+        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let nodes = env.create_nodes(2).await?;
+        let (_, token_a) = agent_identity(&env, &nodes[0], agent_rules_with_leases().await?).await?;
+        let token_b = agent_token_on(&env, &nodes[1], "nodewarden-agent-y").await?;
+        // A PodDisruptionBudget that allows no eviction yet.
+        let pdb: k8s_openapi::api::policy::v1::PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": "workload"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "workload"}}}
+        }))?;
+        env.api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>()
+            .create(&PostParams::default(), &pdb)
+            .await?;
+        let uid_a = autoscaled_pod_with_mode(&env, &nodes[0], 1, "Recreate").await?;
+        let pods = env.api::<Pod>();
+        let uid_b = {
+            // the DaemonSet's second pod, bound and running like the first
+            let pod = cp
+                .poll("the DaemonSet pod for the second node", || {
+                    let pods = pods.clone();
+                    let first = uid_a.clone();
+                    async move {
+                        let list = pods.list(&Default::default()).await?;
+                        Ok(list.items.into_iter().find(|p| {
+                            p.uid().as_deref() != Some(first.as_str())
+                                && p.owner_references().iter().any(|o| o.name == "workload")
+                        }))
+                    }
+                })
+                .await?;
+            let name = pod.name_any();
+            pods.create_subresource::<_, serde_json::Value>(
+                "binding",
+                &name,
+                &PostParams::default(),
+                &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[1]}}),
+            )
+            .await?;
+            pods.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {
+                    "phase": "Running", "startTime": "2026-11-21T07:00:00Z",
+                    "containerStatuses": [{"name": "agent", "image": "i", "imageID": "", "ready": true,
+                        "restartCount": 0, "state": {"running": {"startedAt": "2026-11-21T07:00:00Z"}},
+                        "containerID": format!("containerd://{}", container_id(0))}],
+                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-21T07:00:01Z"}]
+                }})),
+            )
+            .await?;
+            pod.uid().unwrap_or_default()
+        };
+
+        let stop = CancellationToken::new();
+        let (_tmp_a, agent_a) = start_agent(&env, &nodes[0], &uid_a, cp.client_with_token(&token_a).await?, &stop)?;
+        let (_tmp_b, agent_b) = start_agent(&env, &nodes[1], &uid_b, cp.client_with_token(&token_b).await?, &stop)?;
+
+        // The budget allows nothing: each agent's eviction is answered 429, said in an Event.
+        let blocked = cp
+            .poll("an EvictionBlocked event", || {
+                let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+                async move {
+                    let list = events.list(&Default::default()).await?;
+                    Ok(list.items.into_iter().find(|e| e.reason.as_deref() == Some("EvictionBlocked")))
+                }
+            })
+            .await?;
+        assert!(blocked.note.unwrap_or_default().contains("PodDisruptionBudget"));
+        let terminating = |list: &[Pod]| list.iter().filter(|p| p.metadata.deletion_timestamp.is_some()).count();
+        assert_eq!(terminating(&pods.list(&Default::default()).await?.items), 0);
+
+        // The budget opens: exactly one pod goes (maxUnavailable 1), the other agent waits.
+        env.api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>()
+            .delete("workload", &Default::default())
+            .await?;
+        cp.poll("one pod evicted", || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&Default::default()).await?.items;
+                Ok((terminating(&list) >= 1).then_some(()))
+            }
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let list = pods.list(&Default::default()).await?.items;
+        assert_eq!(
+            terminating(&list),
+            1,
+            "two agents, maxUnavailable 1: only one pod of the DaemonSet may be disrupted at once"
+        );
+        let evicted = list
+            .iter()
+            .find(|p| p.metadata.deletion_timestamp.is_some())
+            .map(|p| p.name_any())
+            .unwrap_or_default();
+        let note = env.wait_for_event("Pod", &evicted, "Evicted").await?;
+        assert!(note.contains("re-creates it with this node's figures"), "{note}");
+
+        stop.cancel();
+        agent_a.await??;
+        agent_b.await??;
         Ok(())
     })
     .await;
