@@ -40,7 +40,7 @@ pub trait Handler: Send + Sync + 'static {
     /// [`Handler::review`]. Same contract: it must not panic, and a panic is answered as in
     /// [`Handler::fails_open`].
     fn review_async<'a>(&'a self, request: &'a AdmissionRequest) -> BoxFuture<'a, AdmissionResponse> {
-        Box::pin(std::future::ready(self.review(request)))
+        Box::pin(async move { self.review(request) })
     }
 }
 
@@ -183,7 +183,8 @@ pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
 pub async fn process_async(body: &[u8], handler: &dyn Handler) -> Processed {
     match decode(body) {
         Ok(request) => {
-            let decided = AssertUnwindSafe(handler.review_async(&request))
+            // a panic while the future is made is caught too, not only while it runs
+            let decided = AssertUnwindSafe(async { handler.review_async(&request).await })
                 .catch_unwind()
                 .await
                 .map_err(|_| ());

@@ -13,6 +13,11 @@
 //! Everything else is denied with a message that names the node in the token and the node in
 //! the object. DELETE is not guarded (the chart does not send it): removing a report only makes
 //! that node's pods fall back to the cold-start choice.
+//!
+//! The same agent setting guards the agent's evictions: [`evictions`] (`/validate/evictions`)
+//! lets the agent on node N evict only pods bound to node N.
+
+pub mod evictions;
 
 use clap::Args;
 use nodewarden_api::domain::names::{ServiceAccountError, ServiceAccountName};
