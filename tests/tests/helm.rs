@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use base64::Engine;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -175,6 +176,7 @@ async fn default_validating_webhooks_fail_closed_with_their_rules() -> Result<()
                 "claims.nodewarden.io",
                 "autoscalers.nodewarden.io",
                 "node-reports.nodewarden.io",
+                "evictions.nodewarden.io",
                 "features.nodewarden.io"
             ],
         "validating webhooks: {names:?}"
@@ -220,6 +222,23 @@ async fn default_validating_webhooks_fail_closed_with_their_rules() -> Result<()
     ensure!(reports["clientConfig"]["service"]["path"] == "/validate/node-reports");
     ensure!(reports["rules"][0]["operations"] == json!(["CREATE", "UPDATE"]));
     ensure!(reports["rules"][0]["resources"] == json!(["noderecommendations", "nodefeaturereports"]));
+    // the agent's evictions: only the agent's requests are sent, and a down webhook stops them
+    let evictions = webhook(config, "evictions.nodewarden.io")?;
+    ensure!(evictions["clientConfig"]["service"]["path"] == "/validate/evictions");
+    ensure!(
+        evictions["rules"]
+            == json!([{"apiGroups": [""], "apiVersions": ["v1"],
+                       "operations": ["CREATE"], "resources": ["pods/eviction"], "scope": "Namespaced"}]),
+        "evictions rules: {}",
+        evictions["rules"]
+    );
+    ensure!(
+        evictions["matchConditions"]
+            == json!([{"name": "nodewarden-agent",
+                       "expression": format!("request.userInfo.username == 'system:serviceaccount:{NS}:nodewarden-agent'")}]),
+        "evictions matchConditions: {}",
+        evictions["matchConditions"]
+    );
     let features = webhook(config, "features.nodewarden.io")?;
     ensure!(features["clientConfig"]["service"]["path"] == "/validate/features");
     ensure!(
@@ -511,6 +530,10 @@ async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Resul
         if o["kind"] != "ClusterRole"
             && o["kind"] != "ClusterRoleBinding"
             && !o["kind"].as_str().unwrap_or("").ends_with("WebhookConfiguration")
+            && !o["kind"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("ValidatingAdmissionPolicy")
         {
             ensure!(
                 o["metadata"]["namespace"] == NS,
@@ -549,8 +572,10 @@ async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Resul
     );
     ensure!(configs[0]["resourceNames"] == json!(["nodewarden-mutating", "nodewarden-validating"]));
     ensure!(
-        !rules_for(webhook_cr, "pods").iter().any(|_| true),
-        "the webhook needs no access to pods"
+        rules_for(webhook_cr, "pods")
+            == [&json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]})],
+        "the webhook only gets pods (the eviction guard reads the evicted pod): {:?}",
+        rules_for(webhook_cr, "pods")
     );
 
     let webhook_role = r.get("Role", "nodewarden-webhook")?;
@@ -565,6 +590,54 @@ async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Resul
     }
     let agent_cr = r.get("ClusterRole", "nodewarden-agent")?;
     ensure!(rules_for(agent_cr, "nodes/metrics")[0]["verbs"] == json!(["get"]));
+    // acting on its node's pods: exactly these, nothing broader
+    for (group, resource, verbs) in [
+        ("", "pods/resize", json!(["patch"])),
+        ("", "pods/eviction", json!(["create"])),
+        ("apps", "daemonsets", json!(["get"])),
+        ("", "limitranges", json!(["list", "watch"])),
+        ("events.k8s.io", "events", json!(["create", "patch"])),
+    ] {
+        let rules = rules_for(agent_cr, resource);
+        ensure!(
+            rules.len() == 1 && rules[0]["apiGroups"] == json!([group]) && rules[0]["verbs"] == verbs,
+            "agent {resource}: {rules:?}"
+        );
+    }
+    ensure!(
+        rules_for(agent_cr, "leases").is_empty(),
+        "no cluster-wide leases for the agent"
+    );
+    let agent_role = r.get("Role", "nodewarden-agent")?;
+    ensure!(
+        agent_role["rules"]
+            == json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                       "verbs": ["get", "create", "update", "delete"]}]),
+        "agent Role: {}",
+        agent_role["rules"]
+    );
+    // resizes: the policy matches only the agent's pods/resize and compares the nodes
+    let policy = r.get("ValidatingAdmissionPolicy", "nodewarden-agent-own-node-resize")?;
+    ensure!(
+        policy["spec"]["matchConstraints"]["resourceRules"]
+            == json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods/resize"]}])
+            && policy["spec"]["failurePolicy"] == "Fail",
+        "{policy}"
+    );
+    ensure!(
+        policy["spec"]["matchConditions"][0]["expression"]
+            == format!("request.userInfo.username == 'system:serviceaccount:{NS}:nodewarden-agent'"),
+        "{policy}"
+    );
+    let binding = r.get(
+        "ValidatingAdmissionPolicyBinding",
+        "nodewarden-agent-own-node-resize",
+    )?;
+    ensure!(
+        binding["spec"]
+            == json!({"policyName": "nodewarden-agent-own-node-resize", "validationActions": ["Deny"]}),
+        "{binding}"
+    );
     for resource in ["noderecommendations", "nodefeaturereports"] {
         let verbs = &rules_for(agent_cr, resource)[0]["verbs"];
         for v in ["get", "create", "patch"] {
@@ -664,7 +737,7 @@ async fn secret_mode_puts_the_given_ca_in_every_webhook() -> Result<()> {
             }
         }
     }
-    ensure!(seen == 5, "5 webhooks with a caBundle, saw {seen}");
+    ensure!(seen == 6, "6 webhooks with a caBundle, saw {seen}");
     ensure!(r.of_kind("Secret").is_empty() && r.of_kind("Certificate").is_empty());
     let d = r.get("Deployment", "nodewarden-webhook")?;
     ensure!(volume(d, "tls")?["secret"] == json!({"secretName": "my-webhook-tls"}));
@@ -870,6 +943,12 @@ async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
         r.names()
     );
     ensure!(r.of_kind("DaemonSet").is_empty() && !r.has("ClusterRole", "nodewarden-agent"));
+    ensure!(
+        r.of_kind("ValidatingAdmissionPolicy").is_empty()
+            && r.of_kind("ValidatingAdmissionPolicyBinding").is_empty(),
+        "no resize policy without the agent: {:?}",
+        r.names()
+    );
     let config = r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?;
     let names: Vec<&str> = config["webhooks"]
         .as_array()
@@ -893,6 +972,10 @@ async fn webhooks_and_agent_can_be_switched_off() -> Result<()> {
         "without the chart's agent, no agent service account is pinned"
     );
     let cr = r.get("ClusterRole", "nodewarden-webhook")?;
+    ensure!(
+        rules_for(cr, "pods").is_empty(),
+        "no pod reads without the agent's evictions to check"
+    );
     ensure!(
         rules_for(cr, "validatingwebhookconfigurations")[0]["resourceNames"]
             == json!(["nodewarden-validating"])
@@ -1202,7 +1285,23 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
     let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
         .get("nodewarden-validating")
         .await?;
-    ensure!(validating.webhooks.as_ref().map(Vec::len) == Some(4));
+    ensure!(validating.webhooks.as_ref().map(Vec::len) == Some(5));
+    // the agent's resize policy is installed and bound (the API server compiled its CEL)
+    let policy = Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .get("nodewarden-agent-own-node-resize")
+        .await?;
+    let problems = policy
+        .status
+        .and_then(|s| s.type_checking)
+        .and_then(|t| t.expression_warnings)
+        .unwrap_or_default();
+    ensure!(
+        problems.is_empty(),
+        "resize policy type-checking warnings: {problems:?}"
+    );
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .get("nodewarden-agent-own-node-resize")
+        .await?;
 
     // The DaemonSet controller puts one agent on every node, the tainted one included; the pods
     // are admitted although the mutating webhook is not running (failurePolicy Ignore), with the
@@ -1333,6 +1432,7 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
         "claims.nodewarden.io",
         "autoscalers.nodewarden.io",
         "node-reports.nodewarden.io",
+        "evictions.nodewarden.io",
         "features.nodewarden.io",
     ]
     .iter()
@@ -1407,7 +1507,7 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
             "helm upgrade dropped the injected caBundle of {name}"
         );
     }
-    ensure!(kept.len() == 5, "webhooks after upgrade: {kept:?}");
+    ensure!(kept.len() == 6, "webhooks after upgrade: {kept:?}");
 
     // Uninstall removes everything the chart created, except the CRDs (Helm never deletes those).
     helm.ok(&["uninstall", RELEASE, "--namespace", NS]).await?;
@@ -1563,6 +1663,8 @@ async fn leftovers(client: &Client) -> Result<Vec<String>> {
     check!(ClusterRoleBinding, Api::all(client.clone()));
     check!(MutatingWebhookConfiguration, Api::all(client.clone()));
     check!(ValidatingWebhookConfiguration, Api::all(client.clone()));
+    check!(ValidatingAdmissionPolicy, Api::all(client.clone()));
+    check!(ValidatingAdmissionPolicyBinding, Api::all(client.clone()));
     Ok(left)
 }
 
@@ -1589,6 +1691,8 @@ const RBAC_CASES: &[&str] = &[
     "webhook get core/namespaces - kube-system yes",
     "webhook get core/namespaces - default no",
     "webhook list core/pods - - no",
+    "webhook get core/pods default x yes",
+    "webhook delete core/pods default x no",
     "webhook create nodewarden.io/clusterclaims - - no",
     "webhook watch about.k8s.io/clusterproperties - - yes",
     "webhook update about.k8s.io/clusterproperties - x no",
@@ -1602,6 +1706,18 @@ const RBAC_CASES: &[&str] = &[
     "agent update nodewarden.io/daemonsetautoscalers default x no",
     "agent get core/secrets nodewarden nodewarden-webhook-tls no",
     "agent delete core/pods nodewarden x no",
+    "agent patch core/pods/resize default x yes",
+    "agent update core/pods/resize default x no",
+    "agent patch core/pods default x no",
+    "agent create core/pods/eviction default x yes",
+    "agent get apps/daemonsets default x yes",
+    "agent list apps/daemonsets - - no",
+    "agent watch core/limitranges - - yes",
+    "agent create events.k8s.io/events default - yes",
+    "agent delete events.k8s.io/events default x no",
+    "agent create coordination.k8s.io/leases nodewarden - yes",
+    "agent delete coordination.k8s.io/leases nodewarden x yes",
+    "agent get coordination.k8s.io/leases kube-system x no",
 ];
 
 /// Asks the real authorizer (SubjectAccessReview) about each of [`RBAC_CASES`].

@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::controllers::{self, ControllerOptions, LeaderTask};
 use crate::features::{FeatureCaches, FeaturesGuard};
 use crate::metrics::Metrics;
+use crate::node_reports::evictions::{ApiServerPods, EvictionGuard, POD_LOOKUP_TIMEOUT};
 use crate::node_reports::{NodeReportsGuard, NodeReportsPolicy};
 use crate::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use crate::{claims, features, node_reports, rightsizing, server};
@@ -44,6 +45,8 @@ pub struct Handlers {
     pub autoscalers: Arc<AutoscalerValidator>,
     /// `/validate/node-reports`: only node N's agent writes node N's reports.
     pub node_reports: Arc<NodeReportsGuard>,
+    /// `/validate/evictions`: node N's agent evicts only pods on node N.
+    pub evictions: Arc<EvictionGuard>,
     /// `/validate/features`: Feature objects, and writes to fields of features that are off.
     pub features: Arc<FeaturesGuard>,
 }
@@ -68,6 +71,10 @@ pub fn routes(handlers: &Handlers) -> Vec<Route> {
             handler: handlers.node_reports.clone(),
         },
         Route {
+            path: node_reports::evictions::ROUTE,
+            handler: handlers.evictions.clone(),
+        },
+        Route {
             path: features::ROUTE,
             handler: handlers.features.clone(),
         },
@@ -83,6 +90,8 @@ pub struct App {
     claims: Arc<ClaimsCache>,
     rightsizing: Arc<RightsizingIndex>,
     features: Arc<FeatureCaches>,
+    /// The eviction guard's client, set once [`App::run`] has built one.
+    pod_reader: Arc<std::sync::OnceLock<kube::Client>>,
 }
 
 impl App {
@@ -106,6 +115,8 @@ impl App {
         });
         let rightsizing = RightsizingIndex::new();
         let features = FeatureCaches::new();
+        let pods = ApiServerPods::new(POD_LOOKUP_TIMEOUT);
+        let pod_reader = pods.client_slot();
         let handlers = Handlers {
             features: Arc::new(FeaturesGuard::new(features.clone()).with_observer(metrics.clone())),
             claims: Arc::new(ClaimsGuard::new(
@@ -118,6 +129,10 @@ impl App {
             node_reports: Arc::new(NodeReportsGuard::new(NodeReportsPolicy::from(
                 &config.node_reports,
             ))),
+            evictions: Arc::new(EvictionGuard::new(
+                NodeReportsPolicy::from(&config.node_reports),
+                Arc::new(pods),
+            )),
         };
         Ok(App {
             config,
@@ -127,6 +142,7 @@ impl App {
             claims,
             rightsizing,
             features,
+            pod_reader,
         })
     }
 
@@ -148,7 +164,7 @@ impl App {
         let readiness = self.readiness.clone();
         if config.node_reports.agent_service_account.is_none() {
             tracing::warn!(
-                "--agent-service-account is not set: any service account with a token bound to node N may write node N's reports"
+                "--agent-service-account is not set: any service account with a token bound to node N may write node N's reports, and evictions are not guarded"
             );
         }
 
@@ -238,6 +254,8 @@ impl App {
                 }
             }
         };
+        // until now the eviction guard denied the agent's evictions: it could not read pods
+        let _ = self.pod_reader.set(client.clone());
         let namespace = config
             .namespace
             .clone()

@@ -16,12 +16,15 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use tracing::{debug, info, info_span, warn};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, ReviewOut, UserInfo};
 
 /// A capability's admission decision: a pure function of the request (and whatever snapshot
-/// of the caches the handler holds).
+/// of the caches the handler holds), or, through [`Handler::review_async`], of the request and
+/// one bounded read from the API server.
 pub trait Handler: Send + Sync + 'static {
     /// The answer to one request; it must not panic (the pipeline turns a panic into an error answer).
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse;
@@ -30,6 +33,14 @@ pub trait Handler: Send + Sync + 'static {
     /// registered with `failurePolicy: Ignore` promises; otherwise it is denied with code 500.
     fn fails_open(&self) -> bool {
         false
+    }
+
+    /// The answer to one request, for handlers that must ask the API server before they decide
+    /// (the eviction guard reads the evicted pod). The router awaits this; the default is
+    /// [`Handler::review`]. Same contract: it must not panic, and a panic is answered as in
+    /// [`Handler::fails_open`].
+    fn review_async<'a>(&'a self, request: &'a AdmissionRequest) -> BoxFuture<'a, AdmissionResponse> {
+        Box::pin(async move { self.review(request) })
     }
 }
 
@@ -43,6 +54,10 @@ impl<H: Handler> Handler for FailOpen<H> {
 
     fn fails_open(&self) -> bool {
         true
+    }
+
+    fn review_async<'a>(&'a self, request: &'a AdmissionRequest) -> BoxFuture<'a, AdmissionResponse> {
+        self.0.review_async(request)
     }
 }
 
@@ -152,29 +167,58 @@ pub enum Processed {
     BadRequest(String),
 }
 
-/// Runs the pipeline on one request body. Pure apart from logging.
+/// Runs the pipeline on one request body with [`Handler::review`]. Pure apart from logging.
 pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
+    match decode(body) {
+        Ok(request) => {
+            let decided =
+                std::panic::catch_unwind(AssertUnwindSafe(|| handler.review(&request))).map_err(|_| ());
+            finish(request, decided, handler)
+        }
+        Err(answered) => answered,
+    }
+}
+
+/// Runs the pipeline on one request body with [`Handler::review_async`] (what the router does).
+pub async fn process_async(body: &[u8], handler: &dyn Handler) -> Processed {
+    match decode(body) {
+        Ok(request) => {
+            // a panic while the future is made is caught too, not only while it runs
+            let decided = AssertUnwindSafe(async { handler.review_async(&request).await })
+                .catch_unwind()
+                .await
+                .map_err(|_| ());
+            finish(request, decided, handler)
+        }
+        Err(answered) => answered,
+    }
+}
+
+/// The request of a well-formed review, or the answer to one that is not.
+fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
     let review: ReviewIn = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(err) => {
             let message = format!("malformed AdmissionReview: {err}");
-            return match uid_of(body) {
+            return Err(match uid_of(body) {
                 Some(uid) => Processed::Review(
                     Box::new(ReviewOut::new(deny_invalid(&uid, message))),
                     Outcome::Invalid,
                     Ident::default(),
                 ),
                 None => Processed::BadRequest(message),
-            };
+            });
         }
     };
     let Some(request) = review.request else {
-        return Processed::BadRequest(
+        return Err(Processed::BadRequest(
             "AdmissionReview has no request: expected {\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{...}}".to_string(),
-        );
+        ));
     };
     if request.uid.is_empty() {
-        return Processed::BadRequest("AdmissionReview request has an empty uid".to_string());
+        return Err(Processed::BadRequest(
+            "AdmissionReview request has an empty uid".to_string(),
+        ));
     }
     if review.api_version != review::API_VERSION || review.kind != review::KIND {
         let message = format!(
@@ -184,13 +228,21 @@ pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
             review::API_VERSION,
             review::KIND
         );
-        return Processed::Review(
+        return Err(Processed::Review(
             Box::new(ReviewOut::new(deny_invalid(&request.uid, message))),
             Outcome::Invalid,
             Ident::of(&request),
-        );
+        ));
     }
-    let decided = std::panic::catch_unwind(AssertUnwindSafe(|| handler.review(&request)));
+    Ok(request)
+}
+
+/// The review answering `request` with the handler's answer, or `Err` when the handler panicked.
+fn finish(
+    request: AdmissionRequest,
+    decided: Result<AdmissionResponse, ()>,
+    handler: &dyn Handler,
+) -> Processed {
     let (mut response, outcome) = match decided {
         Ok(response) => {
             let outcome = if !response.allowed {
@@ -302,8 +354,12 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
         object_name = tracing::field::Empty,
         operation = tracing::field::Empty
     );
+    // the span is entered around each poll, never held across an await
+    let processed = process_async(&body, state.handler.as_ref())
+        .instrument(span.clone())
+        .await;
     let _entered = span.enter();
-    match process(&body, state.handler.as_ref()) {
+    match processed {
         Processed::Review(out, outcome, ident) => {
             state.metrics.observed(state.path, outcome, started.elapsed());
             log_outcome(&span, &out, outcome, &ident);

@@ -13,6 +13,11 @@
 //! Everything else is denied with a message that names the node in the token and the node in
 //! the object. DELETE is not guarded (the chart does not send it): removing a report only makes
 //! that node's pods fall back to the cold-start choice.
+//!
+//! The same agent setting guards the agent's evictions: [`evictions`] (`/validate/evictions`)
+//! lets the agent on node N evict only pods bound to node N.
+
+pub mod evictions;
 
 use clap::Args;
 use nodewarden_api::domain::names::{ServiceAccountError, ServiceAccountName};
@@ -30,8 +35,9 @@ pub const KINDS: [&str; 2] = ["NodeRecommendation", "NodeFeatureReport"];
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct NodeReportsArgs {
     /// The agent's service account as `namespace:name` (or `system:serviceaccount:namespace:name`);
-    /// only it (with a token bound to node N) may write node N's reports. Unset: any service
-    /// account whose token is bound to node N.
+    /// only it (with a token bound to node N) may write node N's reports, and its evictions
+    /// (`/validate/evictions`) must be of pods on node N. Unset: any service account whose token
+    /// is bound to node N writes N's reports, and evictions are not checked.
     #[arg(long, env = "NODEWARDEN_AGENT_SERVICE_ACCOUNT", value_parser = parse_service_account)]
     pub agent_service_account: Option<String>,
 
