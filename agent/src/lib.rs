@@ -57,8 +57,20 @@ pub fn now_ms() -> i64 {
 /// Runs the agent with the in-cluster (or kubeconfig) client until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
-    let client = nodewarden_runtime::client::kube_client(None).await?;
-    run_with_client(config, client, shutdown).await
+    let kube = nodewarden_runtime::client::kube_config(None).await?;
+    run_with_kube_config(config, kube, shutdown).await
+}
+
+/// Runs the agent against the API server `kube` describes until `shutdown`: evictions go
+/// through a client that does not retry 429 itself (a PodDisruptionBudget's answer).
+pub async fn run_with_kube_config(
+    config: Config,
+    kube: kube::Config,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let client = kube::Client::try_from(kube.clone()).context("building the API server client")?;
+    let evictions = nodewarden_runtime::client::client_without_retries(kube)?;
+    run_with_clients(config, client, evictions, shutdown).await
 }
 
 /// Loads the checkpoint into `sampler`, logging what happened.
@@ -92,6 +104,16 @@ fn restore(sampler: &mut Sampler, config: &Config) {
 pub async fn run_with_client(
     config: Config,
     client: Client,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    run_with_clients(config, client.clone(), client, shutdown).await
+}
+
+/// [`run_with_client`] with a second client for evictions (see [`run_with_kube_config`]).
+pub async fn run_with_clients(
+    config: Config,
+    client: Client,
+    evictions: Client,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let hierarchy = cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
@@ -131,13 +153,17 @@ pub async fn run_with_client(
         ))
     });
     let (desired_tx, desired_rx) = watch::channel::<publish::Desired>(None);
-    let updater = tokio::spawn(update::run(
+    let updater = update::Updater::new(
         client.clone(),
+        evictions,
         config.node_name.clone(),
         config.update.clone(),
+        metrics.clone(),
+    );
+    let updater = tokio::spawn(update::run(
+        updater,
         stores.clone(),
         desired_rx.clone(),
-        metrics.clone(),
         stop.clone(),
     ));
     let publisher = tokio::spawn(publish::run_publisher(

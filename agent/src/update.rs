@@ -128,6 +128,8 @@ pub enum Outcome {
 /// The updater's state across rounds.
 pub struct Updater {
     client: Client,
+    /// A client that does not retry 429 (see `nodewarden_runtime::client::client_without_retries`).
+    evictions: Client,
     node: String,
     args: UpdateArgs,
     thresholds: Thresholds,
@@ -143,20 +145,16 @@ pub struct Updater {
 
 /// Runs the updater until `stop`.
 pub async fn run(
-    client: Client,
-    node: String,
-    args: UpdateArgs,
+    mut updater: Updater,
     stores: Stores,
     desired: watch::Receiver<crate::publish::Desired>,
-    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    if !args.update_running_pods {
+    if !updater.args.update_running_pods {
         tracing::info!("updates of running pods are off (--update-running-pods=false)");
         return;
     }
-    let limit_ranges = watch_limit_ranges(client.clone(), stop.clone());
-    let mut updater = Updater::new(client, node, args, metrics);
+    let limit_ranges = watch_limit_ranges(updater.client.clone(), stop.clone());
     let mut ticker = tokio::time::interval(updater.args.update_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -194,7 +192,13 @@ fn watch_limit_ranges(client: Client, stop: CancellationToken) -> Store<LimitRan
 }
 
 impl Updater {
-    pub fn new(client: Client, node: String, args: UpdateArgs, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        client: Client,
+        evictions: Client,
+        node: String,
+        args: UpdateArgs,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -205,6 +209,7 @@ impl Updater {
         Updater {
             thresholds: args.thresholds(),
             client,
+            evictions,
             node,
             args,
             metrics,
@@ -285,6 +290,7 @@ impl Updater {
             );
             let facts = facts(pod, bounds, &self.thresholds);
             let action = decide(mode, &sizing, &facts, &self.thresholds);
+            tracing::debug!(pod = %name, ?mode, resize = ?facts.resize, ?sizing, ?action, "update decision");
             let outcome = match action {
                 Action::Leave(leave) => {
                     let label = leave.label();
@@ -374,6 +380,7 @@ impl Updater {
             Ok(Err(kube::Error::Api(status))) if status.code == 422 => {
                 // e.g. a QoS class change: only a new pod can have these figures
                 self.metrics.pod_update("resize", "refused");
+                tracing::warn!(pod = %name, namespace = ns, message = %status.message, "the API server refused the resize");
                 let why = format!(
                     "the API server refused the resize to {said} ({}); evicting instead",
                     status.message
@@ -391,6 +398,7 @@ impl Updater {
             }
             Err(_) => {
                 self.metrics.pod_update("resize", "error");
+                tracing::warn!(pod = %name, namespace = ns, "resize timed out");
                 Outcome::Held("resize timed out".to_string())
             }
         }
@@ -422,7 +430,7 @@ impl Updater {
                 return Outcome::Held(held);
             }
         };
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<Pod> = Api::namespaced(self.evictions.clone(), ns);
         let name = pod.name_any();
         let result = tokio::time::timeout(CALL_TIMEOUT, api.evict(&name, &EvictParams::default())).await;
         match result {
@@ -471,7 +479,9 @@ impl Updater {
             }
             Err(_) => {
                 self.release(ns, &lease).await;
+                self.hold_back(key);
                 self.metrics.pod_update("evict", "error");
+                tracing::warn!(pod = %name, namespace = ns, "eviction timed out");
                 Outcome::Held("eviction timed out".to_string())
             }
         }

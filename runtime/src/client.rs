@@ -9,6 +9,20 @@ use backon::BackoffBuilder;
 /// A client for the API server from `kubeconfig`, else in-cluster or `$KUBECONFIG`.
 /// Nothing is sent to the API server yet.
 pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = kube_config(kubeconfig).await?;
+    kube::Client::try_from(config).context("building the API server client")
+}
+
+/// A client that answers every status as it comes: kube's client otherwise retries 429, 503
+/// and 504 itself (up to 15 times, backing off for minutes), which is wrong where a 429 is an
+/// answer (an eviction a PodDisruptionBudget refuses).
+pub fn client_without_retries(mut config: kube::Config) -> anyhow::Result<kube::Client> {
+    config.default_retry = false;
+    kube::Client::try_from(config).context("building the API server client")
+}
+
+/// The API server settings from `kubeconfig`, else in-cluster or `$KUBECONFIG`.
+pub async fn kube_config(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
     let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
@@ -21,7 +35,7 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
             "finding API server credentials (in-cluster service account, $KUBECONFIG or ~/.kube/config)",
         )?,
     };
-    kube::Client::try_from(config).context("building the API server client")
+    Ok(config)
 }
 
 /// Delays between retries of API server calls: exponential from 500 ms to 30 s, with jitter,

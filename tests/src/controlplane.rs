@@ -535,6 +535,11 @@ impl ControlPlane {
 
     /// A client that sends `token` as its bearer token (and no client certificate).
     pub async fn client_with_token(&self, token: &str) -> Result<Client> {
+        Ok(Client::try_from(self.config_with_token(token).await?)?)
+    }
+
+    /// The client settings of [`client_with_token`](Self::client_with_token).
+    pub async fn config_with_token(&self, token: &str) -> Result<Config> {
         let yaml = serde_yaml_ng::to_string(&json!({
             "apiVersion": "v1",
             "kind": "Config",
@@ -546,7 +551,8 @@ impl ControlPlane {
             "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "token"}}],
             "current-context": "e2e",
         }))?;
-        client_from_yaml(&yaml, None).await
+        let kubeconfig = Kubeconfig::from_yaml(&yaml)?;
+        Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
     }
 
     /// A service-account token from the TokenRequest API, valid for an hour. With

@@ -158,7 +158,10 @@ async fn autoscaled_pod_with_mode(env: &TestEnv, node: &str, n: usize, mode: &st
             json!({
                 "name": name, "image": "registry.invalid/agent:1", "imageID": "", "ready": true,
                 "restartCount": 0, "started": true, "state": {"running": {"startedAt": "2026-11-21T07:00:00Z"}},
-                "containerID": format!("containerd://{}", container_id(i))
+                "containerID": format!("containerd://{}", container_id(i)),
+                // what a kubelet that supports in-place resize reports (the API server refuses
+                // resizes of running containers without it)
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
             })
         })
         .collect();
@@ -463,6 +466,14 @@ async fn agent_binary_footprint_with_100_containers() {
     .await;
 }
 
+/// With `NODEWARDEN_TEST_LOG` set, the in-process agents log (debug) to stderr.
+fn test_log() {
+    if std::env::var_os("NODEWARDEN_TEST_LOG").is_some() {
+        let format = nodewarden_runtime::telemetry::LogFormat::Text;
+        let _ = nodewarden_runtime::telemetry::init(format, "nodewarden_agent=debug", "test");
+    }
+}
+
 /// A token of the agent's service account bound to a new agent pod on `node` (the identity
 /// must exist: [`agent_identity`]).
 async fn agent_token_on(env: &TestEnv, node: &str, pod_name: &str) -> Result<String> {
@@ -501,7 +512,7 @@ fn start_agent(
     env: &TestEnv,
     node: &str,
     pod_uid: &str,
-    client: kube::Client,
+    kube: kube::Config,
     stop: &CancellationToken,
 ) -> Result<(tempfile::TempDir, tokio::task::JoinHandle<anyhow::Result<()>>)> {
     let tmp = tempfile::tempdir()?;
@@ -529,7 +540,7 @@ fn start_agent(
         "--log-format",
         "text",
     ])?;
-    let agent = tokio::spawn(nodewarden_agent::run_with_client(config, client, stop.clone()));
+    let agent = tokio::spawn(nodewarden_agent::run_with_kube_config(config, kube, stop.clone()));
     Ok((tmp, agent))
 }
 
@@ -548,14 +559,15 @@ fn requests_of(pod: &Pod) -> (String, String) {
 #[tokio::test]
 async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_does_not() {
     e2e("agent-in-place", |env| async move {
+        test_log();
         let cp = env.cp;
         apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
         let node = env.create_nodes(1).await?.remove(0);
         let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
         let pod_uid = autoscaled_pod_on(&env, &node, 1).await?;
         let stop = CancellationToken::new();
-        let client = cp.client_with_token(&token).await?;
-        let (_tmp, agent) = start_agent(&env, &node, &pod_uid, client, &stop)?;
+        let kube = cp.config_with_token(&token).await?;
+        let (_tmp, agent) = start_agent(&env, &node, &pod_uid, kube, &stop)?;
 
         let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
         let rec = cp
@@ -637,6 +649,7 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
 #[tokio::test]
 async fn recreate_mode_evicts_one_pod_at_a_time_and_honours_a_pod_disruption_budget() {
     e2e("agent-recreate", |env| async move {
+        test_log();
         let cp = env.cp;
         apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
         let nodes = env.create_nodes(2).await?;
@@ -692,8 +705,8 @@ async fn recreate_mode_evicts_one_pod_at_a_time_and_honours_a_pod_disruption_bud
         };
 
         let stop = CancellationToken::new();
-        let (_tmp_a, agent_a) = start_agent(&env, &nodes[0], &uid_a, cp.client_with_token(&token_a).await?, &stop)?;
-        let (_tmp_b, agent_b) = start_agent(&env, &nodes[1], &uid_b, cp.client_with_token(&token_b).await?, &stop)?;
+        let (_tmp_a, agent_a) = start_agent(&env, &nodes[0], &uid_a, cp.config_with_token(&token_a).await?, &stop)?;
+        let (_tmp_b, agent_b) = start_agent(&env, &nodes[1], &uid_b, cp.config_with_token(&token_b).await?, &stop)?;
 
         // The budget allows nothing: each agent's eviction is answered 429, said in an Event.
         let blocked = cp

@@ -595,6 +595,7 @@ async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Resul
         ("", "pods/resize", json!(["patch"])),
         ("", "pods/eviction", json!(["create"])),
         ("apps", "daemonsets", json!(["get"])),
+        ("apps", "controllerrevisions", json!(["get"])),
         ("", "limitranges", json!(["list", "watch"])),
         ("events.k8s.io", "events", json!(["create", "patch"])),
     ] {
@@ -612,7 +613,7 @@ async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Resul
     ensure!(
         agent_role["rules"]
             == json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                       "verbs": ["get", "create", "update", "delete"]}]),
+                       "verbs": ["get", "list", "create", "update", "delete"]}]),
         "agent Role: {}",
         agent_role["rules"]
     );
@@ -1712,6 +1713,9 @@ const RBAC_CASES: &[&str] = &[
     "agent create core/pods/eviction default x yes",
     "agent get apps/daemonsets default x yes",
     "agent list apps/daemonsets - - no",
+    "agent get apps/controllerrevisions default x-1 yes",
+    "agent list apps/controllerrevisions - - no",
+    "agent list coordination.k8s.io/leases nodewarden - yes",
     "agent watch core/limitranges - - yes",
     "agent create events.k8s.io/events default - yes",
     "agent delete events.k8s.io/events default x no",
