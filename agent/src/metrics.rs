@@ -43,6 +43,12 @@ pub struct GateScrapeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AutoscalerLabels {
+    pub namespace: String,
+    pub autoscaler: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpdateLabels {
     /// `resize` or `evict`.
     pub action: &'static str,
@@ -84,6 +90,8 @@ pub struct Metrics {
     gate_scrapes: Family<GateScrapeLabels, Counter>,
     feature_report_writes: Family<ResultLabels, Counter>,
     pod_updates: Family<UpdateLabels, Counter>,
+    pods_running: Family<AutoscalerLabels, Gauge>,
+    pods_up_to_date: Family<AutoscalerLabels, Gauge>,
 }
 
 fn labels(key: &Key, resource: &'static str) -> ResourceLabels {
@@ -208,8 +216,22 @@ impl Metrics {
             "Resizes and evictions of running pods on this node, by action (resize, evict) and outcome",
             pod_updates.clone(),
         );
+        let pods_running = Family::<AutoscalerLabels, Gauge>::default();
+        registry.register(
+            "update_pods",
+            "Running pods on this node of autoscalers that act on running pods (InPlace, Recreate)",
+            pods_running.clone(),
+        );
+        let pods_up_to_date = Family::<AutoscalerLabels, Gauge>::default();
+        registry.register(
+            "update_pods_up_to_date",
+            "Of those, the pods whose requests and limits are already this node's figures",
+            pods_up_to_date.clone(),
+        );
         Metrics {
             pod_updates,
+            pods_running,
+            pods_up_to_date,
             gate_scrapes,
             feature_report_writes,
             registry,
@@ -298,6 +320,20 @@ impl Metrics {
         }
         self.samples.remove(&container_labels(key));
         self.oom_kills.remove(&container_labels(key));
+    }
+
+    /// After an update round: per autoscaler, its running pods here and how many are up to date.
+    pub fn update_round(&self, counts: &std::collections::BTreeMap<(String, String), (i64, i64)>) {
+        self.pods_running.clear();
+        self.pods_up_to_date.clear();
+        for ((namespace, autoscaler), (running, up_to_date)) in counts {
+            let labels = AutoscalerLabels {
+                namespace: namespace.clone(),
+                autoscaler: autoscaler.clone(),
+            };
+            self.pods_running.get_or_create(&labels).set(*running);
+            self.pods_up_to_date.get_or_create(&labels).set(*up_to_date);
+        }
     }
 
     /// One resize or eviction attempt and its outcome.

@@ -232,6 +232,7 @@ impl Updater {
         self.release_leases(pods).await;
         let mut out = Vec::new();
         let mut actions = 0;
+        let mut counts: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
         for pod in pods {
             if pod.spec.as_ref().is_none() || pod.metadata.deletion_timestamp.is_some() {
                 continue;
@@ -253,9 +254,6 @@ impl Updater {
                 .running_pods();
             if mode == RunningPods::Untouched {
                 continue;
-            }
-            if actions >= ACTIONS_PER_ROUND {
-                break;
             }
             let name = format!("{ns}/{}", pod.name_any());
             let template = match self.template(&ns, pod).await {
@@ -290,6 +288,11 @@ impl Updater {
             );
             let facts = facts(pod, bounds, &self.thresholds);
             let action = decide(mode, &sizing, &facts, &self.thresholds);
+            let count = counts.entry((ns.clone(), autoscaler_name.clone())).or_default();
+            count.0 += 1;
+            if action == Action::Leave(Leave::UpToDate) {
+                count.1 += 1;
+            }
             tracing::debug!(pod = %name, ?mode, resize = ?facts.resize, ?sizing, ?action, "update decision");
             let outcome = match action {
                 Action::Leave(leave) => {
@@ -298,6 +301,9 @@ impl Updater {
                         tracing::debug!(pod = %name, diff, "small change; left as it is");
                     }
                     Outcome::Left(label)
+                }
+                _ if actions >= ACTIONS_PER_ROUND => {
+                    Outcome::Held("the round's action limit is reached".to_string())
                 }
                 Action::Resize { containers, why } => {
                     actions += 1;
@@ -310,6 +316,7 @@ impl Updater {
             };
             out.push((name, outcome));
         }
+        self.metrics.update_round(&counts);
         out
     }
 

@@ -44,6 +44,10 @@ pub async fn install_chart(helm: &Helm, client: &Client, images: &TestImages) ->
         "5m".into(),
     ];
     args.extend(images.helm_set_args());
+    // running pods follow the node's figures within seconds, not VPA's 12 h
+    for set in ["agent.update.interval=2s", "agent.update.minAge=5s"] {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
     let out = helm.run(&args).await?;
     if !out.success {
         bail!(
@@ -89,6 +93,49 @@ pub async fn recreate_shipper_pod(client: &Client, node: &str) -> Result<Pod> {
     let first = wait_for_running_shipper(client, node, None).await?;
     pods.delete(&first.name_any(), &DeleteParams::default()).await?;
     wait_for_running_shipper(client, node, first.uid()).await
+}
+
+/// Switches the shipper's autoscaler to `InPlace` with a CPU floor of `min_cpu_milli`, and
+/// returns the pod on `node` once its agent has resized it in place (same pod, same container)
+/// to at least that request.
+pub async fn resize_in_place(client: &Client, node: &str, min_cpu_milli: u64) -> Result<(Pod, Pod)> {
+    let before = wait_for_running_shipper(client, node, None).await?;
+    let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> = Api::namespaced(client.clone(), SHIPPER_NS);
+    autoscalers
+        .patch(
+            SHIPPER,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {
+                "updatePolicy": {"updateMode": "InPlace"},
+                "resourcePolicy": {"containerPolicies": [
+                    {"containerName": "*", "minAllowed": {"cpu": format!("{min_cpu_milli}m")}}
+                ]},
+            }})),
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pod = pods.get(&before.name_any()).await?;
+        let applied = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| cpu_milli(r.get("cpu")).ok().flatten());
+        if container_requests(&pod)?.0 >= min_cpu_milli && applied.is_some_and(|a| a >= min_cpu_milli) {
+            return Ok((before, pod));
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the shipper pod on {node} was not resized in place to {min_cpu_milli}m within 120 s:\n{}",
+                describe_pods(client, SHIPPER_NS).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// What the shipper burns and holds on each node.

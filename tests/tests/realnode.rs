@@ -14,8 +14,11 @@
 //! 4. A new pod of that DaemonSet on each node gets that node's figures from the webhook (the busy
 //!    node more, the quiet one less), and the kubelet runs it with them: read back from the
 //!    container's cgroup, not only from the Pod.
-//! 5. `helm uninstall` leaves no nodewarden pod running.
-//! 6. The host is as before the node started (sysctls, iptables, mounts, links, cgroups, folders).
+//! 5. With `updateMode: InPlace` and a CPU floor above both nodes' figures, each node's agent
+//!    resizes its running shipper pod through `pods/resize`; the kubelet applies it to the same
+//!    container without a restart (read back from the container's cgroup).
+//! 6. `helm uninstall` leaves no nodewarden pod running.
+//! 7. The host is as before the node started (sysctls, iptables, mounts, links, cgroups, folders).
 //!
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
@@ -29,7 +32,7 @@ use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::shipper::{
     BUSY, NAMESPACE, QUIET, RELEASE, container_limits, container_requests, create_shipper, install_chart,
-    recreate_shipper_pod, running_pods, wait_for_recommendation,
+    recreate_shipper_pod, resize_in_place, running_pods, wait_for_recommendation,
 };
 use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, require_real_nodes};
 use serde_json::json;
@@ -155,7 +158,39 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         }
     }
 
-    // 5. uninstall leaves no nodewarden pod running
+    // 5. InPlace: with a CPU floor above both nodes' figures, each node's agent resizes its
+    //    running pod in place; the kubelet applies it to the same container, without a restart
+    let floor = busy.0.max(quiet.0) + 100;
+    for (node, _) in nodes {
+        let (before, after) = resize_in_place(&client, &node.name, floor).await?;
+        let container = |p: &Pod| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map(|c| (c.container_id.clone(), c.restart_count))
+        };
+        ensure!(
+            container(&before) == container(&after),
+            "resized in place on {}: same container, no restart ({:?} → {:?})",
+            node.name,
+            container(&before),
+            container(&after)
+        );
+        let request = container_requests(&after)?.0;
+        let applied = node.container_cgroup(&after)?;
+        ensure!(
+            applied.cpu_matches_request(request),
+            "the running container's cgroup on {} has the CPU weight of its new {request}m request: {applied:?}",
+            node.name
+        );
+        eprintln!(
+            "realnode: {} resized in place to {request}m CPU (floor {floor}m), same container, cgroup {applied:?}",
+            node.name
+        );
+    }
+
+    // 6. uninstall leaves no nodewarden pod running
     let out = helm
         .run(&[
             "uninstall",

@@ -8,7 +8,7 @@ use nodewarden_tests::images;
 use nodewarden_tests::node::unavailable_reason;
 use nodewarden_tests::shipper::{
     BUSY, QUIET, container_limits, container_requests, create_shipper, install_chart, recreate_shipper_pod,
-    wait_for_recommendation,
+    resize_in_place, wait_for_recommendation,
 };
 use nodewarden_tests::{RealCluster, RealClusterConfig};
 
@@ -60,8 +60,10 @@ async fn show(cluster: &RealCluster, images: &images::TestImages) -> Result<()> 
          more on the busy node; each node's agent measures them from the real cgroups (about a minute)",
     );
     let mut rows = Vec::new();
+    let mut targets = Vec::new();
     for (node, load) in nodes {
         let (cpu, mem) = wait_for_recommendation(&client, &node.name, load).await?;
+        targets.push((cpu, mem));
         let pod = recreate_shipper_pod(&client, &node.name).await?;
         let (req_cpu, req_mem) = container_requests(&pod)?;
         let (_, limit) = container_limits(&pod)?;
@@ -101,6 +103,43 @@ async fn show(cluster: &RealCluster, images: &images::TestImages) -> Result<()> 
                     .or(limit)
                     .map_or("-".to_string(), |b| format!("{}Mi", b / MIB))
             ),
+        );
+    }
+    println!();
+    let floor = targets.iter().map(|(cpu, _)| *cpu).max().unwrap_or(0) + 100;
+    step(&format!(
+        "updateMode InPlace with a CPU floor of {floor}m: each node's agent resizes its running pod \
+         through pods/resize, nobody deletes anything"
+    ));
+    println!();
+    println!(
+        "  {:<18} {:>14} {:>14} {:>20} {:>14}",
+        "node", "pod", "CPU request", "container restarts", "cgroup shares"
+    );
+    for (node, _) in nodes {
+        let (before, after) = resize_in_place(&client, &node.name, floor).await?;
+        let restarts = |p: &k8s_openapi::api::core::v1::Pod| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map_or(0, |c| c.restart_count)
+        };
+        let applied = node.container_cgroup(&after)?;
+        println!(
+            "  {:<18} {:>14} {:>14} {:>20} {:>14}",
+            node.name,
+            kube::ResourceExt::name_any(&after),
+            format!(
+                "{}m → {}m",
+                container_requests(&before)?.0,
+                container_requests(&after)?.0
+            ),
+            format!("{} → {}", restarts(&before), restarts(&after)),
+            applied
+                .cpu_shares
+                .or(applied.cpu_weight)
+                .map_or("-".to_string(), |v| v.to_string()),
         );
     }
     println!();
