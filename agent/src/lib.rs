@@ -153,13 +153,16 @@ pub async fn run_with_clients(
         ))
     });
     let (desired_tx, desired_rx) = watch::channel::<publish::Desired>(None);
+    // the updater's last count of running pods per autoscaler, published with the figures
+    let (pods_tx, mut pods_rx) = watch::channel::<Vec<nodewarden_api::rightsizing::NodePods>>(Vec::new());
     let updater = update::Updater::new(
         client.clone(),
         evictions,
         config.node_name.clone(),
         config.update.clone(),
         metrics.clone(),
-    );
+    )
+    .reporting_to(pods_tx);
     let updater = tokio::spawn(update::run(
         updater,
         stores.clone(),
@@ -199,9 +202,20 @@ pub async fn run_with_clients(
         let now = now_ms();
         let (targets, autoscalers) = stores.targets();
         let tick = sampler.tick(now, &targets, &autoscalers);
-        if let Some((reason, spec)) = tick.publish {
+        let pods_changed = pods_rx.has_changed().unwrap_or(false);
+        let publish = match tick.publish {
+            Some((reason, spec)) => Some((reason.as_str(), spec)),
+            // new pod counts go out with the last figures (at most once per update round)
+            None if pods_changed => desired_tx
+                .borrow()
+                .as_ref()
+                .map(|spec| ("pods", spec.as_ref().clone())),
+            None => None,
+        };
+        if let Some((reason, mut spec)) = publish {
+            spec.pods = pods_rx.borrow_and_update().clone();
             tracing::info!(
-                reason = reason.as_str(),
+                reason,
                 containers = spec.recommendations.len(),
                 "publishing NodeRecommendation"
             );

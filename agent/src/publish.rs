@@ -204,6 +204,7 @@ fn time(ms: i64) -> Option<Time> {
 pub fn spec(snapshot: &Snapshot, now_ms: i64) -> NodeRecommendationSpec {
     NodeRecommendationSpec {
         update_time: time(now_ms),
+        pods: Vec::new(),
         recommendations: snapshot
             .iter()
             .map(|(key, e)| ContainerRecommendation {

@@ -38,7 +38,9 @@ use nodewarden_api::domain::sizing::{Amounts, ContainerSizing, Targets, fleet_ta
 use nodewarden_api::domain::update::{
     Action, Bounds, Current, Facts, Leave, ResizeState, Thresholds, Why, decide,
 };
-use nodewarden_api::rightsizing::{NodeRecommendationSpec, ResourceName, RunningPods};
+use nodewarden_api::rightsizing::{
+    AutoscalerRef, NodePods, NodeRecommendationSpec, ResourceName, RunningPods,
+};
 use nodewarden_runtime::duration::parse_interval;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -139,6 +141,8 @@ pub struct Updater {
     last_eviction: HashMap<(String, String), tokio::time::Instant>,
     /// Evictions held back: (namespace, daemonset) → not before.
     retry_at: HashMap<(String, String), tokio::time::Instant>,
+    /// Where the per-autoscaler pod counts of each round go (published with the figures).
+    report: Option<watch::Sender<Vec<NodePods>>>,
     /// Disruption leases this agent holds: (namespace, daemonset) → (lease name, evicted pod UID).
     held: HashMap<(String, String), (String, String)>,
 }
@@ -217,8 +221,15 @@ impl Updater {
             templates: HashMap::new(),
             last_eviction: HashMap::new(),
             retry_at: HashMap::new(),
+            report: None,
             held: HashMap::new(),
         }
+    }
+
+    /// Sends each round's pod counts per autoscaler to `report`.
+    pub fn reporting_to(mut self, report: watch::Sender<Vec<NodePods>>) -> Self {
+        self.report = Some(report);
+        self
     }
 
     /// One round over this node's pods; returns what happened to each autoscaled pod.
@@ -317,6 +328,26 @@ impl Updater {
             out.push((name, outcome));
         }
         self.metrics.update_round(&counts);
+        if let Some(report) = &self.report {
+            let pods: Vec<NodePods> = counts
+                .iter()
+                .map(|((namespace, name), (running, up_to_date))| NodePods {
+                    autoscaler: AutoscalerRef {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                    },
+                    running: i32::try_from(*running).unwrap_or(i32::MAX),
+                    up_to_date: i32::try_from(*up_to_date).unwrap_or(i32::MAX),
+                })
+                .collect();
+            report.send_if_modified(|old| {
+                let changed = *old != pods;
+                if changed {
+                    *old = pods;
+                }
+                changed
+            });
+        }
         out
     }
 

@@ -32,6 +32,12 @@ use crate::quantity::{ResourceList, resource_list_schema};
         json_path = ".status.nodesWithRecommendation"
     ),
     printcolumn(
+        name = "Up-to-date",
+        type_ = "integer",
+        description = "Running pods (InPlace, Recreate) whose requests and limits are their node's figures",
+        json_path = ".status.podsUpToDate"
+    ),
+    printcolumn(
         name = "CPU P90",
         type_ = "string",
         description = "Per container, the 90th percentile of the node targets (the fleet figure)",
@@ -283,6 +289,13 @@ pub struct DaemonSetAutoscalerStatus {
     /// Nodes whose agent published a recommendation for this autoscaler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_with_recommendation: Option<i32>,
+    /// With `updateMode` InPlace or Recreate: the running pods the agents compare with their
+    /// node's figures (summed over the nodes' reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_running: Option<i32>,
+    /// Of those, the pods whose requests and limits are already their node's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_up_to_date: Option<i32>,
     /// Per container, the 90th percentile of the node targets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
@@ -390,6 +403,24 @@ pub struct NodeRecommendationSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024))]
     pub recommendations: Vec<ContainerRecommendation>,
+    /// Per autoscaler that acts on running pods (InPlace, Recreate): its running pods on the
+    /// node and how many have the node's figures already (the agent's last update round).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub pods: Vec<NodePods>,
+}
+
+/// One autoscaler's running pods on a node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePods {
+    pub autoscaler: AutoscalerRef,
+    /// Running pods the agent compared with the node's figures.
+    #[schemars(range(min = 0))]
+    pub running: i32,
+    /// Of those, the pods whose requests and limits are the node's figures.
+    #[schemars(range(min = 0))]
+    pub up_to_date: i32,
 }
 
 /// Reference to a `DaemonSetAutoscaler`.

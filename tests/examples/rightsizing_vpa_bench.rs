@@ -207,6 +207,7 @@ fn nodewarden_index() -> Arc<RightsizingIndex> {
             &node_name(i),
             NodeRecommendationSpec {
                 update_time: None,
+                pods: Vec::new(),
                 recommendations: recs,
             },
         ));

@@ -635,6 +635,20 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
             .unwrap_or_default();
         // 25m × 200m / 100m: the template's limit-to-request ratio
         assert_eq!(limits["cpu"].0, "50m");
+        // the node's report counts the pod as up to date (the autoscaler's status sums these)
+        let pods_report = cp
+            .poll("the NodeRecommendation counting the pod up to date", || {
+                let (recs, node) = (recs.clone(), node.clone());
+                async move {
+                    let rec = recs.get(&node).await?;
+                    Ok(rec.spec.pods.first().filter(|p| p.up_to_date == 1).cloned())
+                }
+            })
+            .await?;
+        assert_eq!(
+            (pods_report.running, pods_report.autoscaler.name.as_str()),
+            (1, "workload")
+        );
         let note = env.wait_for_event("Pod", &pod_name, "Resized").await?;
         assert!(note.contains("resized in place to agent: cpu 25m/50m"), "{note}");
         assert!(note.contains("outside the recommendation's bounds"), "{note}");

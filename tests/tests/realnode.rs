@@ -190,6 +190,26 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         );
     }
 
+    // …and the autoscaler's status counts both pods up to date with their node's figures
+    let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> =
+        Api::namespaced(client.clone(), nodewarden_tests::shipper::SHIPPER_NS);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = autoscalers
+            .get(nodewarden_tests::shipper::SHIPPER)
+            .await?
+            .status
+            .unwrap_or_default();
+        if (status.pods_running, status.pods_up_to_date) == (Some(2), Some(2)) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the autoscaler's status does not count 2 of 2 pods up to date: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
     // 6. uninstall leaves no nodewarden pod running
     let out = helm
         .run(&[

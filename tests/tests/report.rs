@@ -227,6 +227,7 @@ async fn publish(
         node,
         NodeRecommendationSpec {
             update_time: None,
+            pods: Vec::new(),
             recommendations: vec![ContainerRecommendation {
                 autoscaler: AutoscalerRef {
                     namespace: env.namespace.clone(),

@@ -208,6 +208,7 @@ async fn publish(env: &TestEnv, client: &Client, node: &str, cpu: &str, memory: 
         node,
         NodeRecommendationSpec {
             update_time: None,
+            pods: Vec::new(),
             recommendations: vec![ContainerRecommendation {
                 autoscaler: AutoscalerRef {
                     namespace: env.namespace.clone(),

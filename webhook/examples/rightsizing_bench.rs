@@ -135,6 +135,7 @@ fn recommendation(i: usize, args: &Args) -> NodeRecommendation {
         &node_name(i),
         NodeRecommendationSpec {
             update_time: None,
+            pods: Vec::new(),
             recommendations: recs,
         },
     )

@@ -655,6 +655,7 @@ fn index_with(rec_cpu: &str) -> Arc<RightsizingIndex> {
         NODE,
         NodeRecommendationSpec {
             update_time: None,
+            pods: Vec::new(),
             recommendations: vec![ContainerRecommendation {
                 autoscaler: AutoscalerRef {
                     namespace: NAMESPACE.to_string(),
@@ -876,8 +877,9 @@ fn status_reports_nodes_fleet_and_conditions() {
         targets(&[("agent", Some("300m"), Some("200Mi"))]),
         targets(&[("agent", Some("200m"), None)]),
     ];
-    let status = desired_status(&autoscaler(json!({})), &nodes, false, &now);
+    let status = desired_status(&autoscaler(json!({})), &nodes, Some((3, 2)), false, &now);
     assert_eq!(status.nodes_with_recommendation, Some(3));
+    assert_eq!((status.pods_running, status.pods_up_to_date), (Some(3), Some(2)));
     let fleet = serde_json::to_value(&status.fleet).expect("json");
     assert_eq!(
         fleet,
@@ -893,11 +895,11 @@ fn status_reports_nodes_fleet_and_conditions() {
 
     // no node yet, target present; a condition keeps its transition time while its status stays
     let mut a = autoscaler(json!({}));
-    a.status = Some(desired_status(&a, &[], true, &now));
+    a.status = Some(desired_status(&a, &[], None, true, &now));
     let later = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::from_second(3600).expect("time"),
     );
-    let again = desired_status(&a, &[], true, &later);
+    let again = desired_status(&a, &[], None, true, &later);
     assert_eq!(
         Some(&again),
         a.status.as_ref(),
@@ -938,7 +940,7 @@ fn validator_lets_an_existing_duplicate_keep_its_target_and_status_flags_bad_pol
     let bad = autoscaler(json!({"resourcePolicy": {"containerPolicies": [
         {"containerName": "*", "minAllowed": {"cpu": "2"}, "maxAllowed": {"cpu": "1"}}]}}));
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    let status = desired_status(&bad, &[], true, &now);
+    let status = desired_status(&bad, &[], None, true, &now);
     let c = status
         .conditions
         .iter()
@@ -965,4 +967,40 @@ fn handler_only_mutates_pod_creates() {
 fn the_pod_mutator_fails_open_and_the_autoscaler_validator_fails_closed() {
     assert!(PodMutator::new(index_with("300m")).fails_open());
     assert!(!AutoscalerValidator::new(index_with("300m")).fails_open());
+}
+
+/// The status's pod counts are the sum of the nodes' reports; a node's report replaces its
+/// earlier one, and a deleted NodeRecommendation takes its pods out.
+#[test]
+fn pods_up_to_date_sum_the_nodes_reports() {
+    let index = RightsizingIndex::new();
+    let report = |node: &str, running: i32, up_to_date: i32| {
+        NodeRecommendation::new(
+            node,
+            NodeRecommendationSpec {
+                update_time: None,
+                pods: vec![nodewarden_api::rightsizing::NodePods {
+                    autoscaler: AutoscalerRef {
+                        namespace: NAMESPACE.to_string(),
+                        name: "node-agent".to_string(),
+                    },
+                    running,
+                    up_to_date,
+                }],
+                recommendations: Vec::new(),
+            },
+        )
+    };
+    assert_eq!(index.pods_of(NAMESPACE, "node-agent"), None);
+    index.apply_node_recommendation(&report("a", 1, 0));
+    index.apply_node_recommendation(&report("b", 1, 1));
+    assert_eq!(index.pods_of(NAMESPACE, "node-agent"), Some((2, 1)));
+    index.apply_node_recommendation(&report("a", 1, 1));
+    assert_eq!(index.pods_of(NAMESPACE, "node-agent"), Some((2, 2)));
+    // a report claiming more up to date than running counts no more than running
+    index.apply_node_recommendation(&report("b", 1, 5));
+    assert_eq!(index.pods_of(NAMESPACE, "node-agent"), Some((2, 2)));
+    index.delete_node_recommendation("a");
+    assert_eq!(index.pods_of(NAMESPACE, "node-agent"), Some((1, 1)));
+    assert_eq!(index.pods_of(NAMESPACE, "other"), None);
 }

@@ -41,6 +41,9 @@ pub struct NodeEntry {
 /// One node's targets.
 pub type NodeTargets = Box<[NodeEntry]>;
 
+/// One node's pod counts: per autoscaler, its running pods there and how many are up to date.
+pub type NodePodCounts = Arc<[(Key, i32, i32)]>;
+
 /// One shared copy of each name.
 #[derive(Default)]
 struct Interner {
@@ -103,6 +106,8 @@ pub struct RightsizingIndex {
     by_target: RwLock<HashMap<Key, Vec<Arc<DaemonSetAutoscaler>>>>,
     /// Node name → its targets.
     nodes: Watched<Arc<str>, Arc<NodeTargets>>,
+    /// Node name → per autoscaler, its running pods there and how many are up to date.
+    pods: Watched<Arc<str>, NodePodCounts>,
     /// (namespace, name) → LimitRange.
     limit_ranges: Watched<Key, Arc<LimitRange>>,
     /// Namespace → its LimitRanges.
@@ -165,6 +170,23 @@ impl RightsizingIndex {
             .collect()
     }
 
+    /// Autoscaler `namespace/name`'s running pods and how many are up to date, summed over the
+    /// nodes that report them; `None` when no node does.
+    pub fn pods_of(&self, namespace: &str, name: &str) -> Option<(i32, i32)> {
+        let pods = self.pods.read();
+        let mut sum: Option<(i32, i32)> = None;
+        for entries in pods.values() {
+            for (key, running, up_to_date) in entries.iter() {
+                if &*key.0 == namespace && &*key.1 == name {
+                    let s = sum.get_or_insert((0, 0));
+                    s.0 = s.0.saturating_add(*running);
+                    s.1 = s.1.saturating_add(*up_to_date);
+                }
+            }
+        }
+        sum
+    }
+
     /// Number of nodes with a recommendation of any autoscaler.
     pub fn node_count(&self) -> usize {
         self.nodes.read().len()
@@ -219,6 +241,23 @@ impl RightsizingIndex {
     pub fn apply_node_recommendation(&self, rec: &NodeRecommendation) {
         let node: Arc<str> = Arc::from(rec.name_any());
         let compact = Arc::new(self.compact(rec));
+        let pods: NodePodCounts = rec
+            .spec
+            .pods
+            .iter()
+            .map(|p| {
+                let key = (
+                    self.names.get(&p.autoscaler.namespace),
+                    self.names.get(&p.autoscaler.name),
+                );
+                (key, p.running.max(0), p.up_to_date.clamp(0, p.running.max(0)))
+            })
+            .collect();
+        if pods.is_empty() {
+            self.pods.write().remove(&node);
+        } else {
+            self.pods.write().insert(node.clone(), pods);
+        }
         self.nodes.write().insert(node, compact);
     }
 
@@ -243,6 +282,7 @@ impl RightsizingIndex {
     /// Forgets a node's recommendation.
     pub fn delete_node_recommendation(&self, node: &str) {
         self.nodes.write().remove(node);
+        self.pods.write().remove(node);
     }
 
     /// Adds or replaces a LimitRange.

@@ -1,5 +1,6 @@
 //! The controller that keeps `DaemonSetAutoscaler.status`: how many nodes have a
-//! recommendation, the fleet figure per container (the 90th percentile of the node targets), and
+//! recommendation, how many running pods have their node's figures (summed from the agents'
+//! reports, modes InPlace and Recreate), the fleet figure per container (the 90th percentile of the node targets), and
 //! the conditions `RecommendationProvided` and `ConfigUnsupported`.
 //!
 //! It runs in the leader only and reads the same in-memory index as the webhook; every
@@ -37,6 +38,7 @@ pub const FIELD_MANAGER: &str = "nodewarden-rightsizing-status";
 pub fn desired_status(
     autoscaler: &DaemonSetAutoscaler,
     node_targets: &[Targets],
+    pods: Option<(i32, i32)>,
     target_exists: bool,
     now: &Time,
 ) -> DaemonSetAutoscalerStatus {
@@ -124,6 +126,8 @@ pub fn desired_status(
     DaemonSetAutoscalerStatus {
         observed_generation: generation,
         nodes_with_recommendation: Some(count),
+        pods_running: pods.map(|p| p.0),
+        pods_up_to_date: pods.map(|p| p.1),
         fleet,
         conditions: vec![provided, unsupported],
     }
@@ -205,7 +209,8 @@ async fn reconcile(
         .map(|(_, t)| t)
         .collect();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let desired = desired_status(autoscaler, &targets, exists, &now);
+    let pods = index.pods_of(&namespace, &name);
+    let desired = desired_status(autoscaler, &targets, pods, exists, &now);
     if autoscaler.status.as_ref() == Some(&desired) {
         return Ok(());
     }
