@@ -36,7 +36,8 @@ struct RightsizingPodLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RightsizingContainerLabels {
-    /// `node-recommendation`, `fleet`, `cold-start-template` or `policy-off`.
+    /// `node-recommendation`, `fleet`, `policy-off`, `cold-start-template`, `no-fleet-figure-yet`
+    /// or `container-not-in-node-recommendation`.
     source: &'static str,
 }
 
@@ -122,7 +123,7 @@ impl Metrics {
         let rightsizing_containers = Family::<RightsizingContainerLabels, Counter>::default();
         registry.register(
             "rightsizing_containers",
-            "Containers of right-sized pods, by where their figures came from (node-recommendation, fleet, cold-start-template, policy-off)",
+            "Containers of right-sized pods, by where their figures came from (node-recommendation, fleet, policy-off, cold-start-template, no-fleet-figure-yet, container-not-in-node-recommendation)",
             rightsizing_containers.clone(),
         );
         let features_decisions = Family::<FeatureDecisionLabels, Counter>::default();

@@ -255,7 +255,18 @@ fn cases() -> Vec<Case> {
             limit_ranges: vec![],
             want: vec![fixture_resources.clone()],
             reason: Reason::Unchanged,
-            annotations: vec![(ANNOTATION_SOURCE, "agent=cold-start-template")],
+            annotations: vec![(ANNOTATION_SOURCE, "agent=container-not-in-node-recommendation")],
+        },
+        Case {
+            name: "cold start Fleet, no node figures, no fleet figure yet: template",
+            pod: base_pod(),
+            autoscaler: autoscaler(json!({"coldStart": "Fleet"})),
+            node: None,
+            fleet: None,
+            limit_ranges: vec![],
+            want: vec![fixture_resources.clone()],
+            reason: Reason::Unchanged,
+            annotations: vec![(ANNOTATION_SOURCE, "agent=no-fleet-figure-yet")],
         },
         Case {
             name: "no resources at all: requests created, no limits",
@@ -372,7 +383,7 @@ fn cases() -> Vec<Case> {
             reason: Reason::Resized,
             annotations: vec![(
                 ANNOTATION_SOURCE,
-                "agent=node-recommendation, side/car~1=cold-start-template",
+                "agent=node-recommendation, side/car~1=container-not-in-node-recommendation",
             )],
         },
         Case {
@@ -613,7 +624,21 @@ fn update_mode_off_changes_nothing() {
     let node = targets(&[("agent", Some("1"), Some("1Gi"))]);
     let decision = mutate::mutate(&pod, &a, Some(&node), None, &[]);
     assert_eq!(decision.reason, Reason::UpdateModeOff);
-    assert!(decision.patch.0.is_empty());
+    // only the annotations that say why: no resource is touched
+    let ops = serde_json::to_value(&decision.patch).expect("json");
+    assert!(
+        ops.as_array().expect("ops").iter().all(|op| op["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/metadata/annotations"))),
+        "{ops}"
+    );
+    assert_eq!(
+        decision
+            .annotations
+            .get(mutate::ANNOTATION_SKIPPED)
+            .map(String::as_str),
+        Some("updateMode Off: the autoscaler only recommends; resources left as the template says")
+    );
 }
 
 #[test]

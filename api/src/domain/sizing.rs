@@ -99,9 +99,16 @@ pub enum Source {
     Node,
     /// No history on this node; the fleet figure (`coldStart: Fleet`).
     Fleet,
-    /// No history on this node; the template's requests stay (`coldStart: Template`, or `Fleet`
-    /// without any fleet figure yet).
+    /// This node has no figures for the autoscaler yet and `coldStart: Template`: the
+    /// template's requests stay.
     ColdStartTemplate,
+    /// This node has no figures for the autoscaler yet and `coldStart: Fleet`, but no node has
+    /// reported one for this container: the template's requests stay.
+    NoFleetFigure,
+    /// This node has figures for the autoscaler, but not for this container (a container new in
+    /// the template, or not measured here yet): the template's requests stay (with `coldStart:
+    /// Fleet` and a fleet figure, that figure is used instead, source `fleet`).
+    ContainerNotMeasured,
     /// The container policy says `Off`.
     PolicyOff,
 }
@@ -113,6 +120,8 @@ impl Source {
             Source::Node => "node-recommendation",
             Source::Fleet => "fleet",
             Source::ColdStartTemplate => "cold-start-template",
+            Source::NoFleetFigure => "no-fleet-figure-yet",
+            Source::ContainerNotMeasured => "container-not-in-node-recommendation",
             Source::PolicyOff => "policy-off",
         }
     }
@@ -408,16 +417,20 @@ pub fn mutate_on(
         .as_ref()
         .map(|p| p.update_mode)
         .unwrap_or_default();
+    let mut annotations = BTreeMap::from([(ANNOTATION_AUTOSCALER.to_string(), name)]);
     if mode == UpdateMode::Off {
+        annotations.insert(
+            ANNOTATION_SKIPPED.to_string(),
+            "updateMode Off: the autoscaler only recommends; resources left as the template says".to_string(),
+        );
         return Decision {
-            patch: Patch(Vec::new()),
-            annotations: BTreeMap::new(),
+            patch: annotation_patch(pod, &annotations),
+            annotations,
             reason: Reason::UpdateModeOff,
             node: None,
             sources: Vec::new(),
         };
     }
-    let mut annotations = BTreeMap::from([(ANNOTATION_AUTOSCALER.to_string(), name)]);
     let node = match node {
         Ok(node) => node.to_string(),
         Err(why) => {
@@ -554,6 +567,7 @@ fn plan<'a>(
             sources.push((container.name.clone(), Source::PolicyOff));
             continue;
         }
+        let node_has_figures = node_targets.is_some_and(|t| !t.is_empty());
         let (source, targets) = match node_targets.and_then(|t| t.get(&container.name)) {
             Some(t) => (Source::Node, Some(*t)),
             None => match (
@@ -561,7 +575,9 @@ fn plan<'a>(
                 fleet.and_then(|f| f.get(&container.name)),
             ) {
                 (ColdStart::Fleet, Some(t)) => (Source::Fleet, Some(*t)),
-                _ => (Source::ColdStartTemplate, None),
+                _ if node_has_figures => (Source::ContainerNotMeasured, None),
+                (ColdStart::Fleet, None) => (Source::NoFleetFigure, None),
+                (ColdStart::Template, _) => (Source::ColdStartTemplate, None),
             },
         };
         sources.push((container.name.clone(), source));
