@@ -14,7 +14,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use nodewarden_api::domain::quantity::format_amount;
 use nodewarden_api::rightsizing::{
-    ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec, ResourceName,
+    ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec, NodeSummary, ResourceName,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -202,24 +202,26 @@ fn time(ms: i64) -> Option<Time> {
 
 /// The spec the agent writes for `snapshot`.
 pub fn spec(snapshot: &Snapshot, now_ms: i64) -> NodeRecommendationSpec {
+    let recommendations: Vec<ContainerRecommendation> = snapshot
+        .iter()
+        .map(|(key, e)| ContainerRecommendation {
+            autoscaler: key.autoscaler.clone(),
+            container_name: key.container.clone(),
+            target: list(&e.target),
+            lower_bound: list(&e.lower),
+            upper_bound: e.upper.as_ref().and_then(list),
+            uncapped_target: list(&e.uncapped_target),
+            sample_count: i64::try_from(e.sample_count).unwrap_or(i64::MAX),
+            first_sample_time: time(e.first_sample_ms),
+            last_sample_time: time(e.last_sample_ms),
+            oom_count: i64::try_from(e.oom_count).unwrap_or(i64::MAX),
+        })
+        .collect();
     NodeRecommendationSpec {
         update_time: time(now_ms),
         pods: Vec::new(),
-        recommendations: snapshot
-            .iter()
-            .map(|(key, e)| ContainerRecommendation {
-                autoscaler: key.autoscaler.clone(),
-                container_name: key.container.clone(),
-                target: list(&e.target),
-                lower_bound: list(&e.lower),
-                upper_bound: e.upper.as_ref().and_then(list),
-                uncapped_target: list(&e.uncapped_target),
-                sample_count: i64::try_from(e.sample_count).unwrap_or(i64::MAX),
-                first_sample_time: time(e.first_sample_ms),
-                last_sample_time: time(e.last_sample_ms),
-                oom_count: i64::try_from(e.oom_count).unwrap_or(i64::MAX),
-            })
-            .collect(),
+        summary: Some(NodeSummary::of(&recommendations)),
+        recommendations,
     }
 }
 

@@ -333,23 +333,43 @@ pub struct FleetRecommendation {
     printcolumn(
         name = "CPU",
         type_ = "string",
-        description = "Target of each container, in the order of Containers",
-        json_path = ".spec.recommendations[*].target.cpu"
+        description = "Total CPU target of the node's containers",
+        json_path = ".spec.summary.cpuTarget"
     ),
     printcolumn(
         name = "Memory",
         type_ = "string",
-        description = "Target of each container, in the order of Containers",
-        json_path = ".spec.recommendations[*].target.memory"
+        description = "Total memory target of the node's containers",
+        json_path = ".spec.summary.memoryTarget"
     ),
     printcolumn(
         name = "OOM",
-        type_ = "string",
-        description = "OOM kills of each container seen on this node",
-        json_path = ".spec.recommendations[*].oomCount"
+        type_ = "integer",
+        description = "OOM kills seen on this node, all containers",
+        json_path = ".spec.summary.oomKills"
+    ),
+    printcolumn(
+        name = "Last Sample",
+        type_ = "date",
+        description = "The newest sample behind the figures",
+        json_path = ".spec.summary.lastSampleTime"
     ),
     printcolumn(name = "Updated", type_ = "date", json_path = ".spec.updateTime"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "CPU Each",
+        type_ = "string",
+        priority = 1,
+        description = "Target of each container, in the order of Containers",
+        json_path = ".spec.recommendations[*].target.cpu"
+    ),
+    printcolumn(
+        name = "Memory Each",
+        type_ = "string",
+        priority = 1,
+        description = "Target of each container, in the order of Containers",
+        json_path = ".spec.recommendations[*].target.memory"
+    ),
     printcolumn(
         name = "Autoscalers",
         type_ = "string",
@@ -361,12 +381,6 @@ pub struct FleetRecommendation {
         type_ = "string",
         priority = 1,
         json_path = ".spec.recommendations[*].sampleCount"
-    ),
-    printcolumn(
-        name = "Last Sample",
-        type_ = "string",
-        priority = 1,
-        json_path = ".spec.recommendations[*].lastSampleTime"
     ),
     printcolumn(
         name = "Lower CPU",
@@ -403,11 +417,58 @@ pub struct NodeRecommendationSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024))]
     pub recommendations: Vec<ContainerRecommendation>,
+    /// Totals over `recommendations` (what `kubectl get noderec` shows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<NodeSummary>,
     /// Per autoscaler that acts on running pods (InPlace, Recreate): its running pods on the
     /// node and how many have the node's figures already (the agent's last update round).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024))]
     pub pods: Vec<NodePods>,
+}
+
+/// Totals of a node's recommendations.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSummary {
+    /// Sum of the containers' CPU targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_target: Option<String>,
+    /// Sum of the containers' memory targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_target: Option<String>,
+    /// OOM kills seen on the node, all containers.
+    #[serde(default)]
+    pub oom_kills: i64,
+    /// The newest sample behind the figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sample_time: Option<Time>,
+}
+
+impl NodeSummary {
+    /// The totals of `recommendations` (quantities in the canonical format).
+    pub fn of(recommendations: &[ContainerRecommendation]) -> NodeSummary {
+        use crate::domain::quantity::{amount, format_amount};
+        let total = |r: ResourceName| {
+            let values: Vec<u64> = recommendations
+                .iter()
+                .filter_map(|c| amount(r, c.target.as_ref()?.get(r.as_str())?))
+                .collect();
+            (!values.is_empty()).then(|| format_amount(r, values.into_iter().fold(0, u64::saturating_add)))
+        };
+        NodeSummary {
+            cpu_target: total(ResourceName::Cpu),
+            memory_target: total(ResourceName::Memory),
+            oom_kills: recommendations
+                .iter()
+                .map(|c| c.oom_count.max(0))
+                .fold(0, i64::saturating_add),
+            last_sample_time: recommendations
+                .iter()
+                .filter_map(|c| c.last_sample_time.clone())
+                .max_by_key(|t| t.0),
+        }
+    }
 }
 
 /// One autoscaler's running pods on a node.
@@ -460,4 +521,41 @@ pub struct ContainerRecommendation {
     /// OOM kills seen for this container on this node.
     #[serde(default)]
     pub oom_count: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(cpu: &str, memory: Option<&str>, oom: i64, last: Option<&str>) -> ContainerRecommendation {
+        serde_json::from_value(serde_json::json!({
+            "autoscaler": {"namespace": "ns", "name": "a"},
+            "containerName": "c",
+            "target": match memory {
+                Some(m) => serde_json::json!({"cpu": cpu, "memory": m}),
+                None => serde_json::json!({"cpu": cpu}),
+            },
+            "sampleCount": 1,
+            "oomCount": oom,
+            "lastSampleTime": last,
+        }))
+        .expect("recommendation")
+    }
+
+    #[test]
+    fn summary_totals_the_containers() {
+        let summary = NodeSummary::of(&[
+            rec("250m", Some("100Mi"), 1, Some("2026-11-24T10:00:00Z")),
+            rec("1750m", None, 2, Some("2026-11-24T11:00:00Z")),
+            rec("0.5", Some("156Mi"), 0, None),
+        ]);
+        assert_eq!(summary.cpu_target.as_deref(), Some("2500m"));
+        assert_eq!(summary.memory_target.as_deref(), Some("256Mi"));
+        assert_eq!(summary.oom_kills, 3);
+        assert_eq!(
+            summary.last_sample_time.map(|t| t.0.to_string()).as_deref(),
+            Some("2026-11-24T11:00:00Z")
+        );
+        assert_eq!(NodeSummary::of(&[]), NodeSummary::default());
+    }
 }

@@ -208,6 +208,7 @@ fn nodewarden_index() -> Arc<RightsizingIndex> {
             NodeRecommendationSpec {
                 update_time: None,
                 pods: Vec::new(),
+                summary: None,
                 recommendations: recs,
             },
         ));

@@ -20,6 +20,7 @@ use kube::Api;
 use kube::api::PostParams;
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
+    NodeSummary,
 };
 use nodewarden_tests::{
     TestEnv, apply_crds, chart_crd_files, e2e, read_crds, simple_daemonset, wait_for_daemonset_pods,
@@ -138,7 +139,8 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
             ensure!(noderec.get(column).map(String::as_str) == Some(want), "noderec {column}: {noderec:?}");
         }
         ensure!(
-            noderec.get("Upper Memory").map(String::as_str) == Some("256Mi"),
+            noderec.get("Upper Memory").map(String::as_str) == Some("256Mi")
+                && noderec.get("CPU Each").map(String::as_str) == Some("300m"),
             "-o wide: {noderec:?}"
         );
         let dsa = api_table(
@@ -147,7 +149,9 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
         )
         .await?;
         let columns: Vec<&str> = dsa.keys().map(String::as_str).collect();
-        for column in ["Target", "Mode", "Nodes", "CPU P90", "Memory P90", "Provided", "Age", "Cold Start", "Ceiling"] {
+        for column in [
+            "Target", "Mode", "Nodes", "Up-to-date", "CPU P90", "Memory P90", "Provided", "Age", "Cold Start", "Ceiling",
+        ] {
             ensure!(columns.contains(&column), "dsa columns: {columns:?}");
         }
         ensure!(dsa.get("Cold Start").map(String::as_str) == Some("Template"), "{dsa:?}");
@@ -223,11 +227,12 @@ async fn publish(
             ("memory".to_string(), Quantity(memory.to_string())),
         ]))
     };
-    let rec = NodeRecommendation::new(
+    let mut rec = NodeRecommendation::new(
         node,
         NodeRecommendationSpec {
             update_time: None,
             pods: Vec::new(),
+            summary: None,
             recommendations: vec![ContainerRecommendation {
                 autoscaler: AutoscalerRef {
                     namespace: env.namespace.clone(),
@@ -245,6 +250,8 @@ async fn publish(
             }],
         },
     );
+    // as the agent writes it: with the totals `kubectl get noderec` shows
+    rec.spec.summary = Some(NodeSummary::of(&rec.spec.recommendations));
     Api::<NodeRecommendation>::all(env.client.clone())
         .create(&PostParams::default(), &rec)
         .await

@@ -209,6 +209,7 @@ async fn publish(env: &TestEnv, client: &Client, node: &str, cpu: &str, memory: 
         NodeRecommendationSpec {
             update_time: None,
             pods: Vec::new(),
+            summary: None,
             recommendations: vec![ContainerRecommendation {
                 autoscaler: AutoscalerRef {
                     namespace: env.namespace.clone(),

@@ -136,6 +136,7 @@ fn recommendation(i: usize, args: &Args) -> NodeRecommendation {
         NodeRecommendationSpec {
             update_time: None,
             pods: Vec::new(),
+            summary: None,
             recommendations: recs,
         },
     )

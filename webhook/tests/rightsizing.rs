@@ -681,6 +681,7 @@ fn index_with(rec_cpu: &str) -> Arc<RightsizingIndex> {
         NodeRecommendationSpec {
             update_time: None,
             pods: Vec::new(),
+            summary: None,
             recommendations: vec![ContainerRecommendation {
                 autoscaler: AutoscalerRef {
                     namespace: NAMESPACE.to_string(),
@@ -1013,6 +1014,7 @@ fn pods_up_to_date_sum_the_nodes_reports() {
                     up_to_date,
                 }],
                 recommendations: Vec::new(),
+                summary: None,
             },
         )
     };
