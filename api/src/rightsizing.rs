@@ -38,10 +38,22 @@ use crate::quantity::{ResourceList, resource_list_schema};
         json_path = ".status.podsUpToDate"
     ),
     printcolumn(
+        name = "CPU P50",
+        type_ = "string",
+        description = "Per container, the median of the node targets",
+        json_path = ".status.fleet[*].median.cpu"
+    ),
+    printcolumn(
         name = "CPU P90",
         type_ = "string",
         description = "Per container, the 90th percentile of the node targets (the fleet figure)",
         json_path = ".status.fleet[*].target.cpu"
+    ),
+    printcolumn(
+        name = "Memory P50",
+        type_ = "string",
+        description = "Per container, the median of the node targets",
+        json_path = ".status.fleet[*].median.memory"
     ),
     printcolumn(
         name = "Memory P90",
@@ -309,9 +321,14 @@ pub struct DaemonSetAutoscalerStatus {
 #[serde(rename_all = "camelCase")]
 pub struct FleetRecommendation {
     pub container_name: String,
+    /// The 90th percentile of the node targets (what `coldStart: Fleet` gives).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resource_list_schema")]
     pub target: Option<ResourceList>,
+    /// The median of the node targets: with `target`, how far apart the nodes are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub median: Option<ResourceList>,
 }
 
 /// What the agent on one node recommends. The object's name is the node's name; only that

@@ -150,7 +150,8 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
         .await?;
         let columns: Vec<&str> = dsa.keys().map(String::as_str).collect();
         for column in [
-            "Target", "Mode", "Nodes", "Up-to-date", "CPU P90", "Memory P90", "Provided", "Age", "Cold Start", "Ceiling",
+            "Target", "Mode", "Nodes", "Up-to-date", "CPU P50", "CPU P90", "Memory P50", "Memory P90", "Provided", "Age", "Cold Start",
+            "Ceiling",
         ] {
             ensure!(columns.contains(&column), "dsa columns: {columns:?}");
         }

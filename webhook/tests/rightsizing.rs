@@ -909,7 +909,8 @@ fn status_reports_nodes_fleet_and_conditions() {
     let fleet = serde_json::to_value(&status.fleet).expect("json");
     assert_eq!(
         fleet,
-        json!([{"containerName": "agent", "target": {"cpu": "300m", "memory": "200Mi"}}])
+        json!([{"containerName": "agent", "target": {"cpu": "300m", "memory": "200Mi"},
+                "median": {"cpu": "200m", "memory": "100Mi"}}])
     );
     let by_type: BTreeMap<&str, (&str, &str)> = status
         .conditions

@@ -262,16 +262,27 @@ pub fn fleet_targets(fleet: &[FleetRecommendation]) -> Targets {
 
 /// The 90th percentile (nearest rank, rounded up) of some values; `None` when there are none.
 pub fn p90(values: &mut [u64]) -> Option<u64> {
+    percentile(values, 90)
+}
+
+/// The `percent`th percentile (nearest rank, rounded up) of some values; `None` when there are
+/// none.
+pub fn percentile(values: &mut [u64], percent: usize) -> Option<u64> {
     if values.is_empty() {
         return None;
     }
     values.sort_unstable();
-    let rank = (values.len() * 9).div_ceil(10).max(1);
+    let rank = (values.len() * percent.min(100)).div_ceil(100).max(1);
     values.get(rank - 1).copied()
 }
 
 /// Fleet targets from the targets of many nodes: per container and resource, the 90th percentile.
 pub fn fleet_from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Targets>) -> Targets {
+    fleet_percentile(nodes, 90)
+}
+
+/// Per container and resource, the `percent`th percentile of many nodes' targets.
+pub fn fleet_percentile<'a>(nodes: impl IntoIterator<Item = &'a Targets>, percent: usize) -> Targets {
     let mut samples: BTreeMap<String, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
     for targets in nodes {
         for (container, a) in targets {
@@ -286,8 +297,8 @@ pub fn fleet_from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Targets>) -> Tar
             (
                 c,
                 Amounts {
-                    cpu: p90(&mut cpu),
-                    memory: p90(&mut mem),
+                    cpu: percentile(&mut cpu, percent),
+                    memory: percentile(&mut mem, percent),
                 },
             )
         })
@@ -987,5 +998,8 @@ mod tests {
         assert_eq!(p90(&mut ten), Some(9));
         let mut hundred: Vec<u64> = (1..=100).collect();
         assert_eq!(p90(&mut hundred), Some(90));
+        assert_eq!(percentile(&mut hundred, 50), Some(50));
+        assert_eq!(percentile(&mut [3, 1, 2], 50), Some(2));
+        assert_eq!(percentile(&mut [1, 2], 50), Some(1));
     }
 }

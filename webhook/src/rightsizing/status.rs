@@ -23,7 +23,7 @@ use nodewarden_api::rightsizing::{
 use tokio_util::sync::CancellationToken;
 
 use super::RightsizingIndex;
-use super::mutate::{Targets, fleet_from_nodes, format_amount};
+use super::mutate::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use crate::controllers::{LeaderTask, leader_task};
 use crate::events;
 
@@ -42,20 +42,22 @@ pub fn desired_status(
     target_exists: bool,
     now: &Time,
 ) -> DaemonSetAutoscalerStatus {
-    let fleet = fleet_from_nodes(node_targets.iter());
-    let fleet: Vec<FleetRecommendation> = fleet
+    let list = |a: &Amounts| {
+        let mut list = BTreeMap::new();
+        for r in [ResourceName::Cpu, ResourceName::Memory] {
+            if let Some(v) = a.get(r) {
+                list.insert(r.as_str().to_string(), Quantity(format_amount(r, v)));
+            }
+        }
+        list
+    };
+    let medians = fleet_percentile(node_targets.iter(), 50);
+    let fleet: Vec<FleetRecommendation> = fleet_from_nodes(node_targets.iter())
         .into_iter()
-        .map(|(container, a)| {
-            let mut target = BTreeMap::new();
-            for r in [ResourceName::Cpu, ResourceName::Memory] {
-                if let Some(v) = a.get(r) {
-                    target.insert(r.as_str().to_string(), Quantity(format_amount(r, v)));
-                }
-            }
-            FleetRecommendation {
-                container_name: container,
-                target: Some(target),
-            }
+        .map(|(container, a)| FleetRecommendation {
+            median: medians.get(&container).map(list),
+            target: Some(list(&a)),
+            container_name: container,
         })
         .collect();
     let count = i32::try_from(node_targets.len()).unwrap_or(i32::MAX);
