@@ -100,7 +100,9 @@ async fn daemonset_pods_get_their_node_figures() {
         // the leader's status controller sees both recommendations; so do the webhook's caches
         let status = wait_for_status(&env, |s| s["nodesWithRecommendation"] == 2).await?;
         ensure!(
-            status["fleet"] == json!([{"containerName": "agent", "target": {"cpu": "500m", "memory": "300Mi"}}]),
+            status["fleet"]
+                == json!([{"containerName": "agent", "target": {"cpu": "500m", "memory": "300Mi"},
+                           "median": {"cpu": "250m", "memory": "200Mi"}}]),
             "fleet figure: {status}"
         );
         // the condition is an Event on the autoscaler (what `kubectl describe dsa` lists)

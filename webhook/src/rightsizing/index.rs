@@ -241,8 +241,13 @@ impl RightsizingIndex {
     pub fn apply_node_recommendation(&self, rec: &NodeRecommendation) {
         let node: Arc<str> = Arc::from(rec.name_any());
         let compact = Arc::new(self.compact(rec));
-        let pods: NodePodCounts = rec
-            .spec
+        self.set_pods(&node, self.pod_counts(rec));
+        self.nodes.write().insert(node, compact);
+    }
+
+    /// A node's pod counts, names interned; `up_to_date` never above `running`.
+    pub fn pod_counts(&self, rec: &NodeRecommendation) -> NodePodCounts {
+        rec.spec
             .pods
             .iter()
             .map(|p| {
@@ -252,13 +257,15 @@ impl RightsizingIndex {
                 );
                 (key, p.running.max(0), p.up_to_date.clamp(0, p.running.max(0)))
             })
-            .collect();
+            .collect()
+    }
+
+    fn set_pods(&self, node: &Arc<str>, pods: NodePodCounts) {
         if pods.is_empty() {
-            self.pods.write().remove(&node);
+            self.pods.write().remove(node);
         } else {
             self.pods.write().insert(node.clone(), pods);
         }
-        self.nodes.write().insert(node, compact);
     }
 
     /// A node's recommendation reduced to the figures the mutation reads, names interned.
@@ -338,15 +345,27 @@ impl RightsizingIndex {
                 "noderecommendations",
                 Api::<NodeRecommendation>::all(client.clone()),
                 stop.clone(),
-                move |r| (Arc::<str>::from(r.name_any()), Arc::new(compactor.compact(&r))),
+                move |r| {
+                    let node = Arc::<str>::from(r.name_any());
+                    (node, (Arc::new(compactor.compact(&r)), compactor.pod_counts(&r)))
+                },
                 move |change| match change {
-                    Change::Apply((node, targets)) => {
+                    Change::Apply((node, (targets, pods))) => {
+                        index.set_pods(&node, pods);
                         index.nodes.write().insert(node, targets);
                     }
                     Change::Delete((node, _)) => index.delete_node_recommendation(&node),
                     Change::Replace(all) => {
-                        let map = all.into_iter().collect();
-                        *index.nodes.write() = map;
+                        let mut nodes = HashMap::new();
+                        let mut counts = HashMap::new();
+                        for (node, (targets, pods)) in all {
+                            if !pods.is_empty() {
+                                counts.insert(node.clone(), pods);
+                            }
+                            nodes.insert(node, targets);
+                        }
+                        *index.pods.write() = counts;
+                        *index.nodes.write() = nodes;
                         index.names.prune();
                         index.nodes.synced.store(true, Ordering::Release);
                     }
