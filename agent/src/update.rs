@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{EvictParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -203,13 +203,7 @@ impl Updater {
         args: UpdateArgs,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "nodewarden-agent".to_string(),
-                instance: Some(node.clone()),
-            },
-        );
+        let recorder = nodewarden_runtime::events::recorder(&client, "nodewarden-agent", Some(node.clone()));
         Updater {
             thresholds: args.thresholds(),
             client,
@@ -643,29 +637,8 @@ impl Updater {
     }
 
     async fn event(&self, pod: &NodePod, warning: bool, action: &str, reason: &str, note: String) {
-        let mut note = note;
-        if note.len() > 1000 {
-            let mut end = 1000;
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            note.truncate(end);
-        }
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(note),
-            action: action.to_string(),
-            secondary: None,
-        };
         let reference = pod.object_ref(&());
-        if let Err(err) = self.recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %err, pod = %pod.name_any(), reason, "publishing an Event failed");
-        }
+        nodewarden_runtime::events::publish(&self.recorder, &reference, warning, action, reason, note).await;
     }
 }
 

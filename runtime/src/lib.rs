@@ -6,10 +6,12 @@
 //! - [`admin`]: the plain-HTTP admin server (`/livez`, `/readyz` from named [`admin::Readiness`]
 //!   conditions, `/metrics`),
 //! - [`signals`]: a cancellation token for SIGTERM and SIGINT,
-//! - [`client`]: the API server client and the backoff of its retries.
+//! - [`client`]: the API server client and the backoff of its retries,
+//! - [`events`]: Events on the objects acted on (one publisher, notes kept within the API's limit).
 
 pub mod admin;
 pub mod client;
 pub mod duration;
+pub mod events;
 pub mod signals;
 pub mod telemetry;
