@@ -15,7 +15,10 @@ use kube::{Api, ResourceExt};
 use nodewarden_agent::config::Config;
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use nodewarden_tests::helm::Helm;
-use nodewarden_tests::{TestEnv, apply_crds, cgroupfs, chart_crd_files, e2e, read_crds, simple_daemonset};
+use nodewarden_tests::{
+    TestEnv, apply_crds, cgroupfs, chart_crd_files, daemonset_pod_target_node, e2e, read_crds,
+    simple_daemonset,
+};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -133,10 +136,14 @@ async fn autoscaled_pod_with_mode(env: &TestEnv, node: &str, n: usize, mode: &st
             let pods = pods.clone();
             async move {
                 let list = pods.list(&Default::default()).await?;
+                // the pod the DaemonSet controller made for this node (with several nodes,
+                // binding another node's pod here would make the controller delete a surplus)
                 Ok(list.items.into_iter().find(|p| {
                     p.owner_references()
                         .iter()
                         .any(|o| o.kind == "DaemonSet" && o.name == "workload")
+                        && daemonset_pod_target_node(p).as_deref() == Some(node)
+                        && p.metadata.deletion_timestamp.is_none()
                 }))
             }
         })
@@ -685,11 +692,14 @@ async fn recreate_mode_evicts_one_pod_at_a_time_and_honours_a_pod_disruption_bud
                 .poll("the DaemonSet pod for the second node", || {
                     let pods = pods.clone();
                     let first = uid_a.clone();
+                    let second = nodes[1].clone();
                     async move {
                         let list = pods.list(&Default::default()).await?;
                         Ok(list.items.into_iter().find(|p| {
                             p.uid().as_deref() != Some(first.as_str())
                                 && p.owner_references().iter().any(|o| o.name == "workload")
+                                && daemonset_pod_target_node(p).as_deref() == Some(second.as_str())
+                                && p.metadata.deletion_timestamp.is_none()
                         }))
                     }
                 })
