@@ -96,12 +96,18 @@ pub struct UpdateArgs {
     #[arg(long, env = "NODEWARDEN_EVICTION_RETRY_INTERVAL", default_value = "2m", value_parser = parse_interval)]
     pub eviction_retry_interval: Duration,
     /// Namespace of the disruption leases (the agent's own).
-    #[arg(long, env = "NODEWARDEN_POD_NAMESPACE", default_value = "nodewarden")]
+    #[arg(long, env = "NODEWARDEN_POD_NAMESPACE", default_value = "nodewarden", value_parser = parse_namespace)]
     pub disruption_namespace: String,
     /// A disruption lease not released by its holder expires after this long (an agent that
     /// died holding one blocks no one for longer).
     #[arg(long, env = "NODEWARDEN_DISRUPTION_LEASE_DURATION", default_value = "10m", value_parser = parse_interval)]
     pub disruption_lease_duration: Duration,
+}
+
+fn parse_namespace(s: &str) -> Result<String, String> {
+    nodewarden_api::domain::names::check_dns_label(s)
+        .map_err(|why| format!("{s:?} is not a namespace name: {why}"))?;
+    Ok(s.to_string())
 }
 
 impl UpdateArgs {
@@ -484,7 +490,7 @@ impl Updater {
                 Outcome::Evicted(why.to_string())
             }
             Ok(Err(err)) => {
-                self.release(ns, &lease).await;
+                self.release(&lease).await;
                 self.hold_back(key);
                 let blocked = matches!(&err, kube::Error::Api(s) if s.code == 429);
                 self.metrics
@@ -510,7 +516,7 @@ impl Updater {
                 Outcome::Held(said)
             }
             Err(_) => {
-                self.release(ns, &lease).await;
+                self.release(&lease).await;
                 self.hold_back(key);
                 self.metrics.pod_update("evict", "error");
                 tracing::warn!(pod = %name, namespace = ns, "eviction timed out");
@@ -619,12 +625,12 @@ impl Updater {
             }
         }
         for (key, lease) in done {
-            self.release(&key.0, &lease).await;
+            self.release(&lease).await;
             self.held.remove(&key);
         }
     }
 
-    async fn release(&self, _daemonset_ns: &str, lease: &str) {
+    async fn release(&self, lease: &str) {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.args.disruption_namespace);
         match tokio::time::timeout(CALL_TIMEOUT, leases.delete(lease, &Default::default())).await {
             Ok(Ok(_)) => {}
@@ -926,6 +932,27 @@ mod tests {
         assert_eq!(b.max_unavailable, 3);
         let b = Budget::of(&ds(Some(IntOrString::Int(0)), 10, 10));
         assert!(b.allows(0).unwrap_err().contains("maxUnavailable is 0"));
+    }
+
+    #[test]
+    fn bad_update_flags_are_clear_errors() {
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["nodewarden-agent", "--node-name", "n1"];
+            args.extend_from_slice(extra);
+            crate::config::Config::try_parse_from(args)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(parse(&[]).is_ok());
+        let err = parse(&["--disruption-namespace", "Not_A_Namespace"]).unwrap_err();
+        assert!(err.contains("is not a namespace name"), "{err}");
+        let err = parse(&["--update-min-change=-1"]).unwrap_err();
+        assert!(err.contains("must not be negative"), "{err}");
+        let err = parse(&["--update-interval", "soon"]).unwrap_err();
+        assert!(err.contains("use e.g. 500ms"), "{err}");
+        let err = parse(&["--update-running-pods", "maybe"]).unwrap_err();
+        assert!(err.contains("maybe"), "{err}");
     }
 
     #[test]

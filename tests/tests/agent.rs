@@ -243,21 +243,7 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
         let cgroup_root = tmp.path().join("cgroup");
         synthetic_cgroup_tree(&cgroup_root, &pod_uid, 1)?;
         let checkpoint_dir = tmp.path().join("checkpoint");
-        let config = Config::try_from_args([
-            "nodewarden-agent",
-            "--node-name",
-            &node,
-            "--cgroup-root",
-            cgroup_root.to_str().unwrap_or_default(),
-            "--checkpoint-dir",
-            checkpoint_dir.to_str().unwrap_or_default(),
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--sample-interval",
-            "200ms",
-            "--log-format",
-            "text",
-        ])?;
+        let config = agent_config(&node, &cgroup_root, &checkpoint_dir, &[])?;
         let agent_client = cp.client_with_token(&token).await?;
         let stop = CancellationToken::new();
         let agent = tokio::spawn(nodewarden_agent::run_with_client(
@@ -473,6 +459,27 @@ async fn agent_binary_footprint_with_100_containers() {
     .await;
 }
 
+/// The in-process agent's flags: this node, these folders, fast sampling, text logs, and `extra`.
+fn agent_config(node: &str, cgroup_root: &Path, checkpoint_dir: &Path, extra: &[&str]) -> Result<Config> {
+    let mut args = vec![
+        "nodewarden-agent",
+        "--node-name",
+        node,
+        "--cgroup-root",
+        cgroup_root.to_str().unwrap_or_default(),
+        "--checkpoint-dir",
+        checkpoint_dir.to_str().unwrap_or_default(),
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--sample-interval",
+        "200ms",
+        "--log-format",
+        "text",
+    ];
+    args.extend_from_slice(extra);
+    Ok(Config::try_from_args(args)?)
+}
+
 /// With `NODEWARDEN_TEST_LOG` set, the in-process agents log (debug) to stderr.
 fn test_log() {
     if std::env::var_os("NODEWARDEN_TEST_LOG").is_some() {
@@ -526,27 +533,19 @@ fn start_agent(
     let cgroup_root = tmp.path().join("cgroup");
     synthetic_cgroup_tree(&cgroup_root, pod_uid, 1)?;
     let checkpoint_dir = tmp.path().join("checkpoint");
-    let config = Config::try_from_args([
-        "nodewarden-agent",
-        "--node-name",
+    let config = agent_config(
         node,
-        "--cgroup-root",
-        cgroup_root.to_str().unwrap_or_default(),
-        "--checkpoint-dir",
-        checkpoint_dir.to_str().unwrap_or_default(),
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--sample-interval",
-        "200ms",
-        "--update-interval",
-        "500ms",
-        "--eviction-retry-interval",
-        "1s",
-        "--disruption-namespace",
-        &env.namespace,
-        "--log-format",
-        "text",
-    ])?;
+        &cgroup_root,
+        &checkpoint_dir,
+        &[
+            "--update-interval",
+            "500ms",
+            "--eviction-retry-interval",
+            "1s",
+            "--disruption-namespace",
+            &env.namespace,
+        ],
+    )?;
     let agent = tokio::spawn(nodewarden_agent::run_with_kube_config(config, kube, stop.clone()));
     Ok((tmp, agent))
 }

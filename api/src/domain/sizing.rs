@@ -460,15 +460,9 @@ pub fn mutate_on(
     };
     annotations.insert(ANNOTATION_NODE.to_string(), node.clone());
 
-    let containers: &[Container] = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default();
+    let containers = containers_of(pod);
     let ranges = Ranges::of(limit_ranges);
-    let (mut plans, sources) = plan(containers, autoscaler, node_targets, fleet, &ranges);
-    cap_pod(&mut plans, containers, &ranges);
-    cap_containers(&mut plans, autoscaler.spec.ceiling, &ranges);
+    let (plans, sources) = capped_plan(containers, autoscaler, node_targets, fleet, &ranges);
     let (ops, changed) = patch(&plans, containers, &ranges, &mut annotations);
 
     let source_text: Vec<String> = sources
@@ -516,15 +510,9 @@ pub fn sizing_on(
     fleet: Option<&Targets>,
     limit_ranges: &[LimitRange],
 ) -> Vec<ContainerSizing> {
-    let containers: &[Container] = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default();
+    let containers = containers_of(pod);
     let ranges = Ranges::of(limit_ranges);
-    let (mut plans, _) = plan(containers, autoscaler, node_targets, fleet, &ranges);
-    cap_pod(&mut plans, containers, &ranges);
-    cap_containers(&mut plans, autoscaler.spec.ceiling, &ranges);
+    let (plans, _) = capped_plan(containers, autoscaler, node_targets, fleet, &ranges);
     let mut out = Vec::new();
     for (index, container) in containers.iter().enumerate() {
         let mut sizing = ContainerSizing {
@@ -544,6 +532,28 @@ pub fn sizing_on(
         }
     }
     out
+}
+
+fn containers_of(pod: &Pod) -> &[Container] {
+    pod.spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+}
+
+/// Steps 1 to 3, shared by the patch ([`mutate_on`]) and the figures ([`sizing_on`]): the plan,
+/// capped by the LimitRanges of type Pod, then per container.
+fn capped_plan<'a>(
+    containers: &[Container],
+    autoscaler: &'a DaemonSetAutoscaler,
+    node_targets: Option<&Targets>,
+    fleet: Option<&Targets>,
+    ranges: &Ranges,
+) -> (Vec<Plan<'a>>, Vec<(String, Source)>) {
+    let (mut plans, sources) = plan(containers, autoscaler, node_targets, fleet, ranges);
+    cap_pod(&mut plans, containers, ranges);
+    cap_containers(&mut plans, autoscaler.spec.ceiling, ranges);
+    (plans, sources)
 }
 
 /// The LimitRange items of the pod's namespace, by type.

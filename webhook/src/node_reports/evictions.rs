@@ -24,7 +24,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 
-use super::{NODE_NAME_EXTRA, NodeReportsPolicy};
+use super::{NODE_NAME_EXTRA, NodeReportsPolicy, token_nodes};
 use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
 
 /// Path of the eviction guard.
@@ -101,11 +101,7 @@ pub fn check(policy: &NodeReportsPolicy, request: &AdmissionRequest) -> Eviction
             "the nodewarden agent's eviction names no pod (namespace {namespace:?}, name {name:?}); it cannot be checked against the agent's node"
         ));
     }
-    let token_nodes = user
-        .extra
-        .get(NODE_NAME_EXTRA)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let token_nodes = token_nodes(user);
     match token_nodes {
         [one] if !one.is_empty() => EvictionCheck::ReadPod {
             namespace,

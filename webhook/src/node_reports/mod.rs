@@ -28,6 +28,14 @@ use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
 pub const ROUTE: &str = "/validate/node-reports";
 /// The `userInfo.extra` key of a bound token's node name.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+/// The nodes a bound token names (`userInfo.extra[NODE_NAME_EXTRA]`); empty when unbound.
+pub(crate) fn token_nodes(user: &crate::admission::UserInfo) -> &[String] {
+    user.extra
+        .get(NODE_NAME_EXTRA)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
 /// The kinds the guard covers.
 pub const KINDS: [&str; 2] = ["NodeRecommendation", "NodeFeatureReport"];
 
@@ -163,11 +171,7 @@ pub fn decide(policy: &NodeReportsPolicy, request: &AdmissionRequest) -> Result<
             user.username
         ));
     }
-    let token_nodes = user
-        .extra
-        .get(NODE_NAME_EXTRA)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let token_nodes = token_nodes(user);
     match token_nodes {
         [one] if one == &node => Ok(()),
         [one] => Err(format!(
