@@ -447,6 +447,19 @@ async fn feature_lifecycle_end_to_end() {
                 bail!("{want} missing from /metrics:\n{metrics}");
             }
         }
+        // the lifecycle controller's reconciliations are counted and timed: at least one per
+        // state the Feature went through
+        let sample = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let ok = sample("nodewarden_controller_reconciliations_total{controller=\"features\",result=\"ok\"}");
+        let timed = sample("nodewarden_controller_reconcile_duration_seconds_count{controller=\"features\"}");
+        ensure!(ok >= 4.0, "features reconciliations counted: {ok}\n{metrics}");
+        ensure!(timed >= ok, "features reconciliations timed: {timed} of {ok}");
         webhook.stop().await?;
         Ok(())
     })

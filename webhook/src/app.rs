@@ -324,6 +324,7 @@ impl App {
         let mut tasks = vec![rightsizing::status::task(
             self.rightsizing.clone(),
             config.rightsizing_status_interval,
+            Some(self.metrics.clone()),
         )];
         if config.claims_initialize_id {
             tasks.push(claims::initializer::task(config.claims_initialize_interval));
@@ -336,6 +337,7 @@ impl App {
                     clear_rate: config.features_clear_rate,
                     resync_interval: config.features_resync_interval,
                 },
+                Some(self.metrics.clone()),
                 Some(self.metrics.clone()),
             ));
         }
@@ -362,6 +364,7 @@ mod observers {
     use crate::admission::{AdmissionObserver, Outcome};
     use crate::certificates::ReloadObserver;
     use crate::claims::{ClaimsObserver, Rule};
+    use crate::controllers::ReconcileObserver;
     use crate::features::{Decision as FeatureDecision, FeaturesObserver};
     use crate::metrics::Metrics;
     use crate::rightsizing::{Reason, RightsizingObserver, Source};
@@ -390,6 +393,12 @@ mod observers {
             for (_, source) in sources {
                 self.rightsizing_container(source.as_str());
             }
+        }
+    }
+
+    impl ReconcileObserver for Metrics {
+        fn reconciled(&self, controller: &'static str, ok: bool, took: Duration) {
+            self.controller_reconcile(controller, ok, took);
         }
     }
 

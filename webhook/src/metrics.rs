@@ -54,6 +54,19 @@ struct FeatureTransitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    /// The controller: `features` or `autoscaler-status`.
+    controller: &'static str,
+    /// `ok` or `error`.
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route: &'static str,
 }
@@ -72,6 +85,16 @@ fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
 
+/// Reconcile duration buckets, in seconds: 1 ms (a status that did not change) to 30 s (a page
+/// of objects cleared at a bounded rate).
+const RECONCILE_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+];
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(RECONCILE_BUCKETS)
+}
+
 /// Every metric of the webhook, in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -83,6 +106,8 @@ pub struct Metrics {
     rightsizing_containers: Family<RightsizingContainerLabels, Counter>,
     features_decisions: Family<FeatureDecisionLabels, Counter>,
     features_transitions: Family<FeatureTransitionLabels, Counter>,
+    controller_reconciliations: Family<ReconcileLabels, Counter>,
+    controller_reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Metrics {
@@ -138,8 +163,25 @@ impl Metrics {
             "Feature states entered by the lifecycle controller, by state (On, TurningOff, Off, TurningOn)",
             features_transitions.clone(),
         );
+        let controller_reconciliations = Family::<ReconcileLabels, Counter>::default();
+        registry.register(
+            "controller_reconciliations",
+            "Reconciliations of one object by the leader's controllers, by controller (features, autoscaler-status) and result (ok, error)",
+            controller_reconciliations.clone(),
+        );
+        let controller_reconcile_duration =
+            Family::<ControllerLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                reconcile_histogram,
+            );
+        registry.register(
+            "controller_reconcile_duration_seconds",
+            "Time one reconciliation of one object took, by controller",
+            controller_reconcile_duration.clone(),
+        );
         Metrics {
             registry,
+            controller_reconciliations,
+            controller_reconcile_duration,
             features_decisions,
             features_transitions,
             admission_requests,
@@ -203,6 +245,17 @@ impl Metrics {
         self.features_transitions
             .get_or_create(&FeatureTransitionLabels { state })
             .inc();
+    }
+
+    /// Counts one reconciliation by `controller`, `ok` or failed, and its duration.
+    pub fn controller_reconcile(&self, controller: &'static str, ok: bool, took: Duration) {
+        let result = if ok { "ok" } else { "error" };
+        self.controller_reconciliations
+            .get_or_create(&ReconcileLabels { controller, result })
+            .inc();
+        self.controller_reconcile_duration
+            .get_or_create(&ControllerLabels { controller })
+            .observe(took.as_secs_f64());
     }
 
     /// OpenMetrics text of every metric.

@@ -9,12 +9,27 @@
 //! the Lease has expired. A holder that cannot reach the API server keeps acting as leader until
 //! it can tell otherwise, so the controllers' writes are safe with two leaders at once (the ID
 //! initializer only ever creates, which the API server makes atomic).
+//!
+//! The controllers that reconcile objects (the Feature lifecycle, the autoscaler status) run on
+//! kube-runtime's [`Controller`](kube::runtime::Controller) and share what is here: a
+//! [`Reconciling`] per controller times and counts each reconciliation through a
+//! [`ReconcileObserver`] (the webhook's metrics, which know no capability), and retries a failed
+//! object with its own exponential backoff ([`ObjectBackoff`]: [`BACKOFF_BASE`], doubling up to
+//! [`BACKOFF_CAP`], plus up to as much again of jitter), reset by its next success. [`drive`]
+//! runs a controller's result stream to its end and logs what went wrong outside a reconciler.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use backon::BackoffBuilder;
 use futures::future::BoxFuture;
-use kube::Client;
+use futures::{Stream, StreamExt};
+use kube::runtime::controller::{self, Action};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
 
@@ -133,5 +148,200 @@ async fn follow_leadership(
                 changed = leading.changed() => if changed.is_err() { return },
             }
         }
+    }
+}
+
+/// Receives the result of every reconciliation (the webhook's metrics).
+pub trait ReconcileObserver: Send + Sync {
+    /// One reconciliation of an object by `controller` ended, `ok` or with an error, after `took`.
+    fn reconciled(&self, controller: &'static str, ok: bool, took: Duration);
+}
+
+/// Delay before the first retry of an object whose reconciliation failed.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
+/// The delay doubles with every further failure up to this (before jitter, which adds at most as
+/// much again: no object waits more than twice this).
+pub const BACKOFF_CAP: Duration = Duration::from_secs(60);
+
+/// Per-object exponential backoff of failed reconciliations: each object (by its key) has its
+/// own sequence of delays, so one failing object neither slows the others down nor is retried
+/// in a tight loop. A success forgets the object's failures.
+pub struct ObjectBackoff {
+    base: Duration,
+    cap: Duration,
+    delays: Mutex<HashMap<String, backon::ExponentialBackoff>>,
+}
+
+impl ObjectBackoff {
+    /// Delays from `base`, doubling up to `cap`, each with up to as much again of jitter.
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        ObjectBackoff {
+            base,
+            cap,
+            delays: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// One more failure of `key`: how long to wait before its next attempt.
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut delays = self.delays.lock().unwrap_or_else(|p| p.into_inner());
+        let delays = delays.entry(key.to_string()).or_insert_with(|| {
+            backon::ExponentialBuilder::default()
+                .with_min_delay(self.base)
+                .with_max_delay(self.cap)
+                .with_factor(2.0)
+                .with_jitter()
+                .without_max_times()
+                .build()
+        });
+        delays.next().unwrap_or(self.cap)
+    }
+
+    /// `key` was reconciled: its next failure starts from the base delay again.
+    pub fn succeeded(&self, key: &str) {
+        self.delays.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+}
+
+impl Default for ObjectBackoff {
+    fn default() -> Self {
+        Self::new(BACKOFF_BASE, BACKOFF_CAP)
+    }
+}
+
+/// What every reconciling controller has: its name (the `controller` label of its metrics), the
+/// observer of its results and the per-object backoff of its error policy.
+pub struct Reconciling {
+    name: &'static str,
+    observer: Option<Arc<dyn ReconcileObserver>>,
+    backoff: ObjectBackoff,
+}
+
+impl Reconciling {
+    /// The shared parts of controller `name`, with the default backoff.
+    pub fn new(name: &'static str, observer: Option<Arc<dyn ReconcileObserver>>) -> Self {
+        Reconciling {
+            name,
+            observer,
+            backoff: ObjectBackoff::default(),
+        }
+    }
+
+    /// The controller's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Runs one reconciliation of the object `key`: times it, reports its result, and forgets
+    /// the object's failures when it succeeds.
+    pub async fn observe<T, E>(&self, key: &str, work: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+        let started = Instant::now();
+        let result = work.await;
+        if let Some(observer) = &self.observer {
+            observer.reconciled(self.name, result.is_ok(), started.elapsed());
+        }
+        if result.is_ok() {
+            self.backoff.succeeded(key);
+        }
+        result
+    }
+
+    /// The error policy: logs `error` and requeues the object `key` after its next backoff delay.
+    pub fn retry(&self, key: &str, error: &dyn Display) -> Action {
+        Action::requeue(self.retry_delay(key, error))
+    }
+
+    fn retry_delay(&self, key: &str, error: &dyn Display) -> Duration {
+        let wait = self.backoff.failed(key);
+        tracing::warn!(controller = self.name, object = %key, error = %error, retry_in = ?wait,
+            "reconciling failed; retrying");
+        wait
+    }
+}
+
+/// Runs a controller's result stream to its end (graceful shutdown ends it). Reconciler errors
+/// were logged by [`Reconciling::retry`]; this logs the rest (watch errors, objects gone).
+pub async fn drive<K, E>(
+    name: &'static str,
+    results: impl Stream<Item = Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>>,
+) where
+    K: Resource,
+    E: std::error::Error + 'static,
+{
+    tracing::info!(controller = name, "controller started");
+    results
+        .for_each(|result| async move {
+            match result {
+                Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
+                Err(controller::Error::ObjectNotFound(object)) => {
+                    tracing::debug!(controller = name, %object, "object gone before it was reconciled")
+                }
+                Err(err) => tracing::warn!(controller = name, error = %err, "controller error; retrying"),
+            }
+        })
+        .await;
+    tracing::info!(controller = name, "controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_object_backs_off_on_its_own_doubling_up_to_the_cap() {
+        let backoff = ObjectBackoff::new(Duration::from_secs(1), Duration::from_secs(8));
+        // jitter adds between nothing and as much again
+        let within =
+            |d: Duration, base: u64| d >= Duration::from_secs(base) && d < Duration::from_secs(2 * base);
+        let delays: Vec<Duration> = (0..7).map(|_| backoff.failed("ns/a")).collect();
+        for (d, base) in delays.iter().zip([1, 2, 4, 8, 8, 8, 8]) {
+            assert!(within(*d, base), "{delays:?}");
+        }
+        // another object starts from the base, whatever the first one has been through
+        assert!(within(backoff.failed("ns/b"), 1));
+        // a success starts the object over
+        backoff.succeeded("ns/a");
+        assert!(within(backoff.failed("ns/a"), 1));
+        assert!(within(backoff.failed("ns/b"), 2));
+    }
+
+    #[test]
+    fn the_default_backoff_is_bounded() {
+        let backoff = ObjectBackoff::default();
+        let first = backoff.failed("x");
+        assert!(first >= BACKOFF_BASE && first < 2 * BACKOFF_BASE, "{first:?}");
+        let worst = (0..40).map(|_| backoff.failed("x")).max().unwrap_or_default();
+        assert!(worst >= BACKOFF_CAP && worst < 2 * BACKOFF_CAP, "{worst:?}");
+    }
+
+    #[derive(Default)]
+    struct Counted(Mutex<Vec<(&'static str, bool)>>);
+
+    impl ReconcileObserver for Counted {
+        fn reconciled(&self, controller: &'static str, ok: bool, _took: Duration) {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((controller, ok));
+        }
+    }
+
+    #[tokio::test]
+    async fn every_reconciliation_is_reported_and_a_success_resets_the_backoff() {
+        let counted = Arc::new(Counted::default());
+        let reconciling = Reconciling::new("test", Some(counted.clone()));
+        let failed: Result<(), &str> = reconciling.observe("ns/a", async { Err("no") }).await;
+        assert!(failed.is_err());
+        let first = reconciling.retry_delay("ns/a", &"no");
+        let second = reconciling.retry_delay("ns/a", &"no");
+        assert!(second >= 2 * BACKOFF_BASE, "{second:?} after {first:?}");
+        let ok: Result<(), &str> = reconciling.observe("ns/a", async { Ok(()) }).await;
+        assert!(ok.is_ok());
+        let after = reconciling.retry_delay("ns/a", &"no");
+        assert!(after < 2 * BACKOFF_BASE, "{after:?}");
+        assert_eq!(
+            *counted.0.lock().unwrap_or_else(|p| p.into_inner()),
+            vec![("test", false), ("test", true)]
+        );
     }
 }

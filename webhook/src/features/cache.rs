@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+use futures::Stream;
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::features::{Feature, NodeFeatureReport};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::rules::{GuardIndex, feature_key, guard_index};
@@ -37,12 +38,23 @@ impl<V> Watched<V> {
 }
 
 /// Watch caches of Features and NodeFeatureReports, and the guard index built from them.
-#[derive(Default)]
 pub struct FeatureCaches {
     features: Watched<Feature>,
     reports: Watched<NodeFeatureReport>,
     index: RwLock<Arc<GuardIndex>>,
-    changed: Notify,
+    /// Counts changes of the reports (the lifecycle controller's trigger).
+    report_version: watch::Sender<u64>,
+}
+
+impl Default for FeatureCaches {
+    fn default() -> Self {
+        FeatureCaches {
+            features: Watched::default(),
+            reports: Watched::default(),
+            index: RwLock::default(),
+            report_version: watch::Sender::new(0),
+        }
+    }
 }
 
 impl FeatureCaches {
@@ -63,9 +75,14 @@ impl FeatureCaches {
         }
     }
 
-    /// Resolves at the next change of a Feature or a report.
-    pub async fn changed(&self) {
-        self.changed.notified().await;
+    /// One item after each change of the node reports, from now on; changes that come faster
+    /// than the stream is read are merged into one item.
+    pub fn report_changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let changes = self.report_version.subscribe();
+        futures::stream::unfold(changes, |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some(((), changes))
+        })
     }
 
     /// The guarded fields of the Features that count as off.
@@ -107,7 +124,17 @@ impl FeatureCaches {
     /// Adds or replaces a node's report.
     pub fn apply_report(&self, report: NodeFeatureReport) {
         self.reports.write().insert(report.name_any(), Arc::new(report));
-        self.changed.notify_waiters();
+        self.reports_changed();
+    }
+
+    /// Removes the report of `node`.
+    pub fn delete_report(&self, node: &str) {
+        self.reports.write().remove(node);
+        self.reports_changed();
+    }
+
+    fn reports_changed(&self) {
+        self.report_version.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn features_changed(&self) {
@@ -116,7 +143,6 @@ impl FeatureCaches {
             guard_index(features.values().map(|f| f.as_ref()))
         };
         *self.index.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(index);
-        self.changed.notify_waiters();
     }
 
     /// Watches Features and NodeFeatureReports until `stop`; errors are logged and retried with
@@ -148,19 +174,15 @@ impl FeatureCaches {
                 Api::<NodeFeatureReport>::all(client),
                 stop.clone(),
                 |r| r,
-                move |change| {
-                    match change {
-                        Change::Apply(r) => caches.apply_report(r),
-                        Change::Delete(r) => {
-                            caches.reports.write().remove(&r.name_any());
-                        }
-                        Change::Replace(all) => {
-                            *caches.reports.write() =
-                                all.into_iter().map(|r| (r.name_any(), Arc::new(r))).collect();
-                            caches.reports.synced.store(true, Ordering::Release);
-                        }
+                move |change| match change {
+                    Change::Apply(r) => caches.apply_report(r),
+                    Change::Delete(r) => caches.delete_report(&r.name_any()),
+                    Change::Replace(all) => {
+                        *caches.reports.write() =
+                            all.into_iter().map(|r| (r.name_any(), Arc::new(r))).collect();
+                        caches.reports.synced.store(true, Ordering::Release);
+                        caches.reports_changed();
                     }
-                    caches.changed.notify_waiters();
                 },
             )
         };

@@ -26,13 +26,17 @@
 //! cluster is settled at once (adopted: no `transitionTime`, and reports of any age keep
 //! counting until its first real transition).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{self, Action as ControllerAction, Controller};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::features::{
     ComponentUses, DesiredState, Feature, FeatureState, FeatureStatus, NodeFeatureReport, OnDisable,
@@ -42,7 +46,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{FeatureCaches, FeaturesObserver, FieldPath, feature_key};
-use crate::controllers::{LeaderTask, leader_task};
+use crate::controllers::{LeaderTask, ReconcileObserver, Reconciling, drive, leader_task};
 use crate::events;
 
 /// Name of the task that waits for node reports.
@@ -521,97 +525,264 @@ pub fn transition_event(
     )
 }
 
+/// Name of the lifecycle controller (the `controller` label of the reconcile metrics).
+pub const CONTROLLER: &str = "features";
+/// How soon a Feature whose action is under way is stepped again.
+pub const BUSY_REQUEUE: Duration = Duration::from_millis(200);
+/// Reconciliations of different Features run at once at most.
+const CONCURRENCY: u16 = 4;
+
 /// The controller as a leader task.
 pub fn task(
     caches: Arc<FeatureCaches>,
     options: FeaturesOptions,
     observer: Option<Arc<dyn FeaturesObserver>>,
+    reconciles: Option<Arc<dyn ReconcileObserver>>,
 ) -> LeaderTask {
-    leader_task(move |client, stop| run(client, caches.clone(), options.clone(), observer.clone(), stop))
+    leader_task(move |client, stop| {
+        run(
+            client,
+            caches.clone(),
+            options.clone(),
+            observer.clone(),
+            reconciles.clone(),
+            stop,
+        )
+    })
 }
 
-/// The I/O shell: while `stop` is not cancelled, steps every Feature on each change of the
-/// caches and every resync interval, runs the actions, and writes the statuses.
+/// Why a reconciliation of a Feature failed; it is retried with the Feature's own backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The status could not be written.
+    #[error("writing the status of Feature {feature}: {source}")]
+    WriteStatus {
+        feature: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The current task's action failed (its message is in the task too).
+    #[error("{task}: {message}")]
+    Action { task: String, message: String },
+}
+
+/// A status the controller wrote, which its watch may not have brought back yet.
+struct Written {
+    feature: Arc<Feature>,
+    /// Resource versions the write replaced: while the watch shows one of them, this is newer.
+    replaces: Vec<String>,
+}
+
+/// What the reconciler of every Feature shares.
+struct Context {
+    client: Client,
+    caches: Arc<FeatureCaches>,
+    options: FeaturesOptions,
+    observer: Option<Arc<dyn FeaturesObserver>>,
+    recorder: Recorder,
+    reconciling: Reconciling,
+    /// The controller's own watch of the Features (to forget Features that are gone).
+    store: Store<Feature>,
+    /// The outcome of each Feature's last action, by namespace/name, for its next step.
+    outcomes: Mutex<HashMap<String, Outcome>>,
+    /// The last status written per Feature, by namespace/name.
+    written: Mutex<HashMap<String, Written>>,
+    /// When the next page of a `ClearField` task may start: the bound of `clear_rate`, shared by
+    /// every Feature.
+    next_page: Mutex<Instant>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Context {
+    /// The Feature as the controller last saw or wrote it.
+    fn latest(&self, key: &str, watched: Arc<Feature>) -> Arc<Feature> {
+        let mut written = lock(&self.written);
+        if let Some(w) = written.get(key) {
+            if watched
+                .resource_version()
+                .is_some_and(|rv| w.replaces.contains(&rv))
+            {
+                return w.feature.clone();
+            }
+            written.remove(key);
+        }
+        watched
+    }
+
+    /// Remembers `written`, the status written over `read`.
+    fn wrote(&self, key: &str, read: &Feature, written: Feature) {
+        let mut all = lock(&self.written);
+        let mut replaces = all.remove(key).map(|w| w.replaces).unwrap_or_default();
+        replaces.extend(read.resource_version());
+        // a few writes at most outrun the watch; keep the newest
+        if replaces.len() > 8 {
+            replaces.drain(..replaces.len() - 8);
+        }
+        all.insert(
+            key.to_string(),
+            Written {
+                feature: Arc::new(written),
+                replaces,
+            },
+        );
+    }
+
+    /// Forgets what is kept for Features that are gone.
+    fn forget_deleted(&self) {
+        let live: HashSet<String> = self.store.state().iter().map(|f| feature_key(f)).collect();
+        lock(&self.outcomes).retain(|key, _| live.contains(key));
+        lock(&self.written).retain(|key, _| live.contains(key));
+    }
+
+    /// Takes the turn for one page of a `ClearField` task, or says how long until there is one.
+    fn take_page_turn(&self) -> Result<(), Duration> {
+        let mut next = lock(&self.next_page);
+        let now = Instant::now();
+        if now < *next {
+            return Err(*next - now);
+        }
+        // held for a whole page until it is done
+        *next = now + self.pause_for(self.options.clear_page_size as usize);
+        Ok(())
+    }
+
+    /// A page has been done with `cleared` objects patched: the next one waits so long.
+    fn page_done(&self, cleared: usize) -> Duration {
+        let pause = self.pause_for(cleared);
+        *lock(&self.next_page) = Instant::now() + pause;
+        pause
+    }
+
+    fn pause_for(&self, objects: usize) -> Duration {
+        Duration::from_secs_f64(objects as f64 / f64::from(self.options.clear_rate.max(1)))
+    }
+}
+
+/// The I/O shell: a kube-runtime `Controller` on the Features that, while `stop` is not
+/// cancelled, steps a Feature on each change of it, on each change of the node reports, every
+/// resync interval, and again shortly while an action is under way; it writes the statuses,
+/// runs the actions, and retries a failed Feature with its own backoff.
 pub async fn run(
     client: Client,
     caches: Arc<FeatureCaches>,
     options: FeaturesOptions,
     observer: Option<Arc<dyn FeaturesObserver>>,
+    reconciles: Option<Arc<dyn ReconcileObserver>>,
     stop: CancellationToken,
 ) {
-    tracing::info!("feature lifecycle controller started");
-    caches.wait_synced().await;
-    let recorder = events::recorder(&client);
-    // the outcome of each Feature's last action, by namespace/name
-    let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
-    loop {
-        let mut busy = false;
-        let all = caches.features();
-        outcomes.retain(|key, _| all.iter().any(|f| &feature_key(f) == key));
-        for feature in all {
-            if stop.is_cancelled() {
-                return;
-            }
-            let key = feature_key(&feature);
-            let reports = caches.reports();
-            let (status, action) = step(&feature, &reports, outcomes.get(&key), Timestamp::now());
-            outcomes.remove(&key);
-            if differs(feature.status.as_ref(), &status) {
-                let before = feature.status.as_ref().and_then(|s| s.state);
-                match write_status(&client, &feature, &status).await {
-                    Ok(written) => {
-                        // the next step must see this status even before the watch brings it
-                        caches.apply_feature(written);
-                        if before != status.state {
-                            if let (Some(o), Some(state)) = (&observer, status.state) {
-                                o.transitioned(state);
-                            }
-                            if let Some(state) = status.state {
-                                let (reason, note) = transition_event(before, state, feature.spec.desired);
-                                events::publish(
-                                    &recorder,
-                                    &feature.object_ref(&()),
-                                    false,
-                                    "Transition",
-                                    reason,
-                                    note,
-                                )
-                                .await;
-                            }
-                            tracing::info!(feature = %key, state = ?status.state, "feature state");
-                        }
-                    }
-                    Err(err) => {
-                        tracing::warn!(feature = %key, error = %err, "writing the Feature status failed; retrying");
-                        continue;
-                    }
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = caches.wait_synced() => {}
+    }
+    let controller = Controller::new(Api::<Feature>::all(client.clone()), watcher::Config::default())
+        .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .reconcile_all_on(caches.report_changes())
+        .graceful_shutdown_on(stop.cancelled_owned());
+    let context = Arc::new(Context {
+        recorder: events::recorder(&client),
+        client,
+        caches,
+        options,
+        observer,
+        reconciling: Reconciling::new(CONTROLLER, reconciles),
+        store: controller.store(),
+        outcomes: Mutex::default(),
+        written: Mutex::default(),
+        next_page: Mutex::new(Instant::now()),
+    });
+    drive(CONTROLLER, controller.run(reconcile, error_policy, context)).await;
+}
+
+async fn reconcile(watched: Arc<Feature>, context: Arc<Context>) -> Result<ControllerAction, Error> {
+    let key = feature_key(&watched);
+    context
+        .reconciling
+        .observe(&key, reconcile_feature(&key, watched, &context))
+        .await
+}
+
+fn error_policy(feature: Arc<Feature>, error: &Error, context: Arc<Context>) -> ControllerAction {
+    context.reconciling.retry(&feature_key(&feature), error)
+}
+
+async fn reconcile_feature(
+    key: &str,
+    watched: Arc<Feature>,
+    context: &Context,
+) -> Result<ControllerAction, Error> {
+    context.forget_deleted();
+    let feature = context.latest(key, watched);
+    let reports = context.caches.reports();
+    let outcome = lock(&context.outcomes).remove(key);
+    let (status, action) = step(&feature, &reports, outcome.as_ref(), Timestamp::now());
+    if differs(feature.status.as_ref(), &status) {
+        let before = feature.status.as_ref().and_then(|s| s.state);
+        let written = match write_status(&context.client, &feature, &status).await {
+            Ok(written) => written,
+            Err(source) => {
+                // the next step must still see what the last action came to
+                if let Some(outcome) = outcome {
+                    lock(&context.outcomes).insert(key.to_string(), outcome);
                 }
+                return Err(Error::WriteStatus {
+                    feature: key.to_string(),
+                    source,
+                });
             }
-            if let Some(action) = action {
-                busy = true;
-                let outcome = execute(&client, &action, &options).await;
-                if let Outcome::Cleared { cleared, .. } = &outcome {
-                    // bounded rate: at most clear_rate objects per second
-                    let pause =
-                        Duration::from_secs_f64(*cleared as f64 / f64::from(options.clear_rate.max(1)));
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-                outcomes.insert(key, outcome);
-            }
-        }
-        let wait = if busy {
-            Duration::from_millis(200)
-        } else {
-            options.resync_interval
         };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = caches.changed() => {}
-            _ = tokio::time::sleep(wait) => {}
+        // the next step must see this status even before the watch brings it, and so must the
+        // guard
+        context.wrote(key, &feature, written.clone());
+        context.caches.apply_feature(written);
+        if before != status.state
+            && let Some(state) = status.state
+        {
+            if let Some(observer) = &context.observer {
+                observer.transitioned(state);
+            }
+            let (reason, note) = transition_event(before, state, feature.spec.desired);
+            events::publish(
+                &context.recorder,
+                &feature.object_ref(&()),
+                false,
+                "Transition",
+                reason,
+                note,
+            )
+            .await;
+            tracing::info!(feature = %key, state = ?status.state, "feature state");
         }
+    }
+    let Some(action) = action else {
+        return Ok(ControllerAction::requeue(context.options.resync_interval));
+    };
+    let clearing = matches!(action, Action::ClearPage { .. });
+    if clearing && let Err(wait) = context.take_page_turn() {
+        return Ok(ControllerAction::requeue(wait));
+    }
+    let outcome = execute(&context.client, &action, &context.options).await;
+    let mut next = BUSY_REQUEUE;
+    if clearing {
+        let cleared = match &outcome {
+            Outcome::Cleared { cleared, .. } => *cleared,
+            _ => 0,
+        };
+        next = next.max(context.page_done(cleared));
+    }
+    let failed = match &outcome {
+        Outcome::Failed { task, message } => Some(Error::Action {
+            task: task.clone(),
+            message: message.clone(),
+        }),
+        _ => None,
+    };
+    lock(&context.outcomes).insert(key.to_string(), outcome);
+    match failed {
+        Some(err) => Err(err),
+        None => Ok(ControllerAction::requeue(next)),
     }
 }
 

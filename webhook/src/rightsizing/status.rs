@@ -3,9 +3,12 @@
 //! reports, modes InPlace and Recreate), the fleet figure per container (the 90th percentile of the node targets), and
 //! the conditions `RecommendationProvided` and `ConfigUnsupported`.
 //!
-//! It runs in the leader only and reads the same in-memory index as the webhook; every
-//! `interval` it computes each autoscaler's status and writes it (status subresource, merge
-//! patch) when it changed. A condition keeps its `lastTransitionTime` while its status stays.
+//! It runs in the leader only, as a kube-runtime `Controller` on the autoscalers: an autoscaler
+//! is reconciled when it changes and again every `interval` (which picks up new node
+//! recommendations and pod counts from the same in-memory index the webhook reads); its status
+//! is computed and written (status subresource, merge patch) when it changed. A failed
+//! reconciliation is retried with the autoscaler's own backoff. A condition keeps its
+//! `lastTransitionTime` while its status stays.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +18,9 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Recorder;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::rightsizing::{
     DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, ResourceName,
@@ -24,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::RightsizingIndex;
 use super::mutate::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
-use crate::controllers::{LeaderTask, leader_task};
+use crate::controllers::{LeaderTask, ReconcileObserver, Reconciling, drive, leader_task};
 use crate::events;
 
 /// Condition: at least one node has published a recommendation for this autoscaler.
@@ -170,40 +175,116 @@ pub fn changed_conditions<'a>(old: &[Condition], new: &'a [Condition]) -> Vec<&'
         .collect()
 }
 
-/// The status controller as a leader task, reconciling every `interval`.
-pub fn task(index: Arc<RightsizingIndex>, interval: Duration) -> LeaderTask {
-    leader_task(move |client, stop| run(client, index.clone(), interval, stop))
+/// Name of the status controller (the `controller` label of the reconcile metrics).
+pub const CONTROLLER: &str = "autoscaler-status";
+/// Reconciliations of different autoscalers run at once at most.
+const CONCURRENCY: u16 = 4;
+
+/// The status controller as a leader task, reconciling each autoscaler on its changes and every
+/// `interval`.
+pub fn task(
+    index: Arc<RightsizingIndex>,
+    interval: Duration,
+    reconciles: Option<Arc<dyn ReconcileObserver>>,
+) -> LeaderTask {
+    leader_task(move |client, stop| run(client, index.clone(), interval, reconciles.clone(), stop))
 }
 
-/// Reconciles every autoscaler's status every `interval` until `stop`.
-pub async fn run(client: Client, index: Arc<RightsizingIndex>, interval: Duration, stop: CancellationToken) {
-    index.wait_synced().await;
-    let recorder = events::recorder(&client);
-    loop {
-        for autoscaler in index.autoscalers() {
-            if let Err(err) = reconcile(&client, &recorder, &index, &autoscaler).await {
-                tracing::warn!(autoscaler = %autoscaler.name_any(), error = %err, "updating the autoscaler status failed");
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
+/// Why an autoscaler's status could not be brought up to date; it is retried with the
+/// autoscaler's own backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Whether the target DaemonSet exists could not be read.
+    #[error("reading DaemonSet {namespace}/{name}: {source}")]
+    ReadTarget {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The status could not be written.
+    #[error("writing the status of DaemonSetAutoscaler {namespace}/{name}: {source}")]
+    WriteStatus {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+struct Context {
+    client: Client,
+    index: Arc<RightsizingIndex>,
+    interval: Duration,
+    recorder: Recorder,
+    reconciling: Reconciling,
+}
+
+/// Reconciles the autoscalers' statuses until `stop`.
+pub async fn run(
+    client: Client,
+    index: Arc<RightsizingIndex>,
+    interval: Duration,
+    reconciles: Option<Arc<dyn ReconcileObserver>>,
+    stop: CancellationToken,
+) {
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = index.wait_synced() => {}
     }
+    let controller = Controller::new(
+        Api::<DaemonSetAutoscaler>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(controller::Config::default().concurrency(CONCURRENCY))
+    .graceful_shutdown_on(stop.cancelled_owned());
+    let context = Arc::new(Context {
+        recorder: events::recorder(&client),
+        client,
+        index,
+        interval,
+        reconciling: Reconciling::new(CONTROLLER, reconciles),
+    });
+    drive(CONTROLLER, controller.run(reconcile, error_policy, context)).await;
 }
 
-async fn reconcile(
+fn key(autoscaler: &DaemonSetAutoscaler) -> String {
+    format!(
+        "{}/{}",
+        autoscaler.namespace().unwrap_or_default(),
+        autoscaler.name_any()
+    )
+}
+
+async fn reconcile(autoscaler: Arc<DaemonSetAutoscaler>, context: Arc<Context>) -> Result<Action, Error> {
+    let work = async {
+        reconcile_status(&context.client, &context.recorder, &context.index, &autoscaler).await?;
+        Ok(Action::requeue(context.interval))
+    };
+    context.reconciling.observe(&key(&autoscaler), work).await
+}
+
+fn error_policy(autoscaler: Arc<DaemonSetAutoscaler>, error: &Error, context: Arc<Context>) -> Action {
+    context.reconciling.retry(&key(&autoscaler), error)
+}
+
+async fn reconcile_status(
     client: &Client,
     recorder: &Recorder,
     index: &RightsizingIndex,
     autoscaler: &DaemonSetAutoscaler,
-) -> Result<(), kube::Error> {
+) -> Result<(), Error> {
     let namespace = autoscaler.namespace().unwrap_or_default();
     let name = autoscaler.name_any();
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
     let exists = daemonsets
         .get_metadata_opt(&autoscaler.spec.target_ref.name)
-        .await?
+        .await
+        .map_err(|source| Error::ReadTarget {
+            namespace: namespace.clone(),
+            name: autoscaler.spec.target_ref.name.clone(),
+            source,
+        })?
         .is_some();
     let targets: Vec<Targets> = index
         .all_node_targets(&namespace, &name)
@@ -226,7 +307,12 @@ async fn reconcile(
     }
     let patch = serde_json::json!({ "status": status });
     api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch))
-        .await?;
+        .await
+        .map_err(|source| Error::WriteStatus {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source,
+        })?;
     let old = autoscaler
         .status
         .as_ref()
