@@ -231,6 +231,13 @@ pub struct ComponentUses {
         priority = 1,
         description = "Why a component could not be read",
         json_path = ".spec.components[*].error"
+    ),
+    printcolumn(
+        name = "Error Reasons",
+        type_ = "string",
+        priority = 1,
+        description = "What kind of failure each error is (CertificateNotVerified, Forbidden, Other)",
+        json_path = ".spec.components[*].errorReason"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -250,8 +257,35 @@ pub struct ComponentReport {
     /// Why the component could not be read, when it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What kind of failure `error` is, when the agent can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_reason: Option<ReadFailure>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gates: Vec<GateState>,
+}
+
+/// What kind of failure kept the agent from reading a component.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ReadFailure {
+    /// The component's serving certificate could not be verified with the CA the agent was given
+    /// (a self-signed kubelet certificate, as kind and kubeadm make them by default).
+    CertificateNotVerified,
+    /// The component refused the agent's credentials (HTTP 401 or 403, e.g. no `nodes/metrics`).
+    Forbidden,
+    /// Anything else: not reachable, an unreadable answer. Newer reasons read as this too.
+    #[serde(other)]
+    Other,
+}
+
+impl ReadFailure {
+    /// The reason's name, as the report holds it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadFailure::CertificateNotVerified => "CertificateNotVerified",
+            ReadFailure::Forbidden => "Forbidden",
+            ReadFailure::Other => "Other",
+        }
+    }
 }
 
 /// One feature gate as a component reports it.

@@ -103,6 +103,7 @@ async fn report(client: &Client, nodes: &[String], enabled: bool) -> Result<()> 
                     name: "kubelet".into(),
                     observed_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
                     error: None,
+                    error_reason: None,
                     gates: vec![
                         GateState {
                             name: GATE.into(),
@@ -582,6 +583,12 @@ async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
         error.starts_with("GET /metrics") && report.gates.is_empty(),
         "{report:?}"
     );
+    // ... and the report says it is a certificate the agent could not verify
+    assert_eq!(
+        report.error_reason,
+        Some(nodewarden_api::features::ReadFailure::CertificateNotVerified),
+        "{report:?}"
+    );
     let scraper = Scraper::kubelet(&args(&other.cert_pem, "node-token", true)?)
         .await
         .map_err(|e| anyhow!(e))?;
@@ -595,6 +602,11 @@ async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
         .await
         .map_err(|e| anyhow!(e))?;
     let report = component(KUBELET, scraper.scrape().await, now);
+    assert_eq!(
+        report.error_reason,
+        Some(nodewarden_api::features::ReadFailure::Forbidden),
+        "{report:?}"
+    );
     let error = report.error.unwrap_or_default();
     assert!(error.contains("Forbidden") || error.contains("403"), "{error}");
     Ok(())

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use nodewarden_api::features::{
     ComponentReport, DesiredState, Feature, FeatureSpec, FeatureState, FeatureStatus, GateState,
-    NodeFeatureReport, NodeFeatureReportSpec, OnDisable, OwnedField, ResourceRef, TaskState,
+    NodeFeatureReport, NodeFeatureReportSpec, OnDisable, OwnedField, ReadFailure, ResourceRef, TaskState,
 };
 use nodewarden_webhook::admission::{AdmissionRequest, Handler, Processed, process};
 use nodewarden_webhook::features::controller::{Action, Outcome, step, uses_summary};
@@ -363,6 +363,7 @@ fn report(node: &str, component: &str, enabled: Option<bool>, observed: &str) ->
                 name: component.into(),
                 observed_time: Some(Time(t(observed))),
                 error: None,
+                error_reason: None,
                 gates: enabled
                     .map(|enabled| {
                         vec![GateState {
@@ -720,6 +721,107 @@ fn unreadable_and_missing_components_hold_a_transition() {
         message.contains("node-b (kube-proxy no fresh report)"),
         "{message}"
     );
+}
+
+/// A node whose agent could not verify its kubelet's serving certificate (a self-signed one).
+fn unverified(node: &str) -> Arc<NodeFeatureReport> {
+    let mut r = (*report(node, "kubelet", None, "2026-11-21T09:05:00Z")).clone();
+    r.spec.components[0].error = Some("GET /metrics: invalid peer certificate: UnknownIssuer".into());
+    r.spec.components[0].error_reason = Some(ReadFailure::CertificateNotVerified);
+    Arc::new(r)
+}
+
+fn settled_message(f: &Feature) -> String {
+    f.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Settled"))
+        .map(|c| c.message.clone())
+        .expect("a Settled condition")
+}
+
+#[test]
+fn unverifiable_kubelets_are_named_with_the_setting_that_fixes_them() {
+    let mut f = feature(
+        "SidecarContainers",
+        DesiredState::Off,
+        Some(FeatureState::On),
+        vec![],
+    );
+    let reports = [
+        unverified("node-a"),
+        unverified("node-b"),
+        report("node-c", "kubelet", Some(true), "2026-11-21T09:05:00Z"),
+        report("node-d", "kubelet", Some(false), "2026-11-21T09:05:00Z"),
+    ];
+    advance(&mut f, &reports, None, "2026-11-21T09:00:00Z");
+    advance(&mut f, &reports, None, "2026-11-21T09:06:00Z");
+    assert_eq!(state(&f), FeatureState::TurningOff, "the transition waits");
+    let message = settled_message(&f);
+    assert!(
+        message.starts_with(
+            "WaitForReports: the kubelet serving certificate of 2 node(s) cannot be verified: node-a, node-b;"
+        ),
+        "{message}"
+    );
+    for setting in [
+        "agent.kubelet.caFile",
+        "serverTLSBootstrap: true",
+        "agent.kubelet.insecureSkipVerify=true",
+    ] {
+        assert!(message.contains(setting), "{setting} missing: {message}");
+    }
+    // the other nodes are still listed as before, the unverified ones only once
+    assert!(
+        message.ends_with("waiting for node-c (kubelet reports on)"),
+        "{message}"
+    );
+    assert!(!message.contains("node-a (kubelet"), "{message}");
+    let status = f.status.as_ref().expect("status");
+    assert_eq!(status.uses_summary.as_deref(), Some("kubelet 1/4 off (2 stale)"));
+
+    // a kubelet that could not be read for another reason is no certificate problem
+    let mut refused = (*unverified("node-a")).clone();
+    refused.spec.components[0].error_reason = Some(ReadFailure::Forbidden);
+    advance(&mut f, &[Arc::new(refused)], None, "2026-11-21T09:07:00Z");
+    let message = settled_message(&f);
+    assert_eq!(
+        message,
+        "WaitForReports: waiting for node-a (kubelet no fresh report)"
+    );
+
+    // once they are verified and report the gate off, the Feature is Off
+    let fixed = [
+        report("node-a", "kubelet", Some(false), "2026-11-21T09:08:00Z"),
+        report("node-b", "kubelet", Some(false), "2026-11-21T09:08:00Z"),
+    ];
+    advance(&mut f, &fixed, None, "2026-11-21T09:09:00Z");
+    assert_eq!(state(&f), FeatureState::Off);
+}
+
+#[test]
+fn many_unverifiable_kubelets_are_counted_past_the_first_five() {
+    let mut f = feature(
+        "SidecarContainers",
+        DesiredState::On,
+        Some(FeatureState::Off),
+        vec![],
+    );
+    let reports: Vec<Arc<NodeFeatureReport>> = (0..12).map(|i| unverified(&format!("node-{i:02}"))).collect();
+    advance(&mut f, &reports, None, "2026-11-21T09:00:00Z");
+    let message = settled_message(&f);
+    assert!(
+        message.starts_with(
+            "WaitForReports: the kubelet serving certificate of 12 node(s) cannot be verified: \
+             node-00, node-01, node-02, node-03, node-04 and 7 more; give the agent the CA"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("node-05"), "{message}");
+    assert!(
+        !message.contains("waiting for"),
+        "nobody else is waited for: {message}"
+    );
+    assert!(message.len() < 600, "{} bytes: {message}", message.len());
 }
 
 #[test]

@@ -25,7 +25,7 @@ use clap::{ArgAction, Args};
 
 pub use parse::{ParseError, agent_component, changed, component, parse};
 pub use run::{object, run};
-pub use scrape::Scraper;
+pub use scrape::{ScrapeError, Scraper, classify};
 
 /// The metric that carries feature gates.
 pub const METRIC: &str = "kubernetes_feature_enabled";
@@ -113,7 +113,7 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
     use k8s_openapi::jiff::Timestamp;
-    use nodewarden_api::features::{GateState, NodeFeatureReportSpec};
+    use nodewarden_api::features::{GateState, NodeFeatureReportSpec, ReadFailure};
 
     const KUBELET_METRICS: &str = include_str!("../../tests/fixtures/gates/kubelet-metrics.txt");
     const OPENMETRICS: &str = include_str!("../../tests/fixtures/gates/openmetrics.txt");
@@ -237,6 +237,51 @@ mod tests {
     }
 
     #[test]
+    fn a_certificate_that_cannot_be_verified_is_told_apart() {
+        use rustls::{CertificateError, Error as Tls};
+        // as the client reports it: the TLS error inside an io::Error inside the connector's error
+        let tls =
+            |e: Tls| kube::Error::Service(Box::new(std::io::Error::new(std::io::ErrorKind::InvalidData, e)));
+        assert_eq!(
+            classify(&tls(Tls::InvalidCertificate(CertificateError::UnknownIssuer))),
+            ReadFailure::CertificateNotVerified
+        );
+        assert_eq!(
+            classify(&tls(Tls::InvalidCertificate(CertificateError::Expired))),
+            ReadFailure::CertificateNotVerified
+        );
+        assert_eq!(classify(&tls(Tls::DecryptError)), ReadFailure::Other);
+        let status = |code: u16| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("Forbidden", "Forbidden").with_code(code),
+            ))
+        };
+        assert_eq!(classify(&status(403)), ReadFailure::Forbidden);
+        assert_eq!(classify(&status(401)), ReadFailure::Forbidden);
+        assert_eq!(classify(&status(500)), ReadFailure::Other);
+
+        // the report carries the kind next to the words; a parse error is of no particular kind
+        let now = Timestamp::now();
+        let unverified = ScrapeError {
+            reason: ReadFailure::CertificateNotVerified,
+            message: "GET /metrics: invalid peer certificate: UnknownIssuer".into(),
+        };
+        let c = component(KUBELET, Err(unverified), now);
+        assert_eq!(c.error_reason, Some(ReadFailure::CertificateNotVerified));
+        assert!(c.error.as_deref().is_some_and(|e| e.contains("UnknownIssuer")));
+        let c = component(
+            KUBELET,
+            Ok("kubernetes_feature_enabled{name=\"A\"} 7".into()),
+            now,
+        );
+        assert_eq!(c.error_reason, Some(ReadFailure::Other));
+        assert_eq!(
+            component(KUBELET, Ok(KUBELET_METRICS.into()), now).error_reason,
+            None
+        );
+    }
+
+    #[test]
     fn only_gates_and_errors_make_a_change() {
         let at = |s: &str| s.parse::<Timestamp>().expect("time");
         let spec = |now: Timestamp, text: &str| NodeFeatureReportSpec {
@@ -324,7 +369,12 @@ mod tests {
             .await
             .expect("a scraper is made without connecting");
         let err = scraper.scrape().await.expect_err("nothing listens");
-        assert!(err.starts_with("GET /metrics"), "{err}");
+        assert!(err.message.starts_with("GET /metrics"), "{err}");
+        assert_eq!(
+            err.reason,
+            ReadFailure::Other,
+            "nothing listening is no certificate problem"
+        );
         let metrics = Metrics::new();
         let c = observe(&metrics, KUBELET, Err(err), Timestamp::now());
         assert!(c.error.is_some());

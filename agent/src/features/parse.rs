@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use nodewarden_api::features::{ComponentReport, GateState, NodeFeatureReportSpec};
 
+use super::scrape::ScrapeError;
 use super::{AGENT, AGENT_GATES, METRIC};
 
 /// A line of the exposition that mentions the gate metric but cannot be read.
@@ -136,6 +137,7 @@ pub fn agent_component(now: Timestamp) -> ComponentReport {
         name: AGENT.to_string(),
         observed_time: Some(Time(now)),
         error: None,
+        error_reason: None,
         gates: AGENT_GATES
             .iter()
             .map(|(name, enabled, stage)| GateState {
@@ -147,16 +149,18 @@ pub fn agent_component(now: Timestamp) -> ComponentReport {
     }
 }
 
-/// A component's report from a scrape: its gates, or the error.
-pub fn component(name: &str, scraped: Result<String, String>, now: Timestamp) -> ComponentReport {
-    let (gates, error) = match scraped.and_then(|text| parse(&text).map_err(|e| e.to_string())) {
-        Ok(gates) => (gates, None),
-        Err(why) => (Vec::new(), Some(why)),
+/// A component's report from a scrape: its gates, or the error and what kind it is.
+pub fn component(name: &str, scraped: Result<String, ScrapeError>, now: Timestamp) -> ComponentReport {
+    let parsed = scraped.and_then(|text| parse(&text).map_err(|e| ScrapeError::from(e.to_string())));
+    let (gates, error, error_reason) = match parsed {
+        Ok(gates) => (gates, None, None),
+        Err(why) => (Vec::new(), Some(why.message), Some(why.reason)),
     };
     ComponentReport {
         name: name.to_string(),
         observed_time: Some(Time(now)),
         error,
+        error_reason,
         gates,
     }
 }
@@ -166,7 +170,7 @@ pub fn changed(old: Option<&NodeFeatureReportSpec>, new: &NodeFeatureReportSpec)
     let strip = |s: &NodeFeatureReportSpec| {
         s.components
             .iter()
-            .map(|c| (c.name.clone(), c.error.clone(), c.gates.clone()))
+            .map(|c| (c.name.clone(), c.error.clone(), c.error_reason, c.gates.clone()))
             .collect::<Vec<_>>()
     };
     old.is_none_or(|old| strip(old) != strip(new))

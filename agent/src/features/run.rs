@@ -9,11 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
-use nodewarden_api::features::{ComponentReport, NodeFeatureReport, NodeFeatureReportSpec};
+use nodewarden_api::features::{ComponentReport, NodeFeatureReport, NodeFeatureReportSpec, ReadFailure};
 use tokio_util::sync::CancellationToken;
 
 use super::parse::{agent_component, changed, component};
-use super::scrape::Scraper;
+use super::scrape::{ScrapeError, Scraper};
 use super::{FIELD_MANAGER, GatesArgs, KUBE_PROXY, KUBELET};
 use crate::metrics::Metrics;
 
@@ -60,7 +60,7 @@ pub async fn run(
         if kubelet.is_none() {
             kubelet = Scraper::kubelet(&args)
                 .await
-                .map_err(|why| components.push(observe(&metrics, KUBELET, Err(why), now)))
+                .map_err(|why| components.push(observe(&metrics, KUBELET, Err(why.into()), now)))
                 .ok();
         }
         if let Some(scraper) = &kubelet {
@@ -70,7 +70,7 @@ pub async fn run(
             if proxy.is_none() {
                 proxy = Scraper::kube_proxy(url)
                     .await
-                    .map_err(|why| components.push(observe(&metrics, KUBE_PROXY, Err(why), now)))
+                    .map_err(|why| components.push(observe(&metrics, KUBE_PROXY, Err(why.into()), now)))
                     .ok();
             }
             if let Some(scraper) = &proxy {
@@ -119,13 +119,21 @@ pub async fn run(
 pub(super) fn observe(
     metrics: &Metrics,
     name: &'static str,
-    scraped: Result<String, String>,
+    scraped: Result<String, ScrapeError>,
     now: Timestamp,
 ) -> ComponentReport {
     let report = component(name, scraped, now);
     metrics.gate_scrape(name, report.error.is_none());
     if let Some(why) = &report.error {
-        tracing::warn!(component = name, %why, "feature gates not readable; reported as an error");
+        let reason = report.error_reason.map(|r| r.as_str()).unwrap_or_default();
+        if report.error_reason == Some(ReadFailure::CertificateNotVerified) {
+            tracing::warn!(component = name, %why, reason,
+                "feature gates not readable: the serving certificate cannot be verified; give the agent \
+                 the CA that signs it (--kubelet-ca-file, chart value agent.kubelet.caFile) or have the \
+                 kubelet serve a certificate of the cluster CA (serverTLSBootstrap: true)");
+        } else {
+            tracing::warn!(component = name, %why, reason, "feature gates not readable; reported as an error");
+        }
     }
     report
 }

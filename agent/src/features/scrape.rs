@@ -8,10 +8,76 @@ use kube::config::{
     AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
 };
 
+use nodewarden_api::features::ReadFailure;
+
 use super::GatesArgs;
 
 /// Most bytes of a `/metrics` answer read (a kubelet's is 100–500 KiB); a larger one is an error.
 pub const MAX_SCRAPE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Why a component's `/metrics` could not be read: the message, and what kind of failure it is
+/// (a certificate that could not be verified is told apart from the rest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrapeError {
+    /// What kind of failure.
+    pub reason: ReadFailure,
+    /// What went wrong, in words.
+    pub message: String,
+}
+
+impl std::fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for ScrapeError {
+    /// A failure of no particular kind.
+    fn from(message: String) -> Self {
+        ScrapeError {
+            reason: ReadFailure::Other,
+            message,
+        }
+    }
+}
+
+impl From<&str> for ScrapeError {
+    /// A failure of no particular kind.
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
+/// What kind of failure a request's error is: a TLS certificate the agent could not verify,
+/// credentials the component refused, or something else.
+pub fn classify(error: &kube::Error) -> ReadFailure {
+    if let kube::Error::Api(status) = error
+        && matches!(status.code, 401 | 403)
+    {
+        return ReadFailure::Forbidden;
+    }
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(err) = next {
+        if is_unverified_certificate(err) {
+            return ReadFailure::CertificateNotVerified;
+        }
+        // an io::Error's source() skips the error it wraps: look at that one too
+        if let Some(inner) = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref())
+            && is_unverified_certificate(inner)
+        {
+            return ReadFailure::CertificateNotVerified;
+        }
+        next = err.source();
+    }
+    ReadFailure::Other
+}
+
+fn is_unverified_certificate(err: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        err.downcast_ref::<rustls::Error>(),
+        Some(rustls::Error::InvalidCertificate(_))
+    )
+}
 
 /// Reads one component's `/metrics`.
 pub struct Scraper {
@@ -97,18 +163,21 @@ impl Scraper {
     }
 
     /// The exposition text, or why it could not be read.
-    pub async fn scrape(&self) -> Result<String, String> {
+    pub async fn scrape(&self) -> Result<String, ScrapeError> {
         let request = http::Request::get(self.path.as_str())
             .body(Vec::new())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ScrapeError::from(e.to_string()))?;
         let body = self
             .client
             .request_stream(request)
             .await
-            .map_err(|e| format!("GET {}: {e}", self.path))?;
+            .map_err(|e| ScrapeError {
+                reason: classify(&e),
+                message: format!("GET {}: {e}", self.path),
+            })?;
         read_bounded(body, MAX_SCRAPE_BYTES)
             .await
-            .map_err(|e| format!("GET {}: {e}", self.path))
+            .map_err(|e| ScrapeError::from(format!("GET {}: {e}", self.path)))
     }
 }
 

@@ -40,7 +40,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::features::{
     ComponentUses, DesiredState, Feature, FeatureState, FeatureStatus, NodeFeatureReport, OnDisable,
-    OwnedField, ResourceRef, Task, TaskState,
+    OwnedField, ReadFailure, ResourceRef, Task, TaskState,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -159,6 +159,8 @@ enum NodeSays {
     Disabled,
     /// Observed before the transition, missing, or unreadable.
     Stale,
+    /// Unreadable because the agent could not verify the component's serving certificate.
+    Unverified,
 }
 
 /// Per component, per node: what the node's report says about the gate.
@@ -187,7 +189,13 @@ fn read_reports(feature: &Feature, reports: &[Arc<NodeFeatureReport>], since: Op
         for report in reports {
             let says = match report.spec.components.iter().find(|c| &c.name == component) {
                 None => NodeSays::Stale,
-                Some(c) if c.error.is_some() && c.gates.is_empty() => NodeSays::Stale,
+                Some(c) if c.error.is_some() && c.gates.is_empty() => {
+                    if c.error_reason == Some(ReadFailure::CertificateNotVerified) {
+                        NodeSays::Unverified
+                    } else {
+                        NodeSays::Stale
+                    }
+                }
                 Some(c) => {
                     let fresh = match (since, &c.observed_time) {
                         (None, _) => true,
@@ -221,7 +229,7 @@ fn uses_of(read: &Read) -> Vec<ComponentUses> {
                 component: component.clone(),
                 enabled: count(NodeSays::Enabled),
                 disabled: count(NodeSays::Disabled),
-                stale: count(NodeSays::Stale),
+                stale: count(NodeSays::Stale).saturating_add(count(NodeSays::Unverified)),
             }
         })
         .collect()
@@ -290,17 +298,51 @@ fn set_condition(conditions: &mut Vec<Condition>, mut new: Condition) {
     }
 }
 
-/// Checks the `WaitForReports` task: `None` when done, else what it waits for.
+/// Most nodes a message names; the rest are counted.
+const NAMED_NODES: usize = 5;
+
+/// `a, b, c` or, past [`NAMED_NODES`], `a, b, c, d, e and 3 more`.
+fn named(names: Vec<String>) -> String {
+    let total = names.len();
+    let shown: Vec<String> = names.into_iter().take(NAMED_NODES).collect();
+    if total > NAMED_NODES {
+        format!("{} and {} more", shown.join(", "), total - NAMED_NODES)
+    } else {
+        shown.join(", ")
+    }
+}
+
+/// What to set so the agent can verify `component`'s serving certificate.
+fn verification_hint(component: &str) -> String {
+    if component == "kubelet" {
+        "give the agent the CA that signs the kubelets' serving certificates (chart value \
+         agent.kubelet.caFile, mounted with agent.extraVolumes), or set serverTLSBootstrap: true in \
+         the kubelet configuration and approve the kubelet-serving CSRs, or turn verification off \
+         with agent.kubelet.insecureSkipVerify=true"
+            .to_string()
+    } else {
+        format!("give the agent the CA that signs the {component} serving certificate")
+    }
+}
+
+/// Checks the `WaitForReports` task: `None` when done, else what it waits for. Nodes whose
+/// component could not be verified are named apart, with what to set.
 fn waiting_for_reports(read: &Read, target: DesiredState) -> Option<String> {
     let want = match target {
         DesiredState::On => NodeSays::Enabled,
         DesiredState::Off => NodeSays::Disabled,
     };
     let mut behind = Vec::new();
+    let mut unverified: Vec<(String, Vec<String>)> = Vec::new();
     for (component, nodes) in read {
+        let mut cannot_verify = Vec::new();
         for (node, says) in nodes {
             if *says != want {
                 let what = match says {
+                    NodeSays::Unverified => {
+                        cannot_verify.push(node.clone());
+                        continue;
+                    }
                     NodeSays::Stale => "no fresh report",
                     NodeSays::Enabled => "reports on",
                     NodeSays::Disabled => "reports off",
@@ -308,16 +350,30 @@ fn waiting_for_reports(read: &Read, target: DesiredState) -> Option<String> {
                 behind.push(format!("{node} ({component} {what})"));
             }
         }
+        if !cannot_verify.is_empty() {
+            unverified.push((component.clone(), cannot_verify));
+        }
     }
-    if behind.is_empty() {
-        return None;
+    let mut parts: Vec<String> = unverified
+        .into_iter()
+        .map(|(component, nodes)| {
+            format!(
+                "the {component} serving certificate of {} node(s) cannot be verified: {}; {}",
+                nodes.len(),
+                named(nodes),
+                verification_hint(&component)
+            )
+        })
+        .collect();
+    if !behind.is_empty() {
+        let total = behind.len();
+        let mut shown: Vec<String> = behind.into_iter().take(5).collect();
+        if total > 5 {
+            shown.push(format!("{} more", total - 5));
+        }
+        parts.push(format!("waiting for {}", shown.join(", ")));
     }
-    let total = behind.len();
-    let mut shown: Vec<String> = behind.into_iter().take(5).collect();
-    if total > 5 {
-        shown.push(format!("{} more", total - 5));
-    }
-    Some(format!("waiting for {}", shown.join(", ")))
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// One decision for a Feature: the status it should have and the action to run next.

@@ -29,6 +29,7 @@ async fn report(admin: &Client, node: &str, enabled: bool) -> Result<()> {
                 name: "kubelet".into(),
                 observed_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
                 error: None,
+                error_reason: None,
                 gates: vec![GateState {
                     name: GATE.into(),
                     enabled,
