@@ -239,9 +239,12 @@ mod tests {
     #[test]
     fn a_certificate_that_cannot_be_verified_is_told_apart() {
         use rustls::{CertificateError, Error as Tls};
-        // as the client reports it: the TLS error inside an io::Error inside the connector's error
-        let tls =
-            |e: Tls| kube::Error::Service(Box::new(std::io::Error::new(std::io::ErrorKind::InvalidData, e)));
+        // as the client reports it: the TLS error inside an io::Error inside another io::Error
+        // inside the connector's error
+        let tls = |e: Tls| {
+            let io = std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+            kube::Error::Service(Box::new(std::io::Error::other(io)))
+        };
         assert_eq!(
             classify(&tls(Tls::InvalidCertificate(CertificateError::UnknownIssuer))),
             ReadFailure::CertificateNotVerified

@@ -58,25 +58,20 @@ pub fn classify(error: &kube::Error) -> ReadFailure {
     }
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(err) = next {
-        if is_unverified_certificate(err) {
+        if matches!(
+            err.downcast_ref::<rustls::Error>(),
+            Some(rustls::Error::InvalidCertificate(_))
+        ) {
             return ReadFailure::CertificateNotVerified;
         }
-        // an io::Error's source() skips the error it wraps: look at that one too
-        if let Some(inner) = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref())
-            && is_unverified_certificate(inner)
-        {
-            return ReadFailure::CertificateNotVerified;
-        }
-        next = err.source();
+        // an io::Error's source() is the source of the error it wraps, skipping that error
+        // itself (and the TLS error comes wrapped twice): step into the wrapped one instead
+        next = match err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner),
+            None => err.source(),
+        };
     }
     ReadFailure::Other
-}
-
-fn is_unverified_certificate(err: &(dyn std::error::Error + 'static)) -> bool {
-    matches!(
-        err.downcast_ref::<rustls::Error>(),
-        Some(rustls::Error::InvalidCertificate(_))
-    )
 }
 
 /// Reads one component's `/metrics`.

@@ -2,8 +2,12 @@
 //!
 //! [`step`] is the whole decision, a pure function of (Feature, node reports, the outcome of
 //! the last action, now): it returns the new status and the action to run next. [`run`] is
-//! the I/O shell around it: it reads the watch caches, runs the actions (list and patch pages
-//! of objects, count objects) and writes `status` by server-side apply when it changed.
+//! the I/O shell around it, a kube-runtime `Controller` on the Features: it reconciles a Feature
+//! when it changes, when any node report changes (the reports come from the webhook's cache),
+//! every resync interval, and every [`BUSY_REQUEUE`] while an action is under way; it writes
+//! `status` by server-side apply when it changed, runs the actions (list and patch pages of
+//! objects at a bounded rate, count objects), keeps each Feature's last outcome for its next step,
+//! and retries a failed Feature with its own backoff (`controllers::ObjectBackoff`).
 //!
 //! Transitions: when the desired state differs from where the Feature is (or is going), the
 //! Feature enters `TurningOff` / `TurningOn`, `status.transitionTime` is now, and its tasks are
