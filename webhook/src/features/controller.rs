@@ -15,7 +15,9 @@
 //! 1. `WaitForReports`: every node that has a `NodeFeatureReport` must have a fresh one (its
 //!    components observed at or after the transition time) that shows the new value of the gate
 //!    in every listed component. Nodes without any report are not waited for; a listed
-//!    component missing from a node's report, or reporting an error, is waited for. A gate a
+//!    component missing from a node's report, or reporting an error, is waited for; one whose
+//!    serving certificate the agent could not verify (`errorReason: CertificateNotVerified`) is
+//!    named apart in the task's message, with the settings that fix it. A gate a
 //!    component does not report counts as off. Times have whole seconds, so a component must
 //!    have been observed in a later second than the one the transition started in.
 //! 2. `ClearField <resource>/<path>` (turning off, per `Clear` field): the field is removed from
