@@ -24,6 +24,7 @@ fn exported_metrics() -> BTreeSet<String> {
     use nodewarden_api::features::FeatureState;
     use nodewarden_api::rightsizing::AutoscalerRef;
     use nodewarden_webhook::admission::{AdmissionObserver, Outcome};
+    use nodewarden_webhook::controllers::ReconcileObserver;
     use nodewarden_webhook::features::{Decision, FeaturesObserver};
     use nodewarden_webhook::rightsizing::{Reason, RightsizingObserver, Source};
 
@@ -39,6 +40,7 @@ fn exported_metrics() -> BTreeSet<String> {
     RightsizingObserver::decided(&webhook, Reason::Resized, &[("app".to_string(), Source::Node)]);
     FeaturesObserver::decided(&webhook, Decision::Denied);
     FeaturesObserver::transitioned(&webhook, FeatureState::TurningOff);
+    ReconcileObserver::reconciled(&webhook, "features", true, std::time::Duration::from_millis(3));
 
     let agent = nodewarden_agent::metrics::Metrics::new();
     let key = nodewarden_agent::pods::Key {
