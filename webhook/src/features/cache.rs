@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use futures::Stream;
 use kube::{Api, Client, ResourceExt};
@@ -75,13 +76,17 @@ impl FeatureCaches {
         }
     }
 
-    /// One item after each change of the node reports, from now on; changes that come faster
-    /// than the stream is read are merged into one item.
-    pub fn report_changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+    /// One item after each change of the node reports, from now on, but at most one per
+    /// `min_gap`: changes that come faster (5,000 agents refreshing their reports) are merged
+    /// into one item.
+    pub fn report_changes(&self, min_gap: Duration) -> impl Stream<Item = ()> + Send + 'static {
         let changes = self.report_version.subscribe();
-        futures::stream::unfold(changes, |mut changes| async move {
+        futures::stream::unfold((changes, false), move |(mut changes, again)| async move {
+            if again {
+                tokio::time::sleep(min_gap).await;
+            }
             changes.changed().await.ok()?;
-            Some(((), changes))
+            Some(((), (changes, true)))
         })
     }
 
@@ -187,5 +192,42 @@ impl FeatureCaches {
             )
         };
         tokio::join!(features, reports);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use nodewarden_api::features::NodeFeatureReportSpec;
+
+    fn report(node: &str) -> NodeFeatureReport {
+        NodeFeatureReport::new(node, NodeFeatureReportSpec { components: vec![] })
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_report_changes_is_one_trigger_and_triggers_are_spaced() {
+        let caches = FeatureCaches::new();
+        let gap = Duration::from_millis(100);
+        let mut changes = std::pin::pin!(caches.report_changes(gap));
+        for node in ["a", "b", "c"] {
+            caches.apply_report(report(node));
+        }
+        let first = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+        assert_eq!(first.ok().flatten(), Some(()), "the burst triggers");
+        let start = std::time::Instant::now();
+        caches.apply_report(report("d"));
+        caches.delete_report("a");
+        let second = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+        assert_eq!(second.ok().flatten(), Some(()), "later changes trigger again");
+        assert!(
+            start.elapsed() >= gap,
+            "not before the gap: {:?}",
+            start.elapsed()
+        );
+        // both later changes were taken together: nothing is left to trigger
+        let third = tokio::time::timeout(3 * gap, changes.next()).await;
+        assert!(third.is_err(), "no change, no trigger");
+        assert_eq!(caches.reports().len(), 3);
     }
 }

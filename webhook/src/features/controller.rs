@@ -591,6 +591,9 @@ pub fn transition_event(
 pub const CONTROLLER: &str = "features";
 /// How soon a Feature whose action is under way is stepped again.
 pub const BUSY_REQUEUE: Duration = Duration::from_millis(200);
+/// Node report changes reconcile every Feature at most this often (changes in between are
+/// taken together).
+pub const REPORTS_GAP: Duration = Duration::from_secs(1);
 /// Reconciliations of different Features run at once at most.
 const CONCURRENCY: u16 = 4;
 
@@ -741,7 +744,7 @@ pub async fn run(
     }
     let controller = Controller::new(Api::<Feature>::all(client.clone()), watcher::Config::default())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
-        .reconcile_all_on(caches.report_changes())
+        .reconcile_all_on(caches.report_changes(REPORTS_GAP))
         .graceful_shutdown_on(stop.cancelled_owned());
     let context = Arc::new(Context {
         recorder: events::recorder(&client),
