@@ -638,6 +638,52 @@ struct Written {
     replaces: Vec<String>,
 }
 
+/// The statuses the controller wrote, per Feature (namespace/name), so that the next step starts
+/// from them even when the controller's watch has not brought them back yet (a step on the older
+/// object would start the same transition again, with a second Event).
+#[derive(Default)]
+struct OwnWrites(HashMap<String, Written>);
+
+impl OwnWrites {
+    /// Most resource versions kept per Feature: only a few writes ever outrun the watch.
+    const KEPT: usize = 8;
+
+    /// The newer of `watched` (from the watch) and the last status written.
+    fn latest(&mut self, key: &str, watched: Arc<Feature>) -> Arc<Feature> {
+        if let Some(w) = self.0.get(key) {
+            if watched
+                .resource_version()
+                .is_some_and(|rv| w.replaces.contains(&rv))
+            {
+                return w.feature.clone();
+            }
+            // the watch has caught up (or someone else wrote since): it is the newest
+            self.0.remove(key);
+        }
+        watched
+    }
+
+    /// `written` is what writing a status over `read` gave back.
+    fn wrote(&mut self, key: &str, read: &Feature, written: Feature) {
+        let mut replaces = self.0.remove(key).map(|w| w.replaces).unwrap_or_default();
+        replaces.extend(read.resource_version());
+        if replaces.len() > Self::KEPT {
+            replaces.drain(..replaces.len() - Self::KEPT);
+        }
+        self.0.insert(
+            key.to_string(),
+            Written {
+                feature: Arc::new(written),
+                replaces,
+            },
+        );
+    }
+
+    fn retain(&mut self, live: &HashSet<String>) {
+        self.0.retain(|key, _| live.contains(key));
+    }
+}
+
 /// What the reconciler of every Feature shares.
 struct Context {
     client: Client,
@@ -650,8 +696,8 @@ struct Context {
     store: Store<Feature>,
     /// The outcome of each Feature's last action, by namespace/name, for its next step.
     outcomes: Mutex<HashMap<String, Outcome>>,
-    /// The last status written per Feature, by namespace/name.
-    written: Mutex<HashMap<String, Written>>,
+    /// The last status written per Feature.
+    written: Mutex<OwnWrites>,
     /// When the next page of a `ClearField` task may start: the bound of `clear_rate`, shared by
     /// every Feature.
     next_page: Mutex<Instant>,
@@ -662,44 +708,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Context {
-    /// The Feature as the controller last saw or wrote it.
-    fn latest(&self, key: &str, watched: Arc<Feature>) -> Arc<Feature> {
-        let mut written = lock(&self.written);
-        if let Some(w) = written.get(key) {
-            if watched
-                .resource_version()
-                .is_some_and(|rv| w.replaces.contains(&rv))
-            {
-                return w.feature.clone();
-            }
-            written.remove(key);
-        }
-        watched
-    }
-
-    /// Remembers `written`, the status written over `read`.
-    fn wrote(&self, key: &str, read: &Feature, written: Feature) {
-        let mut all = lock(&self.written);
-        let mut replaces = all.remove(key).map(|w| w.replaces).unwrap_or_default();
-        replaces.extend(read.resource_version());
-        // a few writes at most outrun the watch; keep the newest
-        if replaces.len() > 8 {
-            replaces.drain(..replaces.len() - 8);
-        }
-        all.insert(
-            key.to_string(),
-            Written {
-                feature: Arc::new(written),
-                replaces,
-            },
-        );
-    }
-
     /// Forgets what is kept for Features that are gone.
     fn forget_deleted(&self) {
         let live: HashSet<String> = self.store.state().iter().map(|f| feature_key(f)).collect();
         lock(&self.outcomes).retain(|key, _| live.contains(key));
-        lock(&self.written).retain(|key, _| live.contains(key));
+        lock(&self.written).retain(&live);
     }
 
     /// Takes the turn for one page of a `ClearField` task, or says how long until there is one.
@@ -779,7 +792,7 @@ async fn reconcile_feature(
     context: &Context,
 ) -> Result<ControllerAction, Error> {
     context.forget_deleted();
-    let feature = context.latest(key, watched);
+    let feature = lock(&context.written).latest(key, watched);
     let reports = context.caches.reports();
     let outcome = lock(&context.outcomes).remove(key);
     let (status, action) = step(&feature, &reports, outcome.as_ref(), Timestamp::now());
@@ -800,7 +813,7 @@ async fn reconcile_feature(
         };
         // the next step must see this status even before the watch brings it, and so must the
         // guard
-        context.wrote(key, &feature, written.clone());
+        lock(&context.written).wrote(key, &feature, written.clone());
         context.caches.apply_feature(written);
         if before != status.state
             && let Some(state) = status.state
@@ -1024,6 +1037,73 @@ async fn remove_field(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(rv: &str, state: Option<FeatureState>) -> Feature {
+        let mut f = Feature::new(
+            "glow",
+            nodewarden_api::features::FeatureSpec {
+                desired: DesiredState::Off,
+                gate: None,
+                stage: None,
+                default: None,
+                components: vec![],
+                fields: vec![],
+                wait_for_absence: vec![],
+            },
+        );
+        f.metadata.namespace = Some("shop".into());
+        f.metadata.resource_version = Some(rv.into());
+        f.status = state.map(|state| FeatureStatus {
+            state: Some(state),
+            ..Default::default()
+        });
+        f
+    }
+
+    fn state_of(f: &Feature) -> Option<FeatureState> {
+        f.status.as_ref().and_then(|s| s.state)
+    }
+
+    #[test]
+    fn a_step_starts_from_its_own_write_until_the_watch_brings_it() {
+        let mut own = OwnWrites::default();
+        let key = "shop/glow";
+        let on = Arc::new(at("10", Some(FeatureState::On)));
+        // first look: nothing written yet, the watch's object is it
+        assert_eq!(
+            own.latest(key, on.clone()).resource_version().as_deref(),
+            Some("10")
+        );
+        // the transition is written (10 → 11); a report change steps the Feature again before the
+        // watch has brought 11: the step must see TurningOff, not start the transition over
+        let turning_off = at("11", Some(FeatureState::TurningOff));
+        own.wrote(key, &on, turning_off.clone());
+        let seen = own.latest(key, on.clone());
+        assert_eq!(state_of(&seen), Some(FeatureState::TurningOff));
+        // a second write on top of the first (11 → 12), the watch still at 10
+        own.wrote(key, &seen, at("12", Some(FeatureState::Off)));
+        assert_eq!(state_of(&own.latest(key, on.clone())), Some(FeatureState::Off));
+        // the watch shows 11, older than the last write: still the write
+        assert_eq!(
+            state_of(&own.latest(key, Arc::new(turning_off))),
+            Some(FeatureState::Off)
+        );
+        // the watch catches up (12) or moves past (a user's edit, 13): the watch wins from then on
+        let edited = Arc::new(at("13", Some(FeatureState::Off)));
+        assert_eq!(
+            own.latest(key, edited.clone()).resource_version().as_deref(),
+            Some("13")
+        );
+        assert_eq!(
+            own.latest(key, on).resource_version().as_deref(),
+            Some("10"),
+            "nothing kept once the watch caught up"
+        );
+        // and a deleted Feature is forgotten
+        own.wrote(key, &edited, at("14", Some(FeatureState::Off)));
+        own.retain(&HashSet::new());
+        assert!(own.0.is_empty());
+    }
 
     #[test]
     fn a_transition_event_names_the_state_entered_and_where_it_came_from() {
