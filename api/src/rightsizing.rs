@@ -46,7 +46,7 @@ use crate::quantity::{ResourceList, resource_list_schema};
     printcolumn(
         name = "CPU P90",
         type_ = "string",
-        description = "Per container, the 90th percentile of the node targets (the fleet figure)",
+        description = "Per container, the fleet figure: the 90th percentile of the node targets, at most twice their median",
         json_path = ".status.fleet[*].target.cpu"
     ),
     printcolumn(
@@ -58,7 +58,7 @@ use crate::quantity::{ResourceList, resource_list_schema};
     printcolumn(
         name = "Memory P90",
         type_ = "string",
-        description = "Per container, the 90th percentile of the node targets (the fleet figure)",
+        description = "Per container, the fleet figure: the 90th percentile of the node targets, at most twice their median",
         json_path = ".status.fleet[*].target.memory"
     ),
     printcolumn(
@@ -278,7 +278,7 @@ pub enum ColdStart {
     /// The pod keeps its template's requests.
     #[default]
     Template,
-    /// The fleet figure: the 90th percentile of the other nodes' targets.
+    /// The fleet figure: the 90th percentile of the other nodes' targets, at most twice their median.
     Fleet,
 }
 
@@ -308,7 +308,8 @@ pub struct DaemonSetAutoscalerStatus {
     /// Of those, the pods whose requests and limits are already their node's figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_up_to_date: Option<i32>,
-    /// Per container, the 90th percentile of the node targets.
+    /// Per container, the fleet figure: the 90th percentile of the node targets, at most twice their
+    /// median.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub fleet: Vec<FleetRecommendation>,
@@ -321,7 +322,8 @@ pub struct DaemonSetAutoscalerStatus {
 #[serde(rename_all = "camelCase")]
 pub struct FleetRecommendation {
     pub container_name: String,
-    /// The 90th percentile of the node targets (what `coldStart: Fleet` gives).
+    /// The 90th percentile of the node targets, at most twice their median (what `coldStart: Fleet`
+    /// gives).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resource_list_schema")]
     pub target: Option<ResourceList>,

@@ -286,3 +286,48 @@ async fn corrupted_reviews_never_cause_a_5xx() {
         }
     }
 }
+
+/// A large review is decided off the async workers: while its handler blocks, a small review on
+/// the same single-threaded runtime is still answered. (Decided on the worker, the large one
+/// would hold the only thread until its wait ran out, and answer "not released".)
+#[tokio::test]
+async fn a_large_review_does_not_hold_up_small_ones() {
+    use std::sync::Mutex;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let blocking = move |req: &AdmissionRequest| -> AdmissionResponse {
+        let waited = released
+            .lock()
+            .map(|r| r.recv_timeout(Duration::from_secs(60)).is_ok())
+            .unwrap_or(false);
+        if waited {
+            AdmissionResponse::allow(&req.uid)
+        } else {
+            AdmissionResponse::deny(&req.uid, 500, "Timeout", "not released")
+        }
+    };
+    let routes = vec![Route::new("/large", blocking), Route::new("/small", test_handler)];
+    let app = admission::router(routes, Arc::new(Metrics::new()), 1 << 20);
+
+    let mut large = review();
+    large["request"]["object"]["metadata"]["annotations"] =
+        json!({"padding": "x".repeat(admission::LARGE_REVIEW_BYTES)});
+    let large = serde_json::to_vec(&large).expect("json");
+    assert!(large.len() >= admission::LARGE_REVIEW_BYTES);
+    let pending = tokio::spawn(post_with(app.clone(), "/large", large));
+
+    let (status, body) = post_with(app, "/small", POD_REVIEW).await;
+    assert_eq!(status, StatusCode::OK);
+    let small: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(small["response"]["allowed"], true);
+    release.send(()).expect("the large review's handler waits");
+
+    let (status, body) = pending.await.expect("the large review's task");
+    assert_eq!(status, StatusCode::OK);
+    let large: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(large["response"]["allowed"], true, "{large}");
+    assert_eq!(large["response"]["uid"], uid());
+}

@@ -834,6 +834,31 @@ fn validator_denies_min_above_max_duplicates_and_a_second_autoscaler() {
     assert!(same.allowed, "{same:?}");
 }
 
+#[test]
+fn a_denial_names_ten_problems_and_counts_the_rest() {
+    let validator = AutoscalerValidator::new(index_with("300m"));
+    let policies: Vec<Value> = (0..1000).map(|_| json!({"containerName": "agent"})).collect();
+    let denied = validator.review(&request(&autoscaler_review(
+        "a",
+        json!({"targetRef": {"kind": "DaemonSet", "name": "other-ds"},
+               "resourcePolicy": {"containerPolicies": policies}}),
+    )));
+    assert!(!denied.allowed);
+    let message = denied.status.expect("status").message;
+    assert!(
+        message.starts_with(
+            "spec.resourcePolicy.containerPolicies[1].containerName: \"agent\" has a policy already"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("containerPolicies[10].containerName"),
+        "{message}"
+    );
+    assert!(!message.contains("containerPolicies[11]"), "{message}");
+    assert!(message.ends_with("; and 989 more problems"), "{message}");
+}
+
 /// The worked example of docs/rightsizing.md, row by row.
 #[test]
 fn worked_example_of_the_docs() {

@@ -3,6 +3,7 @@
 //! another.
 
 use std::cmp::Ordering;
+use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -74,6 +75,32 @@ pub fn container_policies(autoscaler: &DaemonSetAutoscaler) -> &[ContainerPolicy
         .unwrap_or_default()
 }
 
+/// Every container's policy, looked up in constant time: [`container_policy`] for a whole pod
+/// in one pass over the policies, so a pod's work grows with its containers plus the policies,
+/// not with their product.
+pub struct PolicyLookup<'a> {
+    named: HashMap<&'a str, &'a ContainerPolicy>,
+    any: Option<&'a ContainerPolicy>,
+}
+
+impl<'a> PolicyLookup<'a> {
+    /// The policies of `autoscaler`; of two policies with one name the first counts, as in
+    /// [`container_policy`].
+    pub fn of(autoscaler: &'a DaemonSetAutoscaler) -> Self {
+        let mut named = HashMap::new();
+        for policy in container_policies(autoscaler) {
+            named.entry(policy.container_name.as_str()).or_insert(policy);
+        }
+        let any = named.get(ANY_CONTAINER).copied();
+        PolicyLookup { named, any }
+    }
+
+    /// The policy of `container`: its own, else the `*` policy, else none.
+    pub fn get(&self, container: &str) -> Option<&'a ContainerPolicy> {
+        self.named.get(container).copied().or(self.any)
+    }
+}
+
 /// The policy of a container: its own, else the `*` policy, else none.
 pub fn container_policy<'a>(
     autoscaler: &'a DaemonSetAutoscaler,
@@ -131,6 +158,15 @@ mod tests {
         );
         let none = autoscaler("n", None, serde_json::json!([]));
         assert!(container_policy(&none, "app").is_none());
+        for (autoscaler, container) in [(&a, "app"), (&a, "sidecar"), (&a, "*"), (&none, "app")] {
+            assert_eq!(
+                PolicyLookup::of(autoscaler)
+                    .get(container)
+                    .map(|p| &p.container_name),
+                container_policy(autoscaler, container).map(|p| &p.container_name),
+                "{container}"
+            );
+        }
     }
 
     #[test]

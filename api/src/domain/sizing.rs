@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 pub use crate::domain::quantity::{amount, format_amount};
-use crate::domain::rightsizing::container_policy;
+use crate::domain::rightsizing::PolicyLookup;
 use crate::rightsizing::{
     Ceiling, ColdStart, ContainerMode, ContainerPolicy, ControlledValues, DaemonSetAutoscaler,
     FleetRecommendation, NodeRecommendation, ResourceName, UpdateMode,
@@ -276,13 +276,47 @@ pub fn percentile(values: &mut [u64], percent: usize) -> Option<u64> {
     values.get(rank - 1).copied()
 }
 
-/// Fleet targets from the targets of many nodes: per container and resource, the 90th percentile.
+/// How far above the median of the node targets the fleet figure may go: the fleet figure is
+/// the 90th percentile, but at most this multiple of the median (see [`fleet_from_nodes`]).
+pub const FLEET_MEDIAN_MULTIPLE: u64 = 2;
+
+/// Fleet targets from the targets of many nodes: per container and resource, the 90th
+/// percentile (nearest rank), but at most [`FLEET_MEDIAN_MULTIPLE`] × the median (nearest rank,
+/// the lower of two middle values).
+///
+/// Why the cap: below ten nodes the nearest-rank 90th percentile is the largest figure, so one
+/// node that reports a huge target (a compromised agent may write its own node's
+/// recommendation, nothing else) would decide the requests of every new node. The median
+/// cannot be raised above the largest honest figure while at most half of the nodes lie, so:
+/// - while at most ⌊n/2⌋ of n nodes report false figures, the fleet figure is at most twice the
+///   largest figure of an honest node;
+/// - while at most n − ⌈0.9·n⌉ (about a tenth) do, it is at most that largest honest figure.
+///
+/// In a fleet whose busiest tenth runs at up to twice its median, the figure is the plain 90th
+/// percentile.
 pub fn fleet_from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Targets>) -> Targets {
-    fleet_percentile(nodes, 90)
+    let robust = |values: &mut Vec<u64>| {
+        let p90 = percentile(values, 90)?;
+        let median = percentile(values, 50)?;
+        Some(p90.min(median.saturating_mul(FLEET_MEDIAN_MULTIPLE)))
+    };
+    per_container(nodes)
+        .into_iter()
+        .map(|(c, (mut cpu, mut mem))| {
+            (
+                c,
+                Amounts {
+                    cpu: robust(&mut cpu),
+                    memory: robust(&mut mem),
+                },
+            )
+        })
+        .filter(|(_, a)| !a.is_empty())
+        .collect()
 }
 
-/// Per container and resource, the `percent`th percentile of many nodes' targets.
-pub fn fleet_percentile<'a>(nodes: impl IntoIterator<Item = &'a Targets>, percent: usize) -> Targets {
+/// Every node's CPU and memory targets, by container.
+fn per_container<'a>(nodes: impl IntoIterator<Item = &'a Targets>) -> BTreeMap<String, (Vec<u64>, Vec<u64>)> {
     let mut samples: BTreeMap<String, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
     for targets in nodes {
         for (container, a) in targets {
@@ -292,6 +326,11 @@ pub fn fleet_percentile<'a>(nodes: impl IntoIterator<Item = &'a Targets>, percen
         }
     }
     samples
+}
+
+/// Per container and resource, the `percent`th percentile of many nodes' targets.
+pub fn fleet_percentile<'a>(nodes: impl IntoIterator<Item = &'a Targets>, percent: usize) -> Targets {
+    per_container(nodes)
         .into_iter()
         .map(|(c, (mut cpu, mut mem))| {
             (
@@ -514,13 +553,13 @@ pub fn sizing_on(
     let ranges = Ranges::of(limit_ranges);
     let (plans, _) = capped_plan(containers, autoscaler, node_targets, fleet, &ranges);
     let mut out = Vec::new();
-    for (index, container) in containers.iter().enumerate() {
+    for (container, mine) in containers.iter().zip(by_container(&plans, containers.len())) {
         let mut sizing = ContainerSizing {
             name: container.name.clone(),
             ..ContainerSizing::default()
         };
         let mut any = false;
-        for plan in plans.iter().filter(|p| p.container == index) {
+        for plan in mine {
             any = true;
             sizing.requests.set(plan.resource, Some(plan.value));
             sizing
@@ -529,6 +568,18 @@ pub fn sizing_on(
         }
         if any {
             out.push(sizing);
+        }
+    }
+    out
+}
+
+/// Each of `count` containers' plans, in one pass over the plans (not one scan of all plans
+/// per container: a pod of many containers costs their number, not its square).
+fn by_container<'p, 'a>(plans: &'p [Plan<'a>], count: usize) -> Vec<Vec<&'p Plan<'a>>> {
+    let mut out: Vec<Vec<&Plan>> = vec![Vec::new(); count];
+    for plan in plans {
+        if let Some(mine) = out.get_mut(plan.container) {
+            mine.push(plan);
         }
     }
     out
@@ -582,8 +633,9 @@ fn plan<'a>(
 ) -> (Vec<Plan<'a>>, Vec<(String, Source)>) {
     let mut sources = Vec::new();
     let mut plans: Vec<Plan> = Vec::new();
+    let policies = PolicyLookup::of(autoscaler);
     for (index, container) in containers.iter().enumerate() {
-        let policy = container_policy(autoscaler, &container.name);
+        let policy = policies.get(&container.name);
         if policy.is_some_and(|p| p.mode == ContainerMode::Off) {
             sources.push((container.name.clone(), Source::PolicyOff));
             continue;
@@ -645,10 +697,17 @@ fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
         if planned.is_empty() {
             continue;
         }
+        // one flag per container: a pod of many containers costs their number, not its square
+        let mut is_planned = vec![false; containers.len()];
+        for &p in &planned {
+            if let Some(flag) = is_planned.get_mut(plans[p].container) {
+                *flag = true;
+            }
+        }
         let others: u64 = containers
             .iter()
             .enumerate()
-            .filter(|(i, _)| !planned.iter().any(|&p| plans[p].container == *i))
+            .filter(|(i, _)| !is_planned[*i])
             .filter_map(|(_, c)| {
                 let r = c.resources.as_ref()?;
                 Amounts::from_list(r.requests.as_ref()).get(resource)
@@ -763,8 +822,11 @@ fn patch(
     let mut updates: Vec<String> = Vec::new();
     let mut capped: Vec<String> = Vec::new();
     let mut changed = false;
-    for (index, container) in containers.iter().enumerate() {
-        let mine: Vec<&Plan> = plans.iter().filter(|p| p.container == index).collect();
+    for (index, (container, mine)) in containers
+        .iter()
+        .zip(by_container(plans, containers.len()))
+        .enumerate()
+    {
         if mine.is_empty() {
             continue;
         }
@@ -997,6 +1059,50 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn nodes_with_cpu(cpus: &[u64]) -> Vec<Targets> {
+        cpus.iter()
+            .map(|&cpu| {
+                BTreeMap::from([(
+                    "agent".to_string(),
+                    Amounts {
+                        cpu: Some(cpu),
+                        memory: None,
+                    },
+                )])
+            })
+            .collect()
+    }
+
+    fn fleet_cpu(cpus: &[u64]) -> Option<u64> {
+        fleet_from_nodes(nodes_with_cpu(cpus).iter())
+            .get("agent")
+            .and_then(|a| a.cpu)
+    }
+
+    #[test]
+    fn fleet_figure_resists_a_minority_of_nodes() {
+        let liar = u64::MAX / 3;
+        // one node alone is the fleet
+        assert_eq!(fleet_cpu(&[300]), Some(300));
+        // one liar among five honest nodes (below ten nodes the 90th percentile is the largest
+        // figure): at most twice the honest median
+        assert_eq!(fleet_cpu(&[100, 120, 150, 200, 250, liar]), Some(300));
+        // half the nodes lying: still at most twice the largest honest figure
+        assert_eq!(fleet_cpu(&[100, 200, 300, liar, liar, liar]), Some(600));
+        // a tenth lying in a fleet of twenty: not above the largest honest figure
+        let mut twenty: Vec<u64> = (1..=18).map(|i| 100 + i).collect();
+        twenty.extend([liar, liar]);
+        assert_eq!(fleet_cpu(&twenty), Some(118));
+        // an honest fleet whose busiest tenth runs at under twice its median: the plain p90
+        let honest: Vec<u64> = (1..=10).map(|i| 100 + 10 * i).collect();
+        assert_eq!(fleet_cpu(&honest), Some(190));
+        // a fleet of two: the busier node, but at most twice the other
+        assert_eq!(fleet_cpu(&[100, 150]), Some(150));
+        assert_eq!(fleet_cpu(&[100, 900]), Some(200));
+        // no overflow at the top of the range
+        assert_eq!(fleet_cpu(&[u64::MAX, u64::MAX]), Some(u64::MAX));
     }
 
     #[test]

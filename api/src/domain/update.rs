@@ -14,7 +14,7 @@
 //! The new figures are [`sizing_on`](super::sizing::sizing_on)'s: exactly what the webhook gives
 //! a new pod on the same node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::sizing::{Amounts, ContainerSizing};
@@ -90,6 +90,18 @@ pub struct Facts {
     pub quick_oom: Vec<String>,
     /// The last resize.
     pub resize: ResizeState,
+}
+
+impl Facts {
+    /// The containers by name (the first of a name, as the pod lists them): one lookup per
+    /// container, so a pod of many containers costs their number, not its square.
+    fn by_name(&self) -> HashMap<&str, &Current> {
+        let mut out = HashMap::with_capacity(self.containers.len());
+        for c in &self.containers {
+            out.entry(c.name.as_str()).or_insert(c);
+        }
+        out
+    }
 }
 
 /// Why a pod is changed.
@@ -244,7 +256,8 @@ pub fn decide(mode: RunningPods, sizing: &[ContainerSizing], facts: &Facts, th: 
             return Action::Leave(Leave::ResizeUnderway);
         }
     }
-    let current = |name: &str| facts.containers.iter().find(|c| c.name == name);
+    let now_of = facts.by_name();
+    let current = |name: &str| now_of.get(name).copied();
     let changing: Vec<ContainerSizing> = sizing
         .iter()
         .filter(|s| {
@@ -283,11 +296,16 @@ pub fn decide(mode: RunningPods, sizing: &[ContainerSizing], facts: &Facts, th: 
 
 /// A reason to update the pod whatever its age and the size of the change.
 fn urgent(sizing: &[ContainerSizing], facts: &Facts) -> Option<Why> {
+    let mut new_of: HashMap<&str, &ContainerSizing> = HashMap::with_capacity(sizing.len());
+    for s in sizing {
+        new_of.entry(s.name.as_str()).or_insert(s);
+    }
+    let now_of = facts.by_name();
     for container in &facts.containers {
         let Some(bounds) = facts.bounds.get(&container.name) else {
             continue;
         };
-        let Some(new) = sizing.iter().find(|s| s.name == container.name) else {
+        let Some(new) = new_of.get(container.name.as_str()) else {
             continue;
         };
         for r in RESOURCES {
@@ -311,8 +329,8 @@ fn urgent(sizing: &[ContainerSizing], facts: &Facts) -> Option<Why> {
         }
     }
     for name in &facts.quick_oom {
-        let now = facts.containers.iter().find(|c| &c.name == name);
-        let new = sizing.iter().find(|s| &s.name == name);
+        let now = now_of.get(name.as_str());
+        let new = new_of.get(name.as_str());
         if let (Some(now), Some(new)) = (now, new)
             && let Some(memory) = new.requests.memory
             && now.requests.memory.is_none_or(|m| memory > m)
@@ -330,6 +348,7 @@ fn urgent(sizing: &[ContainerSizing], facts: &Facts) -> Option<Why> {
 /// (a full change) when something is recommended for it.
 pub fn resource_diff(sizing: &[ContainerSizing], facts: &Facts) -> f64 {
     let mut diff = 0.0;
+    let now_of = facts.by_name();
     for r in RESOURCES {
         let (mut old, mut new) = (0u128, 0u128);
         for s in sizing {
@@ -337,7 +356,7 @@ pub fn resource_diff(sizing: &[ContainerSizing], facts: &Facts) -> f64 {
                 continue;
             };
             new += u128::from(value);
-            let now = facts.containers.iter().find(|c| c.name == s.name);
+            let now = now_of.get(s.name.as_str());
             old += u128::from(now.and_then(|c| c.requests.get(r)).unwrap_or(0));
         }
         if old == 0 {

@@ -306,15 +306,28 @@ fn uid_of(body: &[u8]) -> Option<String> {
     (!uid.is_empty()).then(|| uid.into_owned())
 }
 
+/// Reviews with a body of at least this many bytes are decided on the blocking thread pool, not
+/// on the async workers: a large review's decoding and decision may take milliseconds, and
+/// other connections must not wait behind it. Nearly every real review (a pod is a few KiB) is
+/// below it and stays on the fast path.
+pub const LARGE_REVIEW_BYTES: usize = 256 * 1024;
+
+/// Most large reviews ([`LARGE_REVIEW_BYTES`]) decided at once; further ones wait for a turn,
+/// at most until the server's request timeout answers them with 408. So large reviews, however
+/// many arrive, occupy at most this many cores.
+pub const LARGE_REVIEWS_AT_ONCE: usize = 2;
+
 /// The admission router: one POST route per capability, 404 for any other path.
 pub fn router(routes: Vec<Route>, metrics: Arc<dyn AdmissionObserver>, max_body_bytes: usize) -> Router {
     let paths: Arc<Vec<&'static str>> = Arc::new(routes.iter().map(|r| r.path).collect());
+    let large_turns = Arc::new(tokio::sync::Semaphore::new(LARGE_REVIEWS_AT_ONCE));
     let mut app = Router::new();
     for route in routes {
         let state = RouteState {
             path: route.path,
             handler: route.handler,
             metrics: metrics.clone(),
+            large_turns: large_turns.clone(),
         };
         app = app.route(route.path, post(serve_review).with_state(state));
     }
@@ -340,6 +353,28 @@ struct RouteState {
     path: &'static str,
     handler: Arc<dyn Handler>,
     metrics: Arc<dyn AdmissionObserver>,
+    large_turns: Arc<tokio::sync::Semaphore>,
+}
+
+/// The pipeline on a large body: on the blocking pool, one of [`LARGE_REVIEWS_AT_ONCE`].
+async fn process_large(state: &RouteState, body: Bytes, span: tracing::Span) -> Processed {
+    // the semaphore is never closed; were it, the review would simply not wait
+    let _turn = state.large_turns.acquire().await.ok();
+    let handler = state.handler.clone();
+    let runtime = tokio::runtime::Handle::current();
+    let decided = tokio::task::spawn_blocking(move || {
+        // async handlers (one bounded API read) are driven from this thread
+        runtime.block_on(process_async(&body, handler.as_ref()).instrument(span))
+    })
+    .await;
+    match decided {
+        Ok(processed) => processed,
+        // `process_async` catches the handler's panics; this is a fault of the pipeline itself
+        Err(err) => {
+            tracing::error!(%err, "deciding a large review failed");
+            Processed::BadRequest("nodewarden could not evaluate this request".to_string())
+        }
+    }
 }
 
 async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response {
@@ -355,9 +390,13 @@ async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response 
         operation = tracing::field::Empty
     );
     // the span is entered around each poll, never held across an await
-    let processed = process_async(&body, state.handler.as_ref())
-        .instrument(span.clone())
-        .await;
+    let processed = if body.len() >= LARGE_REVIEW_BYTES {
+        process_large(&state, body, span.clone()).await
+    } else {
+        process_async(&body, state.handler.as_ref())
+            .instrument(span.clone())
+            .await
+    };
     let _entered = span.enter();
     match processed {
         Processed::Review(out, outcome, ident) => {

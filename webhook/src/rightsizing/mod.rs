@@ -241,16 +241,36 @@ impl AutoscalerValidator {
     }
 }
 
+/// Most problems a denial names; the rest are counted (a message stays short however many
+/// policies are wrong).
+pub const MAX_PROBLEMS_NAMED: usize = 10;
+
+/// The denial's message: the first [`MAX_PROBLEMS_NAMED`] problems, then how many more there are.
+fn denial(problems: &[String]) -> String {
+    let mut message = problems
+        .iter()
+        .take(MAX_PROBLEMS_NAMED)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problems.len() > MAX_PROBLEMS_NAMED {
+        message.push_str(&format!(
+            "; and {} more problems",
+            problems.len() - MAX_PROBLEMS_NAMED
+        ));
+    }
+    message
+}
+
 /// Problems of an autoscaler on its own: each names the field path and the offending values.
 pub fn validate_autoscaler(autoscaler: &DaemonSetAutoscaler) -> Vec<String> {
     let mut problems = Vec::new();
     let policies = container_policies(autoscaler);
+    // names seen so far: one lookup per policy, so many policies cost their number, not its square
+    let mut seen = std::collections::HashSet::with_capacity(policies.len());
     for (i, policy) in policies.iter().enumerate() {
         let path = format!("spec.resourcePolicy.containerPolicies[{i}]");
-        if policies[..i]
-            .iter()
-            .any(|p| p.container_name == policy.container_name)
-        {
+        if !seen.insert(policy.container_name.as_str()) {
             problems.push(format!(
                 "{path}.containerName: {:?} has a policy already; give each container (and `*`) one policy",
                 policy.container_name
@@ -326,7 +346,7 @@ impl Handler for AutoscalerValidator {
         if problems.is_empty() {
             AdmissionResponse::allow(uid)
         } else {
-            AdmissionResponse::deny(uid, 422, "Invalid", problems.join("; "))
+            AdmissionResponse::deny(uid, 422, "Invalid", denial(&problems))
         }
     }
 }
