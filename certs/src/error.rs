@@ -129,7 +129,7 @@ pub enum CertError {
 
     /// A duration string could not be parsed.
     #[error(
-        "duration {input:?} is not valid: {reason}; expected a whole number followed by a unit d, h, m or s \
+        "duration {input:?} is not valid: {reason}; expected a number followed by a unit \
          (e.g. 90d, 2160h, 30m, 45s), or several of them (e.g. 1h30m)"
     )]
     Duration {

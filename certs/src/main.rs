@@ -19,7 +19,7 @@ use time::format_description::well_known::Rfc3339;
 const EXIT_RENEWAL_DUE: u8 = 1;
 const EXIT_ERROR: u8 = 2;
 
-const AFTER_HELP: &str = "Durations are whole numbers with a unit d, h, m or s (90d, 2160h, 30m), or several of \
+const AFTER_HELP: &str = "Durations are numbers with a unit such as d, h, m or s (90d, 2160h, 30m), or several of \
                           them (1h30m).\nEvery flag can also be set through the environment variable shown \
                           with it.\nExit status: 0 success; 1 `check` found the certificate due for renewal; 2 \
                           wrong flags or unusable input (unreadable files, invalid certificates or keys).";
