@@ -276,6 +276,29 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// POSTs `body` to `path`: the status and the whole answer, or why there was none (the
+    /// connection failed or closed).
+    pub async fn send_status(&self, path: &str, body: Bytes) -> Result<(u16, Bytes), String> {
+        let req = http::Request::post(format!("https://{}{path}", self.authority))
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let resp = match &self.sender {
+            Sender::H2(s) => s.clone().send_request(req).await,
+            Sender::H1(s) => {
+                let mut s = s.lock().await;
+                s.ready().await.map_err(|e| e.to_string())?;
+                s.send_request(req).await
+            }
+        }
+        .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok((status, body))
+    }
+}
+
 /// Counts any 2xx answer as a success.
 pub fn any_answer(_: &[u8]) -> bool {
     true
