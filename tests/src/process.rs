@@ -111,6 +111,25 @@ impl Processes {
         Ok(pid)
     }
 
+    /// Kills the newest child named `name` with SIGKILL, waits for it and forgets it (its pid
+    /// leaves `<dir>/pids`, so the watchdog never signals a reused pid). Returns its pid.
+    pub fn kill_one(&mut self, name: &str) -> Result<u32> {
+        let Some(i) = self.children.iter().rposition(|c| c.name == name) else {
+            bail!("no running process named {name}");
+        };
+        let mut c = self.children.remove(i);
+        let pid = c.child.id();
+        c.child.kill().with_context(|| format!("killing {name} ({pid})"))?;
+        c.child.wait().with_context(|| format!("waiting for {name} ({pid})"))?;
+        let pids: String = self
+            .children
+            .iter()
+            .map(|c| format!("{}\n", c.child.id()))
+            .collect();
+        write_file(&self.dir.join("pids"), pids.as_bytes(), false)?;
+        Ok(pid)
+    }
+
     /// The children's names and process ids, in start order.
     pub fn pids(&self) -> Vec<(String, u32)> {
         self.children
