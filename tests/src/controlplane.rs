@@ -380,8 +380,8 @@ impl ControlPlane {
     }
 
     /// Starts `program` as one more process of this control plane (killed with it, and by the
-    /// watchdog), its output in `<dir>/<name>.log`.
-    pub(crate) fn spawn_program(&self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
+    /// watchdog), its output in `<dir>/<name>.log`. Returns its pid.
+    pub fn spawn_program(&self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
         self.lock_processes().spawn(name, program, args)
     }
 
@@ -487,6 +487,17 @@ impl ControlPlane {
         self.spawn("kube-apiserver", args)?;
         let url = self.apiserver_url.clone();
         self.wait_ready("kube-apiserver /readyz", &url, "/readyz").await
+    }
+
+    /// Kills the newest process started as `name` with SIGKILL and forgets it (a fault:
+    /// [`poll`](Self::poll) no longer fails for it having exited). Returns its pid.
+    pub fn kill_program(&self, name: &str) -> Result<u32> {
+        self.lock_processes().kill_one(name)
+    }
+
+    /// Stops the newest process started as `name` with SIGTERM, waits for it and forgets it.
+    pub fn stop_program(&self, name: &str) -> Result<std::process::ExitStatus> {
+        self.lock_processes().stop_one(name)
     }
 
     /// `https://127.0.0.1:<port>` of kube-apiserver.

@@ -114,20 +114,48 @@ impl Processes {
     /// Kills the newest child named `name` with SIGKILL, waits for it and forgets it (its pid
     /// leaves `<dir>/pids`, so the watchdog never signals a reused pid). Returns its pid.
     pub fn kill_one(&mut self, name: &str) -> Result<u32> {
+        let mut c = self.take(name)?;
+        let pid = c.child.id();
+        c.child
+            .kill()
+            .with_context(|| format!("killing {name} ({pid})"))?;
+        c.child
+            .wait()
+            .with_context(|| format!("waiting for {name} ({pid})"))?;
+        Ok(pid)
+    }
+
+    /// Asks the newest child named `name` to stop (SIGTERM), waits for it and forgets it.
+    pub fn stop_one(&mut self, name: &str) -> Result<std::process::ExitStatus> {
+        let mut c = self.take(name)?;
+        let pid = c.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .context("running kill")?;
+        if !sent.success() {
+            let _ = c.child.kill();
+            let _ = c.child.wait();
+            bail!("kill -TERM {pid} ({name}) failed: {sent}");
+        }
+        c.child
+            .wait()
+            .with_context(|| format!("waiting for {name} ({pid})"))
+    }
+
+    /// Removes the newest child named `name` from the list and from `<dir>/pids`.
+    fn take(&mut self, name: &str) -> Result<Supervised> {
         let Some(i) = self.children.iter().rposition(|c| c.name == name) else {
             bail!("no running process named {name}");
         };
-        let mut c = self.children.remove(i);
-        let pid = c.child.id();
-        c.child.kill().with_context(|| format!("killing {name} ({pid})"))?;
-        c.child.wait().with_context(|| format!("waiting for {name} ({pid})"))?;
+        let c = self.children.remove(i);
         let pids: String = self
             .children
             .iter()
             .map(|c| format!("{}\n", c.child.id()))
             .collect();
         write_file(&self.dir.join("pids"), pids.as_bytes(), false)?;
-        Ok(pid)
+        Ok(c)
     }
 
     /// The children's names and process ids, in start order.

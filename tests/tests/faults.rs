@@ -33,9 +33,9 @@ use nodewarden_api::{ClusterClaim, ClusterClaimSpec};
 use nodewarden_certs::ServingSpec;
 use nodewarden_tests::process::{free_port, free_ports, write_file};
 use nodewarden_tests::{
-    ControlPlane, Hook, InProcessWebhook, LoopbackEndpoint, apply_crds, cgroupfs, chart_crd_files, create_namespace,
-    create_ready_node, http_get, read_crds, register_mutating_webhooks, register_validating_webhooks,
-    unique_name, wait_for_daemonset_pods,
+    ControlPlane, Hook, InProcessWebhook, LoopbackEndpoint, apply_crds, cgroupfs, chart_crd_files,
+    create_namespace, create_ready_node, http_get, read_crds, register_mutating_webhooks,
+    register_validating_webhooks, unique_name, wait_for_daemonset_pods,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -189,7 +189,9 @@ async fn computed_memory(admin_port: u16) -> Result<Option<f64>> {
     let (_, text) = http_get(admin_port, "/metrics").await?;
     Ok(text
         .lines()
-        .find(|l| l.starts_with("nodewarden_agent_recommendation_target{") && l.contains("resource=\"memory\""))
+        .find(|l| {
+            l.starts_with("nodewarden_agent_recommendation_target{") && l.contains("resource=\"memory\"")
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok()))
 }
@@ -340,10 +342,10 @@ async fn api_server_killed_and_restarted_while_the_webhook_serves_and_agents_pub
             let (status, body) = http_get(ports[1], "/readyz").await?;
             *readiness.entry(format!("{status} {}", body.trim())).or_default() += 1;
             for (node, _, admin, _) in &agents {
-                if let Some(m) = computed_memory(*admin).await? {
-                    if m > (800 * MIB) as f64 {
-                        computed.insert(node.clone(), m);
-                    }
+                if let Some(m) = computed_memory(*admin).await?
+                    && m > (800 * MIB) as f64
+                {
+                    computed.insert(node.clone(), m);
                 }
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -419,12 +421,25 @@ fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf> {
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "-p", package, "--bin", bin, "--profile", &profile, "--target-dir"])
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            package,
+            "--bin",
+            bin,
+            "--profile",
+            &profile,
+            "--target-dir",
+        ])
         .arg(target)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .with_context(|| format!("running cargo build -p {package}"))?;
-    ensure!(status.success(), "cargo build -p {package} --bin {bin} failed ({status})");
+    ensure!(
+        status.success(),
+        "cargo build -p {package} --bin {bin} failed ({status})"
+    );
     let path = profile_dir.join(bin);
     ensure!(path.is_file(), "{} missing after cargo build", path.display());
     Ok(path)
@@ -444,13 +459,14 @@ fn host_address() -> Result<String> {
             words.find(|w| *w == "inet")?;
             words.next()?.split('/').next().map(str::to_string)
         })
-        .ok_or_else(|| anyhow!("this host has no global IPv4 address for an EndpointSlice (loopback is refused)"))
+        .ok_or_else(|| {
+            anyhow!("this host has no global IPv4 address for an EndpointSlice (loopback is refused)")
+        })
 }
 
-/// A `nodewarden-webhook` process; killed (SIGKILL) when dropped.
+/// A `nodewarden-webhook` process of the control plane (its log `<name>.log` in its folder).
 struct Replica {
     name: String,
-    child: tokio::process::Child,
     port: u16,
     admin: u16,
 }
@@ -458,36 +474,26 @@ struct Replica {
 impl Replica {
     async fn start(f: &Faults, bin: &Path, name: &str, address: &str, certs: &Path) -> Result<Self> {
         let [port, admin]: [u16; 2] = free_ports(2)?.try_into().map_err(|_| anyhow!("two ports"))?;
-        let log = std::fs::File::create(f.cp.dir().join(format!("{name}.log")))?;
-        let child = tokio::process::Command::new(bin)
-            .env_clear()
-            .args([
-                format!("--listen-addr={address}:{port}"),
-                format!("--admin-addr=127.0.0.1:{admin}"),
-                format!("--tls-cert-file={}", certs.join("tls.crt").display()),
-                format!("--tls-key-file={}", certs.join("tls.key").display()),
-                format!("--kubeconfig={}", f.cp.kubeconfig_path().display()),
-                format!("--namespace={}", f.ns),
-                format!("--pod-name={name}"),
-                "--log-format=text".to_string(),
-            ])
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let replica = Self {
-            name: name.to_string(),
-            child,
-            port,
-            admin,
-        };
+        let args = [
+            format!("--listen-addr={address}:{port}"),
+            format!("--admin-addr=127.0.0.1:{admin}"),
+            format!("--tls-cert-file={}", certs.join("tls.crt").display()),
+            format!("--tls-key-file={}", certs.join("tls.key").display()),
+            format!("--kubeconfig={}", f.cp.kubeconfig_path().display()),
+            format!("--namespace={}", f.ns),
+            format!("--pod-name={name}"),
+            "--log-format=text".to_string(),
+        ];
+        f.cp.spawn_program(name, bin, &args)?;
         f.cp.poll(&format!("{name} /readyz"), || async {
             Ok(matches!(http_get(admin, "/readyz").await, Ok((200, _))).then_some(()))
         })
         .await?;
-        Ok(replica)
+        Ok(Self {
+            name: name.to_string(),
+            port,
+            admin,
+        })
     }
 
     /// Pod reviews this replica has answered (its `/metrics`).
@@ -498,13 +504,6 @@ impl Replica {
             .filter(|l| l.starts_with("nodewarden_admission_requests_total{") && l.contains("/mutate/pods"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64)
-    }
-
-    /// SIGKILL, as the kernel's OOM killer or a node failure would.
-    async fn kill(&mut self) -> Result<()> {
-        self.child.start_kill()?;
-        self.child.wait().await?;
-        Ok(())
     }
 }
 
@@ -520,7 +519,11 @@ async fn endpoint_slice(f: &Faults, name: &str, address: &str, port: u16, ready:
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
     }))?;
     f.api::<EndpointSlice>()
-        .patch(name, &PatchParams::apply("e2e.nodewarden.io").force(), &Patch::Apply(&slice))
+        .patch(
+            name,
+            &PatchParams::apply("e2e.nodewarden.io").force(),
+            &Patch::Apply(&slice),
+        )
         .await?;
     Ok(())
 }
@@ -536,23 +539,29 @@ struct Burst {
     unpatched: usize,
 }
 
-/// Creates `count` pods of DaemonSet `burst` on `node`, `parallel` at a time; `done` counts
-/// the finished creations as they finish.
+/// Pods of DaemonSet `burst` on one node, and the memory request its figures give them.
+#[derive(Clone)]
+struct BurstPods {
+    pods: Api<Pod>,
+    ds_uid: String,
+    node: String,
+    want_memory: String,
+}
+
+/// Creates `count` pods named `<prefix>-<i>`, `parallel` at a time; `done` counts the finished
+/// creations as they finish.
 async fn pod_burst(
-    pods: &Api<Pod>,
+    target: &BurstPods,
     prefix: &str,
     count: usize,
     parallel: usize,
-    ds_uid: &str,
-    node: &str,
-    want_memory: &str,
     done: Arc<AtomicUsize>,
 ) -> Result<Burst> {
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..parallel {
-        let (pods, next, done) = (pods.clone(), next.clone(), done.clone());
-        let (prefix, ds_uid, node, want) = (prefix.to_string(), ds_uid.to_string(), node.to_string(), want_memory.to_string());
+        let (target, next, done) = (target.clone(), next.clone(), done.clone());
+        let prefix = prefix.to_string();
         workers.spawn(async move {
             let mut burst = Burst::default();
             loop {
@@ -560,17 +569,18 @@ async fn pod_burst(
                 if i >= count {
                     return Ok::<_, anyhow::Error>(burst);
                 }
-                let pod = daemonset_pod(&format!("{prefix}-{i}"), "burst", &ds_uid, &node, "app")?;
-                match pods.create(&PostParams::default(), &pod).await {
+                let name = format!("{prefix}-{i}");
+                let pod = daemonset_pod(&name, "burst", &target.ds_uid, &target.node, "app")?;
+                match target.pods.create(&PostParams::default(), &pod).await {
                     Ok(got) => {
                         burst.created += 1;
-                        if memory_request(&got) == want {
+                        if memory_request(&got) == target.want_memory {
                             burst.patched += 1;
                         } else {
                             burst.unpatched += 1;
                         }
                     }
-                    Err(e) => burst.failed.push(format!("{prefix}-{i}: {e}")),
+                    Err(e) => burst.failed.push(format!("{name}: {e}")),
                 }
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -625,7 +635,7 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
             cp,
             &ServingSpec { dns_names: vec![service], ip_addresses: vec![], validity: Duration::from_secs(3600) },
         )?;
-        let mut replicas = vec![
+        let replicas = [
             Replica::start(&f, &bin, "replica-a", &address, certs.path()).await?,
             Replica::start(&f, &bin, "replica-b", &address, certs.path()).await?,
         ];
@@ -673,16 +683,23 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
 
         const BURST: usize = 200;
         let done = Arc::new(AtomicUsize::new(0));
+        let target = BurstPods {
+            pods: pods.clone(),
+            ds_uid: ds_uid.clone(),
+            node: node.clone(),
+            want_memory: "300Mi".to_string(),
+        };
         let burst = tokio::spawn({
-            let (pods, ds_uid, node, done) = (pods.clone(), ds_uid.clone(), node.clone(), done.clone());
-            async move { pod_burst(&pods, "burst", BURST, 8, &ds_uid, &node, "300Mi", done).await }
+            let (target, done) = (target.clone(), done.clone());
+            async move { pod_burst(&target, "burst", BURST, 8, done).await }
         });
         cp.poll("a quarter of the burst", || async {
             Ok((done.load(Ordering::Relaxed) >= BURST / 4).then_some(()))
         })
         .await?;
         let served_before = replicas[busy].reviews().await?;
-        replicas[busy].kill().await?;
+        // SIGKILL, as the OOM killer or a failed node would
+        cp.kill_program(&killed)?;
         let killed_at = done.load(Ordering::Relaxed);
         let during = burst.await??;
         let survivor_served = replicas[1 - busy].reviews().await?;
@@ -697,7 +714,7 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
         // the killed replica's pod goes NotReady, and its endpoint with it (what the EndpointSlice
         // controller does): from then on every pod gets its node's figures
         endpoint_slice(&f, &killed, &address, replicas[busy].port, false).await?;
-        let after = pod_burst(&pods, "after", 100, 8, &ds_uid, &node, "300Mi", Arc::default()).await?;
+        let after = pod_burst(&target, "after", 100, 8, Arc::default()).await?;
         eprintln!("faults: after {killed}'s endpoint is not ready: {after:?}");
         ensure!(after.failed.is_empty() && after.created == 100, "{after:?}");
         // the API server's endpoint cache may lag the EndpointSlice by a moment
@@ -705,7 +722,6 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
             after.unpatched <= 8,
             "pods created without their figures after the endpoint left: {after:?}"
         );
-        drop(replicas);
         Ok(())
     })
     .await;
@@ -872,8 +888,8 @@ fn history_of(rec: &NodeRecommendation) -> (i64, Option<String>) {
 /// checkpoint.
 fn checkpoint_samples(file: &Path) -> Result<u64> {
     let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let c: nodewarden_agent::checkpoint::Checkpoint =
-        serde_json::from_slice(&bytes).with_context(|| format!("{} is not a whole checkpoint", file.display()))?;
+    let c: nodewarden_agent::checkpoint::Checkpoint = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a whole checkpoint", file.display()))?;
     Ok(c.entries.iter().map(|e| e.history.sample_count).sum())
 }
 
@@ -898,25 +914,30 @@ async fn agent_killed_during_checkpoint_writes_resumes_its_history() {
         write_cgroup(&cgroup, &uid, 300 * MIB)?;
         let checkpoints = tmp.path().join("checkpoint");
         let file = nodewarden_agent::checkpoint::path(&checkpoints, &node);
-        let log = cp.dir().join("agent.log");
-        // the real binary: samples and checkpoints every 100 ms, publishes at least every second
-        let start = || -> Result<std::process::Child> {
-            let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-            Ok(std::process::Command::new(&bin)
-                .env_clear()
-                .env("KUBECONFIG", cp.kubeconfig_path())
-                .args(["--node-name", &node, "--admin-addr", &format!("127.0.0.1:{}", free_port()?)])
-                .arg("--cgroup-root")
-                .arg(&cgroup)
-                .arg("--checkpoint-dir")
-                .arg(&checkpoints)
-                .args(["--sample-interval=100ms", "--checkpoint-interval=100ms"])
-                .args(["--min-publish-interval=200ms", "--refresh-interval=1s", "--log-format=text"])
-                .stdin(std::process::Stdio::null())
-                .stdout(out.try_clone()?)
-                .stderr(out)
-                .spawn()
-                .with_context(|| format!("starting {}", bin.display()))?)
+        // the real binary, as a process of the control plane (`agent.log` in its folder):
+        // samples and checkpoints every 100 ms, publishes at least every second
+        let start = || -> Result<u32> {
+            let mut args: Vec<String> = vec![
+                "-i".into(),
+                format!("KUBECONFIG={}", cp.kubeconfig_path().display()),
+                bin.display().to_string(),
+                format!("--node-name={node}"),
+                format!("--admin-addr=127.0.0.1:{}", free_port()?),
+                format!("--cgroup-root={}", cgroup.display()),
+                format!("--checkpoint-dir={}", checkpoints.display()),
+            ];
+            args.extend(
+                [
+                    "--sample-interval=100ms",
+                    "--checkpoint-interval=100ms",
+                    "--min-publish-interval=200ms",
+                    "--refresh-interval=1s",
+                    "--log-format=text",
+                ]
+                .map(String::from),
+            );
+            // `env` clears the environment and then becomes the agent (same pid)
+            cp.spawn_program("agent", Path::new("env"), &args)
         };
         let recs: Api<NodeRecommendation> = Api::all(f.client.clone());
         // published by a process that started at `since`, with at least `samples` behind it
@@ -937,7 +958,7 @@ async fn agent_killed_during_checkpoint_writes_resumes_its_history() {
         const KILLS: usize = 8;
         for round in 0..=KILLS {
             let since = k8s_openapi::jiff::Timestamp::now();
-            let mut child = start()?;
+            let pid = start()?;
             // the history resumes: the first figures this process publishes stand on every
             // sample the last checkpoint held, and start where the first run started
             let rec = cp
@@ -964,23 +985,31 @@ async fn agent_killed_during_checkpoint_writes_resumes_its_history() {
                     Ok((std::fs::metadata(&file)?.modified()? > before).then_some(()))
                 })
                 .await?;
-                let left = files_in(&checkpoints)?;
-                let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-                let _ = child.wait();
+                // (a save of the running process may be under way as the folder is read)
+                let own = format!(".tmp-{pid}");
+                let mut left = files_in(&checkpoints)?;
+                left.retain(|n| !n.ends_with(&own));
+                let name = file.file_name().unwrap_or_default().to_string_lossy().into_owned();
                 ensure!(
-                    left == [file.file_name().unwrap_or_default().to_string_lossy().into_owned()],
+                    left == [name.clone()],
                     "after the restart and a save the checkpoint folder holds {left:?}"
                 );
+                // and a clean stop leaves only the checkpoint
+                let stopper = f.clone();
+                let exit = tokio::task::spawn_blocking(move || stopper.cp.stop_program("agent")).await??;
+                ensure!(exit.success(), "the agent stopped with {exit}");
+                let left = files_in(&checkpoints)?;
+                ensure!(left == [name], "after a clean stop the checkpoint folder holds {left:?}");
                 break;
             }
             // let a few more samples in, then kill it the moment a save has begun
             cp.poll(&format!("round {round}: more samples"), || published_since(since, count + 5))
                 .await?;
-            let tmp_file = checkpoints.join(format!(
-                ".{}.tmp-{}",
-                file.file_name().unwrap_or_default().to_string_lossy(),
-                child.id()
-            ));
+            let tmp_name = format!(
+                ".{}.tmp-{pid}",
+                file.file_name().unwrap_or_default().to_string_lossy()
+            );
+            let (tmp_file, killer) = (checkpoints.join(&tmp_name), f.clone());
             let caught = tokio::task::spawn_blocking(move || {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 let mut caught = false;
@@ -991,15 +1020,12 @@ async fn agent_killed_during_checkpoint_writes_resumes_its_history() {
                     }
                     std::hint::spin_loop();
                 }
-                let _ = child.kill();
-                let _ = child.wait();
-                caught
+                killer.cp.kill_program("agent").map(|_| caught)
             })
-            .await?;
+            .await??;
             kills += 1;
-            // a temporary file left behind: the kill landed inside a save
-            let leftovers = files_in(&checkpoints)?.into_iter().filter(|n| n.contains(".tmp-")).count();
-            if caught && leftovers > 0 {
+            // its temporary file left behind: the kill landed inside a save
+            if caught && files_in(&checkpoints)?.contains(&tmp_name) {
                 in_write += 1;
             }
             // whatever the moment, the checkpoint is a whole file: the last completed save
