@@ -665,8 +665,8 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
             .create(&PostParams::default(), &config)
             .await?;
 
-        // The API server resolves the Service when it dials and keeps that HTTP/2 connection:
-        // one replica answers everything until its connection breaks. That one is killed.
+        // The API server resolves the Service each time it opens a connection, and keeps it: a
+        // replica answers the requests sent over the connections that landed on it.
         let pods = f.api::<Pod>();
         let probe = daemonset_pod("probe", "burst", &ds_uid, &node, "app")?;
         cp.poll("a replica answering pod reviews through the Service", || async {
@@ -674,12 +674,13 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
             Ok((memory_request(&got) == "300Mi").then_some(()))
         })
         .await?;
-        let mut answered = Vec::new();
-        for r in &replicas {
-            answered.push(r.reviews().await?);
-        }
-        let busy = if answered[0] >= answered[1] { 0 } else { 1 };
-        let (killed, survivor) = (replicas[busy].name.clone(), replicas[1 - busy].name.clone());
+        let answered = || async {
+            let mut counts = Vec::new();
+            for r in &replicas {
+                counts.push(r.reviews().await?);
+            }
+            Ok::<_, anyhow::Error>(counts)
+        };
 
         const BURST: usize = 200;
         let done = Arc::new(AtomicUsize::new(0));
@@ -689,27 +690,36 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
             node: node.clone(),
             want_memory: "300Mi".to_string(),
         };
+        let before = answered().await?;
         let burst = tokio::spawn({
             let (target, done) = (target.clone(), done.clone());
             async move { pod_burst(&target, "burst", BURST, 8, done).await }
         });
-        cp.poll("a quarter of the burst", || async {
-            Ok((done.load(Ordering::Relaxed) >= BURST / 4).then_some(()))
-        })
-        .await?;
-        let served_before = replicas[busy].reviews().await?;
-        // SIGKILL, as the OOM killer or a failed node would
+        // (watched closely: the burst may take only a few seconds)
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while done.load(Ordering::Relaxed) < BURST / 4 {
+            ensure!(Instant::now() < deadline, "a quarter of the burst took two minutes");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // the replica that has answered most of the burst so far is killed, with SIGKILL, as the
+        // OOM killer or a failed node would
+        let at_kill = answered().await?;
+        let share: Vec<u64> = at_kill.iter().zip(&before).map(|(n, b)| n - b).collect();
+        let busy = if share[0] >= share[1] { 0 } else { 1 };
+        let (killed, survivor) = (replicas[busy].name.clone(), replicas[1 - busy].name.clone());
         cp.kill_program(&killed)?;
         let killed_at = done.load(Ordering::Relaxed);
         let during = burst.await??;
-        let survivor_served = replicas[1 - busy].reviews().await?;
+        let took_over = replicas[1 - busy].reviews().await? - at_kill[1 - busy];
         eprintln!(
-            "faults: {killed} (which had answered {served_before} reviews) killed after {killed_at} of {BURST} creations; \
-             {survivor} answered {survivor_served}; the burst: {during:?}"
+            "faults: {killed} killed after {killed_at} of {BURST} creations (reviews of the burst so far: \
+             {killed} {}, {survivor} {}); {survivor} answered {took_over} more; the burst: {during:?}",
+            share[busy],
+            share[1 - busy]
         );
         ensure!(during.failed.is_empty(), "pod creations failed: {:?}", during.failed);
         ensure!(during.created == BURST, "{during:?}");
-        ensure!(survivor_served > 0, "{survivor} never took over");
+        ensure!(took_over > 0, "{survivor} never took over");
 
         // the killed replica's pod goes NotReady, and its endpoint with it (what the EndpointSlice
         // controller does): from then on every pod gets its node's figures
