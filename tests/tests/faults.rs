@@ -312,18 +312,16 @@ async fn api_server_killed_and_restarted_while_the_webhook_serves_and_agents_pub
             })
             .await?;
         }
-        // a pod review uses node 0's figures
+        // a pod review uses node 0's figures (once the API server has loaded the registration
+        // and the webhook's index has the recommendation)
         let pods = f.api::<Pod>();
-        let before = published_memory(&recs, &nodes[0]).await?.unwrap_or_default();
-        let review = pods
-            .create(&dry_run(), &daemonset_pod("probe-0", "workload", &ds_uid, &nodes[0], "agent")?)
-            .await?;
-        ensure!(
-            memory_request(&review) == before,
-            "before the fault, a pod on {} gets {} (its node's target is {before})",
-            nodes[0],
-            memory_request(&review)
-        );
+        let probe = daemonset_pod("probe-0", "workload", &ds_uid, &nodes[0], "agent")?;
+        cp.poll(&format!("before the fault, a pod review on {} using its figures", nodes[0]), || async {
+            let got = pods.create(&dry_run(), &probe).await?;
+            let want = published_memory(&recs, &nodes[0]).await?;
+            Ok((Some(memory_request(&got)) == want).then_some(()))
+        })
+        .await?;
         ensure!(http_get(ports[1], "/readyz").await?.0 == 200, "webhook not ready before the fault");
 
         // the fault: kube-apiserver killed; meanwhile the workloads grow to 900 MiB
