@@ -380,8 +380,8 @@ impl ControlPlane {
     }
 
     /// Starts `program` as one more process of this control plane (killed with it, and by the
-    /// watchdog), its output in `<dir>/<name>.log`.
-    pub(crate) fn spawn_program(&self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
+    /// watchdog), its output in `<dir>/<name>.log`. Returns its pid.
+    pub fn spawn_program(&self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
         self.lock_processes().spawn(name, program, args)
     }
 
@@ -456,6 +456,48 @@ impl ControlPlane {
             }
             pause().await;
         }
+    }
+
+    /// Kills kube-apiserver with SIGKILL (etcd and kube-controller-manager keep running) and
+    /// returns the arguments it ran with, to start it again with [`start_apiserver`](Self::start_apiserver).
+    pub fn kill_apiserver(&self) -> Result<Vec<String>> {
+        let mut processes = self.lock_processes();
+        let pid = processes
+            .pids()
+            .into_iter()
+            .rev()
+            .find(|(name, _)| name == "kube-apiserver")
+            .map(|(_, pid)| pid)
+            .ok_or_else(|| anyhow!("kube-apiserver is not running"))?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .with_context(|| format!("reading the command line of kube-apiserver ({pid})"))?;
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .skip(1)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        processes.kill_one("kube-apiserver")?;
+        Ok(args)
+    }
+
+    /// Starts kube-apiserver with `args` (those [`kill_apiserver`](Self::kill_apiserver)
+    /// returned, the same port and etcd, perhaps with more flags) and waits for its `/readyz`.
+    pub async fn start_apiserver(&self, args: &[String]) -> Result<()> {
+        self.spawn("kube-apiserver", args)?;
+        let url = self.apiserver_url.clone();
+        self.wait_ready("kube-apiserver /readyz", &url, "/readyz").await
+    }
+
+    /// Kills the newest process started as `name` with SIGKILL and forgets it (a fault:
+    /// [`poll`](Self::poll) no longer fails for it having exited). Returns its pid.
+    pub fn kill_program(&self, name: &str) -> Result<u32> {
+        self.lock_processes().kill_one(name)
+    }
+
+    /// Stops the newest process started as `name` with SIGTERM, waits for it and forgets it.
+    pub fn stop_program(&self, name: &str) -> Result<std::process::ExitStatus> {
+        self.lock_processes().stop_one(name)
     }
 
     /// `https://127.0.0.1:<port>` of kube-apiserver.

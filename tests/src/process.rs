@@ -111,6 +111,53 @@ impl Processes {
         Ok(pid)
     }
 
+    /// Kills the newest child named `name` with SIGKILL, waits for it and forgets it (its pid
+    /// leaves `<dir>/pids`, so the watchdog never signals a reused pid). Returns its pid.
+    pub fn kill_one(&mut self, name: &str) -> Result<u32> {
+        let i = self.newest(name)?;
+        let c = &mut self.children[i].child;
+        let pid = c.id();
+        c.kill().with_context(|| format!("killing {name} ({pid})"))?;
+        c.wait().with_context(|| format!("waiting for {name} ({pid})"))?;
+        self.forget(i)?;
+        Ok(pid)
+    }
+
+    /// Asks the newest child named `name` to stop (SIGTERM), waits for it and forgets it.
+    pub fn stop_one(&mut self, name: &str) -> Result<std::process::ExitStatus> {
+        let i = self.newest(name)?;
+        let c = &mut self.children[i].child;
+        let pid = c.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .context("running kill")?;
+        if !sent.success() {
+            bail!("kill -TERM {pid} ({name}) failed: {sent}");
+        }
+        let status = c.wait().with_context(|| format!("waiting for {name} ({pid})"))?;
+        self.forget(i)?;
+        Ok(status)
+    }
+
+    fn newest(&self, name: &str) -> Result<usize> {
+        match self.children.iter().rposition(|c| c.name == name) {
+            Some(i) => Ok(i),
+            None => bail!("no running process named {name}"),
+        }
+    }
+
+    /// Drops child `i`, which has exited, from the list and from `<dir>/pids`.
+    fn forget(&mut self, i: usize) -> Result<()> {
+        self.children.remove(i);
+        let pids: String = self
+            .children
+            .iter()
+            .map(|c| format!("{}\n", c.child.id()))
+            .collect();
+        write_file(&self.dir.join("pids"), pids.as_bytes(), false)
+    }
+
     /// The children's names and process ids, in start order.
     pub fn pids(&self) -> Vec<(String, u32)> {
         self.children
