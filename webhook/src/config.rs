@@ -44,6 +44,24 @@ pub struct Config {
     )]
     pub tls_key_file: PathBuf,
 
+    /// PEM CA certificates: when set, every admission connection must present a client
+    /// certificate signed by one of them (the API server's, from its admission configuration),
+    /// or the TLS handshake is refused. Re-read with the serving pair. The admin port is not
+    /// affected.
+    #[arg(long, env = "NODEWARDEN_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+
+    /// With --client-ca-file, the client certificate's subject common name or one of its DNS
+    /// names must be one of these, comma-separated (compared ignoring ASCII case); empty means
+    /// any certificate the CA signed.
+    #[arg(
+        long,
+        env = "NODEWARDEN_CLIENT_NAMES",
+        value_delimiter = ',',
+        requires = "client_ca_file"
+    )]
+    pub client_names: Vec<String>,
+
     /// How often the certificate files are checked for a new pair (e.g. 10s, 1m).
     #[arg(long, env = "NODEWARDEN_CERT_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_interval)]
     pub cert_reload_interval: Duration,
@@ -210,6 +228,21 @@ impl Config {
         <Self as Parser>::try_parse_from(args)
     }
 
+    /// The client certificate check of `--client-ca-file`, or `None` when it is off. Fails when
+    /// the CA file cannot be read or holds no usable CA certificate.
+    pub fn client_auth(
+        &self,
+    ) -> Result<Option<std::sync::Arc<crate::certificates::ClientVerifier>>, crate::certificates::tls::TlsError>
+    {
+        self.client_ca_file
+            .as_ref()
+            .map(|path| {
+                crate::certificates::ClientVerifier::load(path.clone(), self.client_names.clone())
+                    .map(std::sync::Arc::new)
+            })
+            .transpose()
+    }
+
     /// The claims guard's settings from the flags.
     pub fn claims_policy(&self) -> ClaimsPolicy {
         ClaimsPolicy {
@@ -241,6 +274,20 @@ mod tests {
         assert_eq!(c.listen_addr.port(), 8443);
         assert_eq!(c.admin_addr.port(), 8080);
         assert_eq!(c.cert_reload_interval, Duration::from_secs(10));
+        assert!(c.client_ca_file.is_none() && c.client_auth().expect("off").is_none());
+    }
+
+    #[test]
+    fn a_missing_client_ca_file_stops_the_start() {
+        let c = Config::try_parse_from([
+            "nodewarden-webhook",
+            "--client-ca-file=/nonexistent/ca.crt",
+            "--client-names=kube-apiserver,,",
+        ])
+        .expect("parses");
+        assert_eq!(c.client_names, ["kube-apiserver", "", ""]);
+        let err = c.client_auth().expect_err("no such file").to_string();
+        assert!(err.contains("/nonexistent/ca.crt"), "{err}");
     }
 
     #[test]
@@ -314,6 +361,7 @@ mod tests {
             ),
             (&["--claims-id-subdomain", "maybe"], "true"),
             (&["--claims-discovery-interval", "5ms"], "at least 100ms"),
+            (&["--client-names", "kube-apiserver"], "--client-ca-file"),
         ];
         for (args, want) in cases {
             let mut argv = vec!["nodewarden-webhook"];
