@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser};
+use clap::{ArgAction, Parser, Subcommand};
 
 use nodewarden_runtime::duration::{parse_duration, parse_interval};
 use nodewarden_runtime::telemetry::LogFormat;
@@ -20,6 +20,10 @@ use crate::node_reports::NodeReportsArgs;
     about = "nodewarden admission webhook: per-node right-sizing of DaemonSet pods, cluster claim guard, feature lifecycle"
 )]
 pub struct Config {
+    /// Without a command, the webhook runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Address of the HTTPS admission server.
     #[arg(long, env = "NODEWARDEN_LISTEN_ADDR", default_value = "0.0.0.0:8443")]
     pub listen_addr: SocketAddr,
@@ -204,6 +208,27 @@ pub struct Config {
     pub features_resync_interval: Duration,
 }
 
+/// What `nodewarden-webhook <command>` does instead of serving.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// nodewarden's CustomResourceDefinitions.
+    #[command(subcommand)]
+    Crds(CrdsCommand),
+}
+
+/// `nodewarden-webhook crds …`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum CrdsCommand {
+    /// Create or replace every nodewarden CRD with the ones this binary was built with (the chart's
+    /// pre-upgrade hook), then wait for them to be Established. Uses --kubeconfig (given before
+    /// `crds`) or the in-cluster service account.
+    Apply {
+        /// How long the CRDs may take to be Established.
+        #[arg(long, env = "NODEWARDEN_CRDS_TIMEOUT", default_value = "60s", value_parser = parse_interval)]
+        timeout: Duration,
+    },
+}
+
 impl Config {
     /// The admission server's connection limits.
     pub fn server_limits(&self) -> crate::server::ServerLimits {
@@ -275,6 +300,32 @@ mod tests {
         assert_eq!(c.admin_addr.port(), 8080);
         assert_eq!(c.cert_reload_interval, Duration::from_secs(10));
         assert!(c.client_ca_file.is_none() && c.client_auth().expect("off").is_none());
+    }
+
+    #[test]
+    fn crds_apply_is_a_command() {
+        let c = Config::try_parse_from([
+            "nodewarden-webhook",
+            "--kubeconfig=/k",
+            "crds",
+            "apply",
+            "--timeout=2m",
+        ])
+        .expect("parses");
+        assert!(
+            matches!(c.command, Some(Command::Crds(CrdsCommand::Apply { timeout })) if timeout == Duration::from_secs(120))
+        );
+        assert_eq!(c.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
+        let err = Config::try_parse_from(["nodewarden-webhook", "crds", "delete"])
+            .expect_err("no such command")
+            .to_string();
+        assert!(err.contains("apply"), "{err}");
+        assert!(
+            Config::try_parse_from(["nodewarden-webhook"])
+                .expect("parses")
+                .command
+                .is_none()
+        );
     }
 
     #[test]

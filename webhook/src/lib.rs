@@ -13,6 +13,7 @@ pub mod certificates;
 pub mod claims;
 pub mod config;
 pub mod controllers;
+pub mod crds;
 pub(crate) mod events;
 pub mod features;
 #[cfg(feature = "loadgen")]
