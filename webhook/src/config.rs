@@ -319,7 +319,7 @@ mod tests {
         let err = Config::try_parse_from(["nodewarden-webhook", "crds", "delete"])
             .expect_err("no such command")
             .to_string();
-        assert!(err.contains("apply"), "{err}");
+        assert!(err.contains("unrecognized subcommand 'delete'"), "{err}");
         assert!(
             Config::try_parse_from(["nodewarden-webhook"])
                 .expect("parses")
