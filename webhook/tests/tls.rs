@@ -393,6 +393,22 @@ async fn a_new_client_ca_is_used_without_a_restart_and_a_bad_one_is_ignored() {
     std::fs::remove_file(&ca_file).expect("rm");
     assert!(matches!(verifier.check(), Reload::Rejected(_)));
     assert_eq!(answer(&by_new, server.addr).await, Ok(true));
+    // the serving pair's reloader re-reads the CA file too (as the webhook runs it)
+    let pair = serving(&server_ca, "a.example");
+    std::fs::write(dir.path().join("tls.crt"), &pair.cert_pem).expect("write");
+    std::fs::write(dir.path().join("tls.key"), &pair.key_pem).expect("write");
+    let reloader = CertReloader::new(
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+        Arc::new(CertResolver::default()),
+        Arc::new(()),
+    )
+    .with_client_ca(Some(verifier.clone()));
+    std::fs::write(&ca_file, &old.cert_pem).expect("write");
+    assert_eq!(reloader.check(), Reload::Loaded, "the serving pair's outcome");
+    assert_eq!(answer(&by_old, server.addr).await, Ok(true));
+    assert!(answer(&by_new, server.addr).await.is_err());
+
     // both CAs in one file (a rotation): both callers get an answer
     std::fs::write(&ca_file, format!("{}{}", old.cert_pem, new.cert_pem)).expect("write");
     assert_eq!(verifier.check(), Reload::Loaded);

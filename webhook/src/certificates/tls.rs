@@ -457,3 +457,59 @@ impl CertReloader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodewarden_certs::{Ca, CaConfig, ServingSpec};
+
+    fn der(pem: &str) -> CertificateDer<'static> {
+        rustls_pemfile::certs(&mut pem.as_bytes())
+            .next()
+            .and_then(Result::ok)
+            .expect("one certificate")
+    }
+
+    #[test]
+    fn names_are_read_from_the_common_name_and_the_dns_names() {
+        let ca = Ca::generate(&CaConfig {
+            common_name: "callers".to_string(),
+            validity: Duration::from_secs(3600),
+        })
+        .expect("ca");
+        let client = ca
+            .issue_client("kube-apiserver", &["system:masters"], Duration::from_secs(3600))
+            .expect("client");
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(has_allowed_name(
+            &der(&client.cert_pem),
+            &names(&["KUBE-APISERVER"])
+        ));
+        assert!(!has_allowed_name(
+            &der(&client.cert_pem),
+            &names(&["system:masters"])
+        ));
+        let with_dns = ca
+            .issue_serving(&ServingSpec {
+                dns_names: vec![
+                    "apiserver.example.com".to_string(),
+                    "other.example.com".to_string(),
+                ],
+                ip_addresses: vec![],
+                validity: Duration::from_secs(3600),
+            })
+            .expect("cert");
+        assert!(has_allowed_name(
+            &der(&with_dns.cert_pem),
+            &names(&["other.example.com"])
+        ));
+        assert!(!has_allowed_name(
+            &der(&with_dns.cert_pem),
+            &names(&["example.com"])
+        ));
+        assert!(!has_allowed_name(
+            &CertificateDer::from(vec![1, 2, 3]),
+            &names(&["x"])
+        ));
+    }
+}
