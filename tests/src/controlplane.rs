@@ -128,6 +128,17 @@ pub struct ControlPlane {
     admin_kubeconfig_yaml: String,
     processes: Mutex<Processes>,
     network: Option<NodeNetwork>,
+    options: StartOptions,
+}
+
+/// What a control plane of its own starts with, besides the fixed flags
+/// ([`ControlPlane::start_with_options`]).
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    /// kube-apiserver's `--admission-control-config-file`: an AdmissionConfiguration, e.g. one
+    /// whose `WebhookAdmissionConfiguration` names a kubeconfig with client certificates for
+    /// calling webhooks.
+    pub admission_config_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -157,7 +168,7 @@ impl ControlPlane {
     pub async fn shared() -> Result<&'static ControlPlane> {
         let r = SHARED
             .get_or_init(|| async {
-                ControlPlane::start_with(true, None)
+                ControlPlane::start_with(true, None, StartOptions::default())
                     .await
                     .map_err(|e| format!("{e:#}"))
             })
@@ -168,7 +179,12 @@ impl ControlPlane {
 
     /// Starts a control plane of its own for the caller.
     pub async fn start() -> Result<ControlPlane> {
-        Self::start_with(false, None).await
+        Self::start_with(false, None, StartOptions::default()).await
+    }
+
+    /// Starts a control plane of its own for the caller, with `options`.
+    pub async fn start_with_options(options: StartOptions) -> Result<ControlPlane> {
+        Self::start_with(false, None, options).await
     }
 
     /// Starts a control plane that real nodes can join (see [`crate::node::RealCluster`]).
@@ -178,13 +194,19 @@ impl ControlPlane {
         network: NodeNetwork,
         before_boot: impl FnOnce(&Path) -> Result<()>,
     ) -> Result<ControlPlane> {
-        Self::start_with(false, Some((network, Box::new(before_boot)))).await
+        Self::start_with(
+            false,
+            Some((network, Box::new(before_boot))),
+            StartOptions::default(),
+        )
+        .await
     }
 
     #[allow(clippy::type_complexity)]
     async fn start_with(
         shared: bool,
         nodes: Option<(NodeNetwork, Box<dyn FnOnce(&Path) -> Result<()> + '_>)>,
+        options: StartOptions,
     ) -> Result<ControlPlane> {
         let began = Instant::now();
         let bins = Binaries::locate().await?;
@@ -215,6 +237,7 @@ impl ControlPlane {
             admin_kubeconfig_yaml: String::new(),
             processes: Mutex::new(processes),
             network,
+            options,
         };
         match cp.boot(&pki).await {
             Ok(()) => {
@@ -303,6 +326,9 @@ impl ControlPlane {
             "--profiling=false".to_string(),
             "--v=1".to_string(),
         ];
+        if let Some(file) = &self.options.admission_config_file {
+            apiserver_args.push(format!("--admission-control-config-file={}", file.display()));
+        }
         if self.network.is_some() {
             let kubelet_client = file(
                 "apiserver-kubelet-client.crt",

@@ -517,7 +517,7 @@ async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Resul
         "managed mode must not render a Secret: {:?}",
         r.names()
     );
-    for kind in ["Certificate", "Issuer", "Job", "ServiceMonitor", "NetworkPolicy"] {
+    for kind in ["Certificate", "Issuer", "Job", "ServiceMonitor"] {
         ensure!(
             r.of_kind(kind).is_empty(),
             "no {kind} by default: {:?}",
@@ -1138,6 +1138,25 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
         ),
         // matchConditions are GA from 1.30: older clusters are refused up front.
         (&["--kube-version", "1.29.9"], &[">=1.30.0-0"]),
+        (
+            &["--set", "webhook.clientAuth.enabled=true"],
+            &["webhook.clientAuth.caSecret", "webhook.clientAuth.caConfigMap"],
+        ),
+        (
+            &[
+                "--set",
+                "webhook.clientAuth.enabled=true,webhook.clientAuth.caSecret=a,webhook.clientAuth.caConfigMap=b",
+            ],
+            &["both set"],
+        ),
+        (
+            &["--set", r"webhook.clientAuth.allowedNames={a\,b}"],
+            &["webhook/clientAuth/allowedNames"],
+        ),
+        (
+            &["--set", "criticalPodsQuota.pods=0"],
+            &["criticalPodsQuota/pods"],
+        ),
     ];
     for &(args, needles) in cases {
         let out = helm.template_raw(RELEASE, NS, args).await?;
@@ -1149,6 +1168,360 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
                 out.stderr
             );
         }
+    }
+    Ok(())
+}
+
+/// On by default and harmless: the NetworkPolicies admit the admission port 8443 and the metrics
+/// port 8080 from anywhere and leave egress alone, so no install breaks, and a namespace-wide
+/// default-deny policy added later does not cut the API server off from the webhook.
+#[tokio::test]
+async fn default_network_policies_admit_8443_and_8080_from_anywhere() -> Result<()> {
+    let r = render_default().await?;
+    let webhook = r.get("NetworkPolicy", "nodewarden-webhook")?;
+    ensure!(
+        webhook["spec"]["policyTypes"] == json!(["Ingress"]),
+        "egress is not restricted: {webhook}"
+    );
+    let rules = webhook["spec"]["ingress"].as_array().context("ingress")?;
+    let ports: Vec<&Value> = rules.iter().map(|r| &r["ports"][0]["port"]).collect();
+    ensure!(ports == [&json!(8443), &json!(8080)], "ports: {ports:?}");
+    ensure!(
+        rules.iter().all(|r| r.get("from").is_none()),
+        "no `from`: every source may reach both ports: {rules:?}"
+    );
+    let agent = r.get("NetworkPolicy", "nodewarden-agent")?;
+    ensure!(
+        agent["spec"]["ingress"][0].get("from").is_none()
+            && agent["spec"]["policyTypes"] == json!(["Ingress"])
+    );
+    let off = Helm::locate()
+        .await?
+        .template(RELEASE, NS, &["--set", "networkPolicy.enabled=false"])
+        .await?;
+    ensure!(off.of_kind("NetworkPolicy").is_empty());
+    Ok(())
+}
+
+/// The agent is `system-node-critical`, so a ResourceQuota scoped to that class admits its pods in
+/// the release namespace (GKE refuses them outside kube-system without one); it counts pods only.
+#[tokio::test]
+async fn a_quota_admits_the_critical_priority_pods() -> Result<()> {
+    let r = render_default().await?;
+    let quota = r.get("ResourceQuota", "nodewarden-critical-pods")?;
+    ensure!(quota["metadata"]["namespace"] == NS);
+    ensure!(
+        quota["spec"]["hard"] == json!({"pods": "100000"}),
+        "pods only: {quota}"
+    );
+    ensure!(
+        quota["spec"]["scopeSelector"]["matchExpressions"]
+            == json!([{"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}]),
+        "{quota}"
+    );
+    let helm = Helm::locate().await?;
+    let both = helm
+        .template(
+            RELEASE,
+            NS,
+            &["--set", "webhook.priorityClassName=system-cluster-critical"],
+        )
+        .await?;
+    ensure!(
+        both.get("ResourceQuota", "nodewarden-critical-pods")?["spec"]["scopeSelector"]["matchExpressions"]
+            [0]["values"]
+            == json!(["system-node-critical", "system-cluster-critical"])
+    );
+    for args in [
+        "agent.priorityClassName=",
+        "agent.enabled=false",
+        "criticalPodsQuota.enabled=false",
+        "agent.priorityClassName=my-high",
+    ] {
+        let r = helm.template(RELEASE, NS, &["--set", args]).await?;
+        ensure!(r.of_kind("ResourceQuota").is_empty(), "{args}: no quota");
+    }
+    Ok(())
+}
+
+/// Client authentication is off by default; on, the CA from a Secret or a ConfigMap is mounted
+/// as a whole folder (so a new CA reaches the pod) and named in the flags with the allowed names.
+#[tokio::test]
+async fn client_auth_mounts_the_ca_and_sets_the_flags() -> Result<()> {
+    let r = render_default().await?;
+    let c = container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?;
+    ensure!(
+        env_value(c, "NODEWARDEN_CLIENT_CA_FILE").is_none()
+            && env_value(c, "NODEWARDEN_CLIENT_NAMES").is_none()
+    );
+
+    let helm = Helm::locate().await?;
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "webhook.clientAuth.enabled=true,webhook.clientAuth.caSecret=apiserver-client-ca",
+                "--set",
+                "webhook.clientAuth.allowedNames={kube-apiserver,apiserver.example.com}",
+            ],
+        )
+        .await?;
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    let c = container(d, "webhook")?;
+    ensure!(env_value(c, "NODEWARDEN_CLIENT_CA_FILE") == Some("/etc/nodewarden/client-ca/ca.crt"));
+    ensure!(env_value(c, "NODEWARDEN_CLIENT_NAMES") == Some("kube-apiserver,apiserver.example.com"));
+    let m = mount(c, "client-ca")?;
+    ensure!(
+        m["mountPath"] == "/etc/nodewarden/client-ca" && m["readOnly"] == true && m.get("subPath").is_none()
+    );
+    ensure!(
+        volume(d, "client-ca")?["secret"]
+            == json!({"secretName": "apiserver-client-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]})
+    );
+
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "webhook.clientAuth.enabled=true,webhook.clientAuth.caConfigMap=front-proxy,webhook.clientAuth.caKey=client-ca.pem",
+            ],
+        )
+        .await?;
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    let c = container(d, "webhook")?;
+    ensure!(env_value(c, "NODEWARDEN_CLIENT_CA_FILE") == Some("/etc/nodewarden/client-ca/client-ca.pem"));
+    ensure!(
+        env_value(c, "NODEWARDEN_CLIENT_NAMES").is_none(),
+        "any name by default"
+    );
+    ensure!(
+        volume(d, "client-ca")?["configMap"]
+            == json!({"name": "front-proxy", "items": [{"key": "client-ca.pem", "path": "client-ca.pem"}]})
+    );
+    Ok(())
+}
+
+/// `helm upgrade` renders a pre-upgrade hook that runs `nodewarden-webhook crds apply` from the
+/// webhook's image, with RBAC that reaches the chart's CRDs by name; `helm install` (crds/ does
+/// the work) and `crds.upgrade.enabled=false` render none of it.
+#[tokio::test]
+async fn upgrades_run_a_hook_that_replaces_the_crds() -> Result<()> {
+    let helm = Helm::locate().await?;
+    let r = helm.template(RELEASE, NS, &["--is-upgrade"]).await?;
+    let job = r.get("Job", "nodewarden-crds")?;
+    for o in [
+        job,
+        r.get("ServiceAccount", "nodewarden-crds")?,
+        r.get("ClusterRole", "nodewarden-crds")?,
+        r.get("ClusterRoleBinding", "nodewarden-crds")?,
+    ] {
+        ensure!(
+            o["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+                && o["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+                    == "before-hook-creation,hook-succeeded",
+            "{o}"
+        );
+    }
+    let pod = &job["spec"]["template"]["spec"];
+    ensure!(pod["serviceAccountName"] == "nodewarden-crds" && pod["restartPolicy"] == "Never");
+    let c = container(job, "crds")?;
+    let webhook_image = &container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?["image"];
+    ensure!(c["image"] == *webhook_image, "the webhook's own image");
+    ensure!(c["args"] == json!(["crds", "apply"]));
+    assert_hardened(c)?;
+
+    let role = r.get("ClusterRole", "nodewarden-crds")?;
+    let crd_names: Vec<String> = nodewarden_tests::chart_crd_files()?
+        .iter()
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
+    ensure!(crd_names.len() == 5, "{crd_names:?}");
+    ensure!(
+        nodewarden_webhook::crds::names() == crd_names,
+        "the binary carries the chart's CRDs"
+    );
+    let rules = role["rules"].as_array().context("rules")?;
+    ensure!(
+        rules[0]["verbs"] == json!(["get", "update"]) && rules[0]["resourceNames"] == json!(crd_names),
+        "read and replace by name only: {}",
+        rules[0]
+    );
+    ensure!(
+        rules.len() == 2 && rules[1]["verbs"] == json!(["create"]),
+        "create (not limitable by name) only: {rules:?}"
+    );
+
+    for args in [
+        &[][..],
+        &["--is-upgrade", "--set", "crds.upgrade.enabled=false"][..],
+    ] {
+        let r = helm.template(RELEASE, NS, args).await?;
+        ensure!(
+            r.of_kind("Job").is_empty() && !r.has("ClusterRole", "nodewarden-crds"),
+            "{args:?}: no hook"
+        );
+    }
+    Ok(())
+}
+
+/// The hook's command against a real API server, as the hook's service account with the chart's
+/// RBAC: an older CRD (a field missing, a label of the operator's) is replaced by the shipped one
+/// with the label kept, a missing CRD is created, a second run changes nothing, and the account
+/// cannot touch another CRD.
+#[tokio::test]
+async fn crds_apply_upgrades_older_crds_as_the_hooks_service_account() {
+    let cp = match ControlPlane::start().await {
+        Ok(cp) => cp,
+        Err(e) => panic!("starting a control plane: {e:#}"),
+    };
+    if let Err(e) = crds_apply(&cp).await {
+        panic!(
+            "{e:#}\ncontrol plane logs ({}):\n{}",
+            cp.dir().display(),
+            cp.log_tails(40)
+        );
+    }
+}
+
+async fn crds_apply(cp: &ControlPlane) -> Result<()> {
+    use nodewarden_webhook::crds::Applied;
+    let admin = cp.admin_client().await?;
+    let mut crds = nodewarden_tests::read_crds(&nodewarden_tests::chart_crd_files()?)?;
+    // an older features CRD: no spec.description field, and a label an operator added
+    let features = crds
+        .iter_mut()
+        .find(|c| c.metadata.name.as_deref() == Some("features.nodewarden.io"))
+        .context("features CRD")?;
+    let spec_schema = features.spec.versions[0]
+        .schema
+        .as_mut()
+        .and_then(|s| s.open_api_v3_schema.as_mut())
+        .and_then(|s| s.properties.as_mut())
+        .and_then(|p| p.get_mut("spec"))
+        .and_then(|s| s.properties.as_mut())
+        .context("features spec schema")?;
+    let dropped = spec_schema.keys().next().cloned().context("a spec field")?;
+    spec_schema.remove(&dropped);
+    features
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("team".to_string(), "platform".to_string());
+    // and no noderecommendations CRD at all
+    crds.retain(|c| c.metadata.name.as_deref() != Some("noderecommendations.nodewarden.io"));
+    nodewarden_tests::apply_crds(cp, &admin, &crds).await?;
+
+    // the hook's RBAC, as `helm upgrade` would create it
+    nodewarden_tests::create_namespace(cp, &admin, NS).await?;
+    let rendered = Helm::for_control_plane(cp)?
+        .template(
+            RELEASE,
+            NS,
+            &["--is-upgrade", "--show-only", "templates/crds-upgrade.yaml"],
+        )
+        .await?;
+    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
+        let o = rendered.get(kind, "nodewarden-crds")?;
+        let (group, version) = match o["apiVersion"].as_str().context("apiVersion")?.split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (
+                String::new(),
+                o["apiVersion"].as_str().unwrap_or_default().to_string(),
+            ),
+        };
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(&group, &version, kind));
+        let api: Api<DynamicObject> = if kind == "ServiceAccount" {
+            Api::namespaced_with(admin.clone(), NS, &ar)
+        } else {
+            Api::all_with(admin.clone(), &ar)
+        };
+        api.create(&PostParams::default(), &serde_json::from_value(o.clone())?)
+            .await
+            .with_context(|| format!("creating {kind}"))?;
+    }
+    let hook = cp
+        .client_as(&nodewarden_tests::Impersonate::user(
+            &format!("system:serviceaccount:{NS}:nodewarden-crds"),
+            &["system:serviceaccounts", "system:authenticated"],
+        ))
+        .await?;
+
+    let timeout = std::time::Duration::from_secs(60);
+    let done = nodewarden_webhook::crds::apply(&hook, timeout).await?;
+    let outcome = |name: &str| done.iter().find(|(n, _)| n == name).map(|(_, a)| a.clone());
+    ensure!(done.len() == 5, "{done:?}");
+    ensure!(
+        outcome("features.nodewarden.io") == Some(Applied::Replaced { changed: true }),
+        "{done:?}"
+    );
+    ensure!(
+        outcome("noderecommendations.nodewarden.io") == Some(Applied::Created),
+        "{done:?}"
+    );
+    ensure!(
+        outcome("clusterclaims.nodewarden.io") == Some(Applied::Replaced { changed: false }),
+        "{done:?}"
+    );
+
+    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let stored = api.get("features.nodewarden.io").await?;
+    let stored_spec = stored.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref())
+        .and_then(|p| p.get("spec"))
+        .and_then(|s| s.properties.as_ref())
+        .context("stored spec schema")?;
+    ensure!(
+        stored_spec.contains_key(&dropped),
+        "spec.{dropped} is back in the schema"
+    );
+    ensure!(
+        stored
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("team"))
+            .map(String::as_str)
+            == Some("platform"),
+        "the operator's label is kept"
+    );
+
+    let again = nodewarden_webhook::crds::apply(&hook, timeout).await?;
+    ensure!(
+        again
+            .iter()
+            .all(|(_, a)| *a == Applied::Replaced { changed: false }),
+        "a second run changes nothing: {again:?}"
+    );
+
+    // another CRD is out of the account's reach
+    let foreign: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {"group": "example.com", "scope": "Cluster",
+                 "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                 "versions": [{"name": "v1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object"}}}]}
+    }))?;
+    api.create(&PostParams::default(), &foreign).await?;
+    let hook_api: Api<CustomResourceDefinition> = Api::all(hook.clone());
+    match hook_api.get("widgets.example.com").await {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => bail!("the hook's account read another CRD: {other:?}"),
+    }
+    match hook_api
+        .delete("features.nodewarden.io", &DeleteParams::default())
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => bail!("the hook's account may delete a CRD: {other:?}"),
     }
     Ok(())
 }
@@ -1470,6 +1843,9 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
         NS,
         "--set",
         "webhook.logLevel=debug,claims.timeoutSeconds=4",
+        // no kubelet runs the CRD hook's Job here (crds_apply_* tests the command instead)
+        "--set",
+        "crds.upgrade.enabled=false",
     ])
     .await?;
     let upgraded = validating_api.get("nodewarden-validating").await?;

@@ -169,17 +169,22 @@ impl App {
         }
 
         let resolver = Arc::new(CertResolver::default());
-        let reloader = Arc::new(CertReloader::new(
-            config.tls_cert_file.clone(),
-            config.tls_key_file.clone(),
-            resolver.clone(),
-            self.metrics.clone(),
-        ));
+        let client_auth = config.client_auth().context("--client-ca-file")?;
+        let reloader = Arc::new(
+            CertReloader::new(
+                config.tls_cert_file.clone(),
+                config.tls_key_file.clone(),
+                resolver.clone(),
+                self.metrics.clone(),
+            )
+            .with_client_ca(client_auth.clone()),
+        );
         if let Reload::Rejected(why) = reloader.check() {
             tracing::warn!(%why, "no serving certificate yet; not ready until one loads");
         }
         readiness.set(READY_CERTIFICATES, resolver.is_loaded());
-        let tls = certificates::server_config(resolver.clone()).context("building the TLS configuration")?;
+        let tls = certificates::server_config_with(resolver.clone(), client_auth)
+            .context("building the TLS configuration")?;
 
         let listener = TcpListener::bind(config.listen_addr)
             .await

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser};
+use clap::{ArgAction, Parser, Subcommand};
 
 use nodewarden_runtime::duration::{parse_duration, parse_interval};
 use nodewarden_runtime::telemetry::LogFormat;
@@ -20,6 +20,10 @@ use crate::node_reports::NodeReportsArgs;
     about = "nodewarden admission webhook: per-node right-sizing of DaemonSet pods, cluster claim guard, feature lifecycle"
 )]
 pub struct Config {
+    /// Without a command, the webhook runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Address of the HTTPS admission server.
     #[arg(long, env = "NODEWARDEN_LISTEN_ADDR", default_value = "0.0.0.0:8443")]
     pub listen_addr: SocketAddr,
@@ -43,6 +47,24 @@ pub struct Config {
         default_value = "/etc/nodewarden/tls/tls.key"
     )]
     pub tls_key_file: PathBuf,
+
+    /// PEM CA certificates: when set, every admission connection must present a client
+    /// certificate signed by one of them (the API server's, from its admission configuration),
+    /// or the TLS handshake is refused. Re-read with the serving pair. The admin port is not
+    /// affected.
+    #[arg(long, env = "NODEWARDEN_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+
+    /// With --client-ca-file, the client certificate's subject common name or one of its DNS
+    /// names must be one of these, comma-separated (compared ignoring ASCII case); empty means
+    /// any certificate the CA signed.
+    #[arg(
+        long,
+        env = "NODEWARDEN_CLIENT_NAMES",
+        value_delimiter = ',',
+        requires = "client_ca_file"
+    )]
+    pub client_names: Vec<String>,
 
     /// How often the certificate files are checked for a new pair (e.g. 10s, 1m).
     #[arg(long, env = "NODEWARDEN_CERT_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_interval)]
@@ -186,6 +208,27 @@ pub struct Config {
     pub features_resync_interval: Duration,
 }
 
+/// What `nodewarden-webhook <command>` does instead of serving.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// nodewarden's CustomResourceDefinitions.
+    #[command(subcommand)]
+    Crds(CrdsCommand),
+}
+
+/// `nodewarden-webhook crds …`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum CrdsCommand {
+    /// Create or replace every nodewarden CRD with the ones this binary was built with (the chart's
+    /// pre-upgrade hook), then wait for them to be Established. Uses --kubeconfig (given before
+    /// `crds`) or the in-cluster service account.
+    Apply {
+        /// How long the CRDs may take to be Established.
+        #[arg(long, env = "NODEWARDEN_CRDS_TIMEOUT", default_value = "60s", value_parser = parse_interval)]
+        timeout: Duration,
+    },
+}
+
 impl Config {
     /// The admission server's connection limits.
     pub fn server_limits(&self) -> crate::server::ServerLimits {
@@ -208,6 +251,21 @@ impl Config {
         T: Into<std::ffi::OsString> + Clone,
     {
         <Self as Parser>::try_parse_from(args)
+    }
+
+    /// The client certificate check of `--client-ca-file`, or `None` when it is off. Fails when
+    /// the CA file cannot be read or holds no usable CA certificate.
+    pub fn client_auth(
+        &self,
+    ) -> Result<Option<std::sync::Arc<crate::certificates::ClientVerifier>>, crate::certificates::tls::TlsError>
+    {
+        self.client_ca_file
+            .as_ref()
+            .map(|path| {
+                crate::certificates::ClientVerifier::load(path.clone(), self.client_names.clone())
+                    .map(std::sync::Arc::new)
+            })
+            .transpose()
     }
 
     /// The claims guard's settings from the flags.
@@ -241,6 +299,46 @@ mod tests {
         assert_eq!(c.listen_addr.port(), 8443);
         assert_eq!(c.admin_addr.port(), 8080);
         assert_eq!(c.cert_reload_interval, Duration::from_secs(10));
+        assert!(c.client_ca_file.is_none() && c.client_auth().expect("off").is_none());
+    }
+
+    #[test]
+    fn crds_apply_is_a_command() {
+        let c = Config::try_parse_from([
+            "nodewarden-webhook",
+            "--kubeconfig=/k",
+            "crds",
+            "apply",
+            "--timeout=2m",
+        ])
+        .expect("parses");
+        assert!(
+            matches!(c.command, Some(Command::Crds(CrdsCommand::Apply { timeout })) if timeout == Duration::from_secs(120))
+        );
+        assert_eq!(c.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
+        let err = Config::try_parse_from(["nodewarden-webhook", "crds", "delete"])
+            .expect_err("no such command")
+            .to_string();
+        assert!(err.contains("unrecognized subcommand 'delete'"), "{err}");
+        assert!(
+            Config::try_parse_from(["nodewarden-webhook"])
+                .expect("parses")
+                .command
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_missing_client_ca_file_stops_the_start() {
+        let c = Config::try_parse_from([
+            "nodewarden-webhook",
+            "--client-ca-file=/nonexistent/ca.crt",
+            "--client-names=kube-apiserver,,",
+        ])
+        .expect("parses");
+        assert_eq!(c.client_names, ["kube-apiserver", "", ""]);
+        let err = c.client_auth().expect_err("no such file").to_string();
+        assert!(err.contains("/nonexistent/ca.crt"), "{err}");
     }
 
     #[test]
@@ -314,6 +412,7 @@ mod tests {
             ),
             (&["--claims-id-subdomain", "maybe"], "true"),
             (&["--claims-discovery-interval", "5ms"], "at least 100ms"),
+            (&["--client-names", "kube-apiserver"], "--client-ca-file"),
         ];
         for (args, want) in cases {
             let mut argv = vec!["nodewarden-webhook"];

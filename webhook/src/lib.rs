@@ -4,7 +4,8 @@
 //! its controller: [`rightsizing`], [`claims`], [`features`], [`node_reports`],
 //! [`certificates`]. Shared by all of them: [`admission`] (the AdmissionReview pipeline and
 //! wire types), `watch` (watching the API server into caches), [`controllers`] (leader
-//! election), [`server`] (TLS serving). [`app`] wires them together with [`metrics`];
+//! election), [`server`] (TLS serving), [`crds`] (the `crds apply` command). [`app`] wires them
+//! together with [`metrics`];
 //! `main.rs` parses flags and calls [`run`].
 
 pub mod admission;
@@ -13,6 +14,7 @@ pub mod certificates;
 pub mod claims;
 pub mod config;
 pub mod controllers;
+pub mod crds;
 pub(crate) mod events;
 pub mod features;
 #[cfg(feature = "loadgen")]

@@ -169,3 +169,41 @@ fn live_but_not_ready_without_an_api_server_and_a_clean_exit_on_sigterm() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_missing_client_ca_file_stops_the_start_and_crds_apply_names_its_kubeconfig() {
+    let port = free_port();
+    let out = Command::new(BIN)
+        .args([
+            "--client-ca-file=/nonexistent/client-ca.crt",
+            &format!("--listen-addr=127.0.0.1:{port}"),
+            &format!("--admin-addr=127.0.0.1:{}", free_port()),
+            "--log-format=text",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("/nonexistent/client-ca.crt"), "{all}");
+
+    let out = Command::new(BIN)
+        .args([
+            "--kubeconfig=/nonexistent/kubeconfig",
+            "--log-format=text",
+            "crds",
+            "apply",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("/nonexistent/kubeconfig"), "{all}");
+}

@@ -11,7 +11,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use nodewarden_certs::{Ca, CaConfig, IssuedCert, ServingSpec, service_dns_names};
 use nodewarden_webhook::admission::{self, AdmissionRequest, AdmissionResponse, Route};
-use nodewarden_webhook::certificates::{CertReloader, CertResolver, Reload, server_config};
+use nodewarden_webhook::certificates::{
+    CertReloader, CertResolver, ClientVerifier, Reload, server_config, server_config_with,
+};
 use nodewarden_webhook::metrics::Metrics;
 use nodewarden_webhook::server::{ServerLimits, serve_tls_with};
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -59,6 +61,14 @@ async fn start(resolver: Arc<CertResolver>) -> Server {
 }
 
 async fn start_with(resolver: Arc<CertResolver>, limits: ServerLimits) -> Server {
+    start_authenticating(resolver, limits, None).await
+}
+
+async fn start_authenticating(
+    resolver: Arc<CertResolver>,
+    limits: ServerLimits,
+    client_auth: Option<Arc<ClientVerifier>>,
+) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let app = admission::router(
@@ -67,7 +77,11 @@ async fn start_with(resolver: Arc<CertResolver>, limits: ServerLimits) -> Server
         1 << 20,
     );
     let stop = CancellationToken::new();
-    let tls = server_config(resolver).expect("tls config");
+    let tls = match client_auth {
+        Some(verifier) => server_config_with(resolver, Some(verifier)),
+        None => server_config(resolver),
+    }
+    .expect("tls config");
     let task = tokio::spawn(serve_tls_with(
         listener,
         tls,
@@ -96,6 +110,7 @@ struct Client {
     versions: Vec<&'static rustls::SupportedProtocolVersion>,
     alpn: Vec<Vec<u8>>,
     trust: String,
+    identity: Option<IssuedCert>,
 }
 
 struct Connected {
@@ -116,7 +131,13 @@ impl Client {
             versions: vec![&rustls::version::TLS13, &rustls::version::TLS12],
             alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
             trust: trust.to_string(),
+            identity: None,
         }
+    }
+
+    fn presenting(mut self, identity: &IssuedCert) -> Self {
+        self.identity = Some(identity.clone());
+        self
     }
 
     async fn connect(&self, addr: SocketAddr) -> std::io::Result<Connected> {
@@ -125,11 +146,22 @@ impl Client {
             roots.add(cert?).map_err(std::io::Error::other)?;
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&self.versions)
             .map_err(std::io::Error::other)?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let mut config = match &self.identity {
+            Some(id) => {
+                let chain =
+                    rustls_pemfile::certs(&mut id.cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+                let key = rustls_pemfile::private_key(&mut id.key_pem.as_bytes())?
+                    .ok_or_else(|| std::io::Error::other("no key"))?;
+                config
+                    .with_client_auth_cert(chain, key)
+                    .map_err(std::io::Error::other)?
+            }
+            None => config.with_no_client_auth(),
+        };
         config.alpn_protocols = self.alpn.clone();
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
         let tcp = TcpStream::connect(addr).await?;
@@ -178,7 +210,7 @@ impl Connected {
             Sender::H1(s) => s.send_request(req).await,
             Sender::H2(s) => s.send_request(req).await,
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| with_sources(&e))?;
         let version = resp.version();
         let body = resp
             .into_body()
@@ -255,6 +287,133 @@ async fn a_client_that_trusts_another_ca_is_refused() {
         err.to_string().contains("UnknownIssuer") || err.to_string().contains("certificate"),
         "{err}"
     );
+    server.stop.cancel();
+}
+
+/// An error with its sources (hyper's own message alone is only "connection error").
+fn with_sources(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Connects and posts one review; the error of whichever step failed.
+async fn answer(client: &Client, addr: SocketAddr) -> Result<bool, String> {
+    let mut connected = client.connect(addr).await.map_err(|e| e.to_string())?;
+    connected.review("default").await.map(|(_, allowed)| allowed)
+}
+
+fn client_cert(ca: &Ca, common_name: &str) -> IssuedCert {
+    ca.issue_client(common_name, &[], Duration::from_secs(3600))
+        .expect("client cert")
+}
+
+#[tokio::test]
+async fn with_a_client_ca_only_callers_with_its_certificates_get_an_answer() {
+    let server_ca = ca("serving");
+    let callers = ca("callers");
+    let other = ca("other");
+    let dir = tempfile::tempdir().expect("dir");
+    let ca_file = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, &callers.cert_pem).expect("write");
+    let verifier = Arc::new(ClientVerifier::load(ca_file.clone(), vec![]).expect("ca"));
+    let resolver = resolver_with(&serving(&server_ca, "a.example"));
+    let server = start_authenticating(resolver.clone(), ServerLimits::default(), Some(verifier)).await;
+
+    let apiserver = client_cert(&callers, "kube-apiserver");
+    for versions in [vec![&rustls::version::TLS13], vec![&rustls::version::TLS12]] {
+        let mut c = Client::new(&server_ca.cert_pem).presenting(&apiserver);
+        c.versions = versions.clone();
+        assert_eq!(answer(&c, server.addr).await, Ok(true), "{versions:?}");
+
+        let mut c = Client::new(&server_ca.cert_pem);
+        c.versions = versions.clone();
+        let err = answer(&c, server.addr).await.expect_err("no certificate");
+        assert!(
+            err.contains("CertificateRequired") || err.contains("HandshakeFailure"),
+            "{versions:?}: {err}"
+        );
+
+        let mut c = Client::new(&server_ca.cert_pem).presenting(&client_cert(&other, "kube-apiserver"));
+        c.versions = versions.clone();
+        let err = answer(&c, server.addr).await.expect_err("another CA");
+        assert!(
+            err.contains("UnknownCA") || err.contains("BadCertificate"),
+            "{versions:?}: {err}"
+        );
+    }
+    server.stop.cancel();
+
+    // with names: the common name must be one of them
+    let verifier = Arc::new(
+        ClientVerifier::load(ca_file, vec!["Kube-APIServer".to_string(), " ".to_string()]).expect("ca"),
+    );
+    let server = start_authenticating(resolver, ServerLimits::default(), Some(verifier)).await;
+    let c = Client::new(&server_ca.cert_pem).presenting(&apiserver);
+    assert_eq!(answer(&c, server.addr).await, Ok(true));
+    let c = Client::new(&server_ca.cert_pem).presenting(&client_cert(&callers, "someone-else"));
+    let err = answer(&c, server.addr).await.expect_err("a name not allowed");
+    assert!(err.contains("AccessDenied"), "{err}");
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_new_client_ca_is_used_without_a_restart_and_a_bad_one_is_ignored() {
+    let server_ca = ca("serving");
+    let (old, new) = (ca("callers-old"), ca("callers-new"));
+    let dir = tempfile::tempdir().expect("dir");
+    let ca_file = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, &old.cert_pem).expect("write");
+    let verifier = Arc::new(ClientVerifier::load(ca_file.clone(), vec![]).expect("ca"));
+    let server = start_authenticating(
+        resolver_with(&serving(&server_ca, "a.example")),
+        ServerLimits::default(),
+        Some(verifier.clone()),
+    )
+    .await;
+    let by_old = Client::new(&server_ca.cert_pem).presenting(&client_cert(&old, "kube-apiserver"));
+    let by_new = Client::new(&server_ca.cert_pem).presenting(&client_cert(&new, "kube-apiserver"));
+    assert_eq!(answer(&by_old, server.addr).await, Ok(true));
+    assert!(answer(&by_new, server.addr).await.is_err());
+    assert_eq!(verifier.check(), Reload::Unchanged);
+
+    std::fs::write(&ca_file, &new.cert_pem).expect("write");
+    assert_eq!(verifier.check(), Reload::Loaded);
+    assert_eq!(answer(&by_new, server.addr).await, Ok(true));
+    assert!(answer(&by_old, server.addr).await.is_err());
+
+    std::fs::write(&ca_file, "not a certificate").expect("write");
+    assert!(matches!(verifier.check(), Reload::Rejected(why) if why.contains("no PEM certificate")));
+    assert_eq!(answer(&by_new, server.addr).await, Ok(true));
+    std::fs::remove_file(&ca_file).expect("rm");
+    assert!(matches!(verifier.check(), Reload::Rejected(_)));
+    assert_eq!(answer(&by_new, server.addr).await, Ok(true));
+    // the serving pair's reloader re-reads the CA file too (as the webhook runs it)
+    let pair = serving(&server_ca, "a.example");
+    std::fs::write(dir.path().join("tls.crt"), &pair.cert_pem).expect("write");
+    std::fs::write(dir.path().join("tls.key"), &pair.key_pem).expect("write");
+    let reloader = CertReloader::new(
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+        Arc::new(CertResolver::default()),
+        Arc::new(()),
+    )
+    .with_client_ca(Some(verifier.clone()));
+    std::fs::write(&ca_file, &old.cert_pem).expect("write");
+    assert_eq!(reloader.check(), Reload::Loaded, "the serving pair's outcome");
+    assert_eq!(answer(&by_old, server.addr).await, Ok(true));
+    assert!(answer(&by_new, server.addr).await.is_err());
+
+    // both CAs in one file (a rotation): both callers get an answer
+    std::fs::write(&ca_file, format!("{}{}", old.cert_pem, new.cert_pem)).expect("write");
+    assert_eq!(verifier.check(), Reload::Loaded);
+    assert_eq!(answer(&by_old, server.addr).await, Ok(true));
+    assert_eq!(answer(&by_new, server.addr).await, Ok(true));
     server.stop.cancel();
 }
 

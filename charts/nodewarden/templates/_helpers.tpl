@@ -186,6 +186,14 @@ clientConfig:
 {{- if and .Values.agent.kubelet.insecureSkipVerify .Values.agent.kubelet.caFile -}}
 {{- fail "agent.kubelet.caFile is set but agent.kubelet.insecureSkipVerify is true, so the CA would never be used: keep the caFile and set insecureSkipVerify=false (verified), or empty the caFile" -}}
 {{- end -}}
+{{- with .Values.webhook.clientAuth -}}
+{{- if and .enabled (not .caSecret) (not .caConfigMap) -}}
+{{- fail "webhook.clientAuth.enabled is true but neither webhook.clientAuth.caSecret nor webhook.clientAuth.caConfigMap names the CA that signs the API server's client certificate: set one of them" -}}
+{{- end -}}
+{{- if and .caSecret .caConfigMap -}}
+{{- fail "webhook.clientAuth.caSecret and webhook.clientAuth.caConfigMap are both set: keep one of them" -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.certificates.certManager.issuerRef (ne .Values.certificates.mode "certManager") -}}
 {{- fail "certificates.certManager.issuerRef is set but certificates.mode is not \"certManager\": set certificates.mode=certManager to use it, or remove the issuerRef" -}}
 {{- end -}}

@@ -6,4 +6,7 @@ pub mod manager;
 pub mod tls;
 
 pub use manager::{CertArgs, CertManagerOptions, CertMode};
-pub use tls::{CertReloader, CertResolver, Reload, ReloadObserver, certified_key, server_config};
+pub use tls::{
+    CertReloader, CertResolver, ClientVerifier, Reload, ReloadObserver, certified_key, server_config,
+    server_config_with,
+};
