@@ -238,6 +238,11 @@ fn run_target(
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let mut command = Command::new(binary);
+    // the cgroup and checkpoint targets write files for every input: in memory where it can
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        command.env("TMPDIR", shm);
+    }
     command.arg(&corpus);
     // read-only seed folders: derived from the fixtures, and committed in fuzz/seeds
     for seeds in [
