@@ -253,6 +253,13 @@ fn run_target(
             command.arg(seeds);
         }
     }
+    // a dictionary of the tokens the target's format is made of (edge numbers, key names)
+    let dict = root.join("fuzz/dicts").join(format!("{name}.dict"));
+    if dict.is_file() {
+        let mut arg = std::ffi::OsString::from("-dict=");
+        arg.push(&dict);
+        command.arg(arg);
+    }
     let mut prefix = artifacts.into_os_string();
     prefix.push("/");
     let mut artifact_prefix = std::ffi::OsString::from("-artifact_prefix=");
@@ -385,8 +392,11 @@ fn strings(value: &Value, out: &mut BTreeSet<String>) {
     }
 }
 
+/// Inputs per target: (target, inputs).
+type Seeds = Vec<(&'static str, Vec<Vec<u8>>)>;
+
 /// Seeds per target, derived from the fixtures the tests use.
-fn derive_seeds(root: &Path) -> Result<Vec<(&'static str, Vec<Vec<u8>>)>> {
+fn derive_seeds(root: &Path) -> Result<Seeds> {
     let pod_review = json_fixture(root, "tests/fixtures/admission/daemonset-pod-create.json")?;
     let sidecar_pod = json_fixture(root, "webhook/tests/fixtures/features/pod-with-sidecar.json")?;
     let widget = json_fixture(root, "webhook/tests/fixtures/features/widget.json")?;
