@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 /// Every target in `fuzz/fuzz_targets`, with the longest input it is given (bytes): enough
 /// for the largest recorded fixture of its kind with room to grow.
-pub const TARGETS: &[(&str, usize)] = &[
+pub(crate) const TARGETS: &[(&str, usize)] = &[
     ("admission", 16 * 1024),
     ("quantity", 64),
     ("field_path", 4 * 1024),
@@ -34,17 +34,17 @@ pub const TARGETS: &[(&str, usize)] = &[
 
 /// The memory a target may use before libFuzzer calls it a crash (an input that makes a
 /// decoder allocate without bound is a finding).
-pub const RSS_LIMIT_MB: u32 = 2048;
+pub(crate) const RSS_LIMIT_MB: u32 = 2048;
 
 /// How long each target runs in `cargo xtask ci`.
-pub const CI_SECONDS: u64 = 20;
+pub(crate) const CI_SECONDS: u64 = 20;
 
 /// Options of `cargo xtask fuzz`.
-pub struct FuzzOptions {
+pub(crate) struct FuzzOptions {
     /// Seconds per target.
-    pub seconds: u64,
+    pub(crate) seconds: u64,
     /// Targets to run; empty: all of [`TARGETS`].
-    pub targets: Vec<String>,
+    pub(crate) targets: Vec<String>,
 }
 
 /// What one target did.
@@ -132,7 +132,7 @@ fn cargo_fuzz_path(target: &Path) -> Result<std::ffi::OsString> {
 
 /// Runs the fuzz targets; `Ok` when none crashed (or, outside CI, when there is no nightly
 /// toolchain and the step is skipped).
-pub fn fuzz(root: &Path, options: &FuzzOptions) -> Result<()> {
+pub(crate) fn fuzz(root: &Path, options: &FuzzOptions) -> Result<()> {
     let names: Vec<(&str, usize)> = if options.targets.is_empty() {
         TARGETS.to_vec()
     } else {

@@ -21,8 +21,8 @@ enum Task {
     Demo,
     /// Write charts/nodewarden/crds/*.yaml from the api crate's types.
     Crdgen,
-    /// Everything CI checks: formatting, clippy, every test (the end-to-end tier builds the
-    /// control plane from Go modules on first use and caches it).
+    /// Everything CI checks: formatting, clippy, every fuzz target for 20 s, every test (the
+    /// end-to-end tier builds the control plane from Go modules on first use and caches it).
     Ci,
     /// Run every fuzz target for a bounded time (nightly toolchain; cargo-fuzz is installed
     /// on first use); fails on any crash. See docs/fuzzing.md.
