@@ -9,6 +9,9 @@
 //! namespace and another for `shop`, a node recommendation, LimitRanges, Features that are off,
 //! fixed claims and pods), so no API server is needed.
 //!
+//! `NODEWARDEN_FUZZ_SHOW=1` prints each input's outcome (run the binary on seed files to see
+//! which paths they reach).
+//!
 //! Invariants, every route: the answer encodes; its uid is the request's; a denial carries a
 //! code and a message; warnings stay under 120 characters; only the pod route patches.
 //! Pod route: the patch applies to the object; it removes no field the pod had; the pod it
@@ -375,6 +378,19 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert_ne!(outcome, Outcome::Error, "a handler panicked");
+    // `NODEWARDEN_FUZZ_SHOW=1 <binary> <input>…`: what each input got, to see what a seed reaches
+    static SHOW: OnceLock<bool> = OnceLock::new();
+    if *SHOW.get_or_init(|| std::env::var_os("NODEWARDEN_FUZZ_SHOW").is_some()) {
+        let message = response
+            .status
+            .as_ref()
+            .map(|s| s.message.as_str())
+            .unwrap_or_default();
+        eprintln!(
+            "route {route}: {outcome:?}, {} patch operations; {message}",
+            response.decoded_patch().map_or(0, |p| p.0.len())
+        );
+    }
     match route {
         0 => check_pod(body, &response),
         4 => check_node_report(body, response.allowed),

@@ -416,6 +416,7 @@ fn derive_seeds(root: &Path) -> Result<Seeds> {
                "extra": {"authentication.kubernetes.io/node-name": [node]}})
     };
     let alice = json!({"username": "alice", "groups": ["system:authenticated"]});
+    let admin = json!({"username": "admin", "groups": ["system:authenticated"]});
 
     // admission: the recorded pod review on every route, and its variants on the pod route
     let mut admission = Vec::new();
@@ -488,11 +489,11 @@ fn derive_seeds(root: &Path) -> Result<Seeds> {
             claim["kind"] = json!(kind);
             claim["metadata"]["name"] = json!(name);
             claim["spec"] = json!({"value": value});
-            for op in ["CREATE", "UPDATE", "DELETE"] {
-                admission.push(review_seed(
-                    2,
-                    &review(group, resource, &claim, op, alice.clone()),
-                ));
+            // alice may not write reserved names; admin is one of the target's claim writers
+            for user in [&alice, &admin] {
+                for op in ["CREATE", "UPDATE", "DELETE"] {
+                    admission.push(review_seed(2, &review(group, resource, &claim, op, user.clone())));
+                }
             }
         }
     }
