@@ -15,9 +15,10 @@
 //! Invariants, every route: the answer encodes; its uid is the request's; a denial carries a
 //! code and a message; warnings stay under 120 characters; only the pod route patches.
 //! Pod route: the patch applies to the object; it removes no field the pod had; the pod it
-//! makes, reviewed again, gets no further change. Node reports: a write by someone outside the
-//! allowed groups is admitted only with a token bound to the report's node. Evictions: the
-//! agent's eviction is admitted only of a pod on its own node (or one that does not exist).
+//! makes, reviewed again, gets no further change (save the `capped` annotation's cap names).
+//! Node reports: a write by someone outside the allowed groups is admitted only with a token
+//! bound to the report's node. Evictions: the agent's eviction is admitted only of a pod on its
+//! own node (or one that does not exist).
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
@@ -29,6 +30,7 @@ use nodewarden_webhook::claims::{ClaimsGuard, ClaimsPolicy, Principals, Shape, S
 use nodewarden_webhook::features::{FeatureCaches, FeaturesGuard};
 use nodewarden_webhook::node_reports::evictions::{EvictionGuard, PodNode, PodNodes};
 use nodewarden_webhook::node_reports::{NODE_NAME_EXTRA, NodeReportsGuard, NodeReportsPolicy};
+use nodewarden_webhook::rightsizing::mutate::ANNOTATION_CAPPED;
 use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 
@@ -273,7 +275,23 @@ fn check_pod(body: &[u8], response: &nodewarden_webhook::admission::AdmissionRes
     if let Some(patch) = second.decoded_patch() {
         let mut twice = patched.clone();
         json_patch::patch(&mut twice, &patch).expect("the second patch applies");
-        assert_eq!(twice, patched, "a second review changed the pod again: {patch:?}");
+        // save the capped annotation: it names the caps as the pod stood when reviewed, and
+        // with `ceiling: Template` the second review's template is the patched request (a known
+        // drift of the annotation only, see docs/fuzzing.md); the figures must not move
+        let without_capped = |mut pod: Value| {
+            if let Some(a) = pod
+                .pointer_mut("/metadata/annotations")
+                .and_then(Value::as_object_mut)
+            {
+                a.remove(ANNOTATION_CAPPED);
+            }
+            pod
+        };
+        assert_eq!(
+            without_capped(twice),
+            without_capped(patched),
+            "a second review changed the pod again: {patch:?}"
+        );
     }
 }
 
