@@ -39,6 +39,25 @@ pub enum HistogramError {
     InvalidWeight(f64),
     #[error("stored histogram was made with other options ({stored}), these are {current}")]
     OptionsMismatch { stored: String, current: String },
+    #[error(
+        "stored history has {field} {ms} ms; times must be between 0 and {MAX_STORED_TIME_MS} ms \
+         since the Unix epoch (the end of year 9999)"
+    )]
+    InvalidTime { field: &'static str, ms: i64 },
+}
+
+/// The latest time a checkpoint may hold, in milliseconds since the Unix epoch: the end of year
+/// 9999. Any time in range keeps the estimator's arithmetic (differences, interval ends, decay
+/// reference shifts) far from `i64` overflow; a checkpoint with a time outside it is not used.
+pub const MAX_STORED_TIME_MS: i64 = 253_402_300_799_999;
+
+/// `ms` when it is a time a checkpoint may hold (see [`MAX_STORED_TIME_MS`]).
+pub fn stored_time(field: &'static str, ms: i64) -> Result<i64, HistogramError> {
+    if (0..=MAX_STORED_TIME_MS).contains(&ms) {
+        Ok(ms)
+    } else {
+        Err(HistogramError::InvalidTime { field, ms })
+    }
 }
 
 /// Bucket layout of an exponential histogram.
@@ -378,7 +397,7 @@ impl DecayingHistogram {
             }
         }
         h.total_weight = stored.total_weight;
-        h.reference_ms = stored.reference_ms;
+        h.reference_ms = stored_time("referenceMs", stored.reference_ms)?;
         Ok(h)
     }
 }
@@ -541,5 +560,25 @@ mod tests {
             DecayingHistogram::from_stored(&stored, mem(), DAY_MS),
             Err(HistogramError::InvalidWeight(_))
         ));
+    }
+
+    /// Found by the checkpoint fuzz target: a stored reference time of i64::MIN made the next
+    /// sample's decay shift overflow (a panic with overflow checks, garbage weights without).
+    #[test]
+    fn stored_form_with_a_time_out_of_range_is_refused() {
+        let mut h = DecayingHistogram::new(mem(), DAY_MS).unwrap();
+        h.add_sample(3e8, 1.0, 1_700_000_000_000);
+        let mut stored = h.to_stored();
+        for bad in [i64::MIN, -1, MAX_STORED_TIME_MS + 1, i64::MAX] {
+            stored.reference_ms = bad;
+            let err = DecayingHistogram::from_stored(&stored, mem(), DAY_MS).unwrap_err();
+            assert!(matches!(err, HistogramError::InvalidTime { field: "referenceMs", ms } if ms == bad));
+            assert!(err.to_string().contains("between 0 and"), "{err}");
+        }
+        // the last time in range still takes samples now and then
+        stored.reference_ms = MAX_STORED_TIME_MS;
+        let mut g = DecayingHistogram::from_stored(&stored, mem(), DAY_MS).unwrap();
+        g.add_sample(3e8, 1.0, 1_800_000_000_000);
+        assert!(g.total_weight().is_finite() && g.percentile(0.5) > 0.0);
     }
 }

@@ -30,7 +30,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::histogram::{DecayingHistogram, HistogramError, HistogramOptions, StoredHistogram};
+use crate::histogram::{DecayingHistogram, HistogramError, HistogramOptions, StoredHistogram, stored_time};
 
 pub const MIB: f64 = 1024.0 * 1024.0;
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -230,7 +230,7 @@ impl History {
             self.first_sample_ms = at_ms;
         }
         self.last_sample_ms = self.last_sample_ms.max(at_ms);
-        self.sample_count += 1;
+        self.sample_count = self.sample_count.saturating_add(1);
         true
     }
 
@@ -258,7 +258,7 @@ impl History {
         if !self.add_memory_sample(cfg, at_ms, needed, true) {
             return None;
         }
-        self.oom_count += 1;
+        self.oom_count = self.oom_count.saturating_add(1);
         self.last_oom_ms = self.last_oom_ms.max(at_ms);
         Some(needed)
     }
@@ -399,6 +399,23 @@ impl History {
     /// Reads a stored history back. A version-1 history (its peaks as a list) gets a memory
     /// histogram with each kept peak, and the current interval's, at its interval's end.
     pub fn from_stored(stored: &StoredHistory, cfg: &EstimatorConfig) -> Result<Self, HistogramError> {
+        // times out of range would overflow the interval and decay arithmetic later
+        for (field, ms) in [
+            ("windowEndMs", stored.window_end_ms),
+            ("lastMemorySampleMs", stored.last_memory_sample_ms),
+            ("firstSampleMs", stored.first_sample_ms),
+            ("lastSampleMs", stored.last_sample_ms),
+            ("lastOomMs", stored.last_oom_ms),
+        ]
+        .into_iter()
+        .chain(
+            stored
+                .past_peaks
+                .iter()
+                .map(|p| ("pastPeaks.windowEndMs", p.window_end_ms)),
+        ) {
+            stored_time(field, ms)?;
+        }
         for v in [stored.memory_peak, stored.oom_peak]
             .into_iter()
             .chain(stored.past_peaks.iter().map(|p| p.bytes))
@@ -706,6 +723,45 @@ mod tests {
         let back = History::from_stored(&serde_json::from_str(&json).unwrap(), &cfg).unwrap();
         assert_eq!(back, h);
         assert_eq!(back.estimate(&cfg, 1), h.estimate(&cfg, 1));
+    }
+
+    /// Found by the checkpoint fuzz target: times at the ends of i64 overflowed the confidence
+    /// and interval arithmetic, and counters at u64::MAX overflowed on the next sample.
+    #[test]
+    fn a_stored_history_out_of_range_is_refused_and_counters_saturate() {
+        let cfg = EstimatorConfig::default();
+        let mut h = History::new(&cfg).unwrap();
+        h.add_cpu(&cfg, T0, 0.3);
+        h.add_memory(&cfg, T0, 300.0 * MIB);
+        let good = h.to_stored();
+        let mut stored = good.clone();
+        stored.first_sample_ms = i64::MIN;
+        assert!(matches!(
+            History::from_stored(&stored, &cfg),
+            Err(HistogramError::InvalidTime {
+                field: "firstSampleMs",
+                ..
+            })
+        ));
+        let mut stored = good.clone();
+        stored.past_peaks = vec![Peak {
+            window_end_ms: i64::MAX,
+            bytes: 1.0,
+        }];
+        assert!(matches!(
+            History::from_stored(&stored, &cfg),
+            Err(HistogramError::InvalidTime {
+                field: "pastPeaks.windowEndMs",
+                ..
+            })
+        ));
+        let mut stored = good;
+        stored.sample_count = u64::MAX;
+        stored.oom_count = u64::MAX;
+        let mut back = History::from_stored(&stored, &cfg).unwrap();
+        assert!(back.add_cpu(&cfg, T0 + HOUR, 0.5));
+        assert!(back.record_oom(&cfg, T0 + HOUR, 256.0 * MIB).is_some());
+        assert_eq!((back.sample_count, back.oom_count), (u64::MAX, u64::MAX));
     }
 
     #[test]

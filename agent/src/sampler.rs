@@ -322,7 +322,7 @@ impl Sampler {
                 && reading.oom_kill > before
             {
                 history.record_oom(&cfg, now_ms, request_mem);
-                history.oom_count += reading.oom_kill - before - 1;
+                history.oom_count = history.oom_count.saturating_add(reading.oom_kill - before - 1);
                 self.metrics.oom_killed(&t.key, reading.oom_kill - before);
                 self.oom_recorded.insert(t.container_id.clone());
                 tracing::info!(pod = %t.pod_name, container = %t.key.container, "OOM kill seen; memory recommendation bumped");

@@ -1,5 +1,7 @@
 //! Project tasks: `cargo xtask <task>`.
 
+mod fuzz;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -19,9 +21,18 @@ enum Task {
     Demo,
     /// Write charts/nodewarden/crds/*.yaml from the api crate's types.
     Crdgen,
-    /// Everything CI checks: formatting, clippy, every test (the end-to-end tier builds the
-    /// control plane from Go modules on first use and caches it).
+    /// Everything CI checks: formatting, clippy, every fuzz target for 20 s, every test (the
+    /// end-to-end tier builds the control plane from Go modules on first use and caches it).
     Ci,
+    /// Run every fuzz target for a bounded time (nightly toolchain; cargo-fuzz is installed
+    /// on first use); fails on any crash. See docs/fuzzing.md.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Targets to run (default: all).
+        targets: Vec<String>,
+    },
     /// Benchmarks (release builds); figures are recorded in docs/benchmarks.md.
     Bench {
         #[command(subcommand)]
@@ -57,6 +68,7 @@ fn main() -> Result<()> {
         Task::Crdgen => crdgen(&root),
         Task::Demo => demo(&root),
         Task::Ci => ci(&root),
+        Task::Fuzz { seconds, targets } => fuzz::fuzz(&root, &fuzz::FuzzOptions { seconds, targets }),
         Task::Image { out, tag } => {
             let mut opts = xtask::image::BuildOptions::for_repo(&root)?;
             if let Some(out) = out {
@@ -211,6 +223,15 @@ fn ci(root: &Path) -> Result<()> {
             "-D",
             "warnings",
         ],
+    )?;
+    // every decoder of outside input, fuzzed for a short bound (no nightly toolchain: fails
+    // under CI=true, skipped loudly elsewhere)
+    fuzz::fuzz(
+        root,
+        &fuzz::FuzzOptions {
+            seconds: fuzz::CI_SECONDS,
+            targets: Vec::new(),
+        },
     )?;
     // Debian packages the tests use (buildah: tests/tests/images.rs builds the Containerfile;
     // the real-node tier's containerd, runc, CNI plugins, iptables, conntrack).
