@@ -2,7 +2,7 @@
 //!
 //! 1. A nightly toolchain is needed (libFuzzer's coverage instrumentation). Without one the
 //!    step fails under `CI=true` and is skipped loudly elsewhere.
-//! 2. cargo-fuzz is used from `PATH`, else from `<target>/tools/bin`, where it is installed with
+//! 2. cargo-fuzz is used from `PATH`, else from `<cache>/tools/bin` (the machine's build cache), where it is installed with
 //!    `cargo install --locked` on first use (then cached).
 //! 3. Seeds: the recorded fixtures of the repository, turned into inputs of each target, are
 //!    written to `<target>/fuzz/seeds/<target>` on every run, beside the small text seeds
@@ -95,9 +95,17 @@ fn nightly_host() -> Option<String> {
         .map(str::to_string)
 }
 
+/// The machine's build cache (`$NODEWARDEN_CACHE`, else `~/.cache/nodewarden`), as the Go
+/// builds' scripts use it.
+fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("NODEWARDEN_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("nodewarden")))
+}
+
 /// A `PATH` on which `cargo fuzz` works: the current one when it has cargo-fuzz, else with
-/// `<target>/tools/bin` first, installing cargo-fuzz there when it is missing.
-fn cargo_fuzz_path(target: &Path) -> Result<std::ffi::OsString> {
+/// `<cache>/tools/bin` first, installing cargo-fuzz there when it is missing.
+fn cargo_fuzz_path(cache: &Path) -> Result<std::ffi::OsString> {
     let current = std::env::var_os("PATH").unwrap_or_default();
     let works = |path: &std::ffi::OsStr| {
         nightly_cargo()
@@ -111,14 +119,14 @@ fn cargo_fuzz_path(target: &Path) -> Result<std::ffi::OsString> {
     if works(&current) {
         return Ok(current);
     }
-    let tools = target.join("tools");
+    let tools = cache.join("tools");
     let mut dirs = vec![tools.join("bin")];
     dirs.extend(std::env::split_paths(&current));
     let path = std::env::join_paths(dirs).context("building PATH")?;
     if works(&path) {
         return Ok(path);
     }
-    let root = tools.to_str().context("target path is not UTF-8")?;
+    let root = tools.to_str().context("cache path is not UTF-8")?;
     eprintln!("==> fuzz: installing cargo-fuzz into {root}");
     let status = Command::new(cargo())
         .args(["install", "cargo-fuzz", "--locked", "--root", root])
@@ -157,9 +165,11 @@ pub(crate) fn fuzz(root: &Path, options: &FuzzOptions) -> Result<()> {
         return Ok(());
     };
     let started = Instant::now();
-    let target = target_dir(root);
-    let fuzz_target_dir = target.join("fuzz");
-    let path = cargo_fuzz_path(&target)?;
+    // the fuzz build (nightly, coverage instrumentation) takes 10+ CPU minutes from nothing: it
+    // lives in the machine's cache, like the Go builds, so a fresh clone rebuilds only nodewarden
+    let cache = cache_dir().unwrap_or_else(|| target_dir(root));
+    let fuzz_target_dir = cache.join("fuzz").join("target");
+    let path = cargo_fuzz_path(&cache)?;
     let fuzz_dir = root.join("fuzz");
 
     eprintln!("==> fuzz: build (nightly, no sanitizer)");
