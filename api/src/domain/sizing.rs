@@ -724,8 +724,8 @@ fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
             && ours > 0
         {
             let room = max.saturating_sub(others);
+            scale_to_sum(plans, &planned, room, ours);
             for &p in &planned {
-                plans[p].value = scale_floor(plans[p].value, room, ours);
                 plans[p].caps.push(Cap::LimitRangePodMax);
             }
         } else if let Some(min) = bound(&ranges.pod, resource, lr_min, u64::max)
@@ -733,8 +733,8 @@ fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
             && ours > 0
         {
             let need = min.saturating_sub(others);
+            scale_to_sum(plans, &planned, need, ours);
             for &p in &planned {
-                plans[p].value = scale_ceil(plans[p].value, need, ours);
                 plans[p].caps.push(Cap::LimitRangePodMin);
             }
         }
@@ -910,12 +910,32 @@ fn clamp(plan: &mut Plan, min: Option<u64>, max: Option<u64>, min_cap: Cap, max_
     }
 }
 
-/// `value × num / den`, rounded down, saturating.
-fn scale_floor(value: u64, num: u64, den: u64) -> u64 {
-    if den == 0 {
-        return value;
+/// Scales the `planned` values (summing to `ours`) in proportion so that they sum to exactly
+/// `sum`: each rounded down, then the units lost to rounding given one each to the values that
+/// lost the most (largest remainder). Rounding each value up instead could end a pod a few
+/// units over a Pod LimitRange max as tight as its min (`1001m` and two containers: 501m + 501m).
+fn scale_to_sum(plans: &mut [Plan], planned: &[usize], sum: u64, ours: u64) {
+    if ours == 0 {
+        return;
     }
-    u64::try_from(u128::from(value) * u128::from(num) / u128::from(den)).unwrap_or(u64::MAX)
+    let mut remainders: Vec<(u128, usize)> = Vec::with_capacity(planned.len());
+    let mut given: u128 = 0;
+    for &p in planned {
+        let exact = u128::from(plans[p].value) * u128::from(sum);
+        let floor = exact / u128::from(ours);
+        given += floor;
+        remainders.push((exact % u128::from(ours), p));
+        plans[p].value = u64::try_from(floor).unwrap_or(u64::MAX);
+    }
+    // fewer units are missing than there are values (each lost less than one)
+    let missing = u128::from(sum).saturating_sub(given);
+    remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, p) in remainders
+        .iter()
+        .take(usize::try_from(missing).unwrap_or(usize::MAX))
+    {
+        plans[p].value = plans[p].value.saturating_add(1);
+    }
 }
 
 /// `value × num / den`, rounded up, saturating.
@@ -957,6 +977,44 @@ mod tests {
 
     /// `sizing_on` gives the figures `mutate_on` writes: a pod sized by the patch has exactly
     /// them (ratio kept, LimitRange max, per-container `Off`, `RequestsOnly` with a limit cap).
+    #[test]
+    fn a_pod_limit_range_as_tight_as_its_min_holds_exactly() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}
+        }))
+        .expect("pod");
+        let autoscaler: DaemonSetAutoscaler = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+            "metadata": {"name": "x", "namespace": "ns"},
+            "spec": {"targetRef": {"kind": "DaemonSet", "name": "ds"}}
+        }))
+        .expect("autoscaler");
+        let cpu = |m| Amounts {
+            cpu: Some(m),
+            memory: None,
+        };
+        let targets = Targets::from([
+            ("a".to_string(), cpu(100)),
+            ("b".to_string(), cpu(100)),
+            ("c".to_string(), cpu(100)),
+        ]);
+        for (min, max) in [("1001m", "1001m"), ("100m", "200m")] {
+            let limit_ranges: Vec<LimitRange> = vec![
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "lr", "namespace": "ns"},
+                    "spec": {"limits": [{"type": "Pod", "min": {"cpu": min}, "max": {"cpu": max}}]}
+                }))
+                .expect("limit range"),
+            ];
+            let sizing = sizing_on(&pod, &autoscaler, Some(&targets), None, &limit_ranges);
+            let sum: u64 = sizing.iter().filter_map(|s| s.requests.cpu).sum();
+            // rounding each container up would give 334m × 3 = 1002m, over the max
+            let want = if min == "1001m" { 1001 } else { 200 };
+            assert_eq!(sum, want, "{min}..{max}: {sizing:?}");
+        }
+    }
+
     #[test]
     fn sizing_is_what_the_patch_writes() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
