@@ -54,10 +54,7 @@ mod tests {
     fn rejects_what_it_cannot_read() {
         for bad in ["", "10", "h", "-1h", "99999999999999999999d", "1H", "soon"] {
             let msg = parse_duration(bad).expect_err(bad).to_string();
-            assert!(
-                msg.contains("expected a number followed by a unit"),
-                "{msg}"
-            );
+            assert!(msg.contains("expected a number followed by a unit"), "{msg}");
         }
     }
 

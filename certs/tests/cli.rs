@@ -214,7 +214,10 @@ fn bad_input_gives_a_clear_error_and_exit_2() {
 
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--cert-validity", "banana"], "--cert-validity"),
-        (vec!["--ca-validity", "10 fortnights"], "unknown time unit \"fortnights\""),
+        (
+            vec!["--ca-validity", "10 fortnights"],
+            "unknown time unit \"fortnights\"",
+        ),
         (vec!["--ip-address", "300.1.1.1"], "--ip-address"),
         (vec!["--dns-name", "bad_name"], "\"bad_name\""),
         (vec!["--no-such-flag"], "--no-such-flag"),

@@ -135,7 +135,8 @@ fn main() -> anyhow::Result<()> {
     let dsa_object = json!({"metadata": {"name": "a", "namespace": "shippers"}, "spec": {
         "targetRef": {"kind": "DaemonSet", "name": "ds"}, "resourcePolicy": {"containerPolicies": policies}}})
     .to_string();
-    let claim_object = json!({"metadata": {"name": "id.k8s.io"}, "spec": {"value": "v".repeat(5 << 20)}}).to_string();
+    let claim_object =
+        json!({"metadata": {"name": "id.k8s.io"}, "spec": {"value": "v".repeat(5 << 20)}}).to_string();
     let rec_object = json!({"metadata": {"name": "n"}, "spec": {"recommendations":
         (0..40_000).map(|i| json!({"autoscaler": {"namespace": "a", "name": "b"}, "containerName": format!("c{i}")})).collect::<Vec<_>>()}})
     .to_string();
@@ -155,24 +156,45 @@ fn main() -> anyhow::Result<()> {
                 Arc::new(()),
             ),
         ),
-        Route::new("/validate/node-reports", NodeReportsGuard::new(NodeReportsPolicy::default())),
+        Route::new(
+            "/validate/node-reports",
+            NodeReportsGuard::new(NodeReportsPolicy::default()),
+        ),
         Route::new("/validate/features", FeaturesGuard::new(FeatureCaches::new())),
     ];
     let per_route_inputs: Vec<(&str, Vec<(&str, Bytes)>)> = vec![
-        ("/mutate/pods", inputs(pods, "pods", review(pods, "pods", "p", &pod_object))),
+        (
+            "/mutate/pods",
+            inputs(pods, "pods", review(pods, "pods", "p", &pod_object)),
+        ),
         (
             "/validate/autoscalers",
-            inputs(dsa, "daemonsetautoscalers", review(dsa, "daemonsetautoscalers", "a", &dsa_object)),
+            inputs(
+                dsa,
+                "daemonsetautoscalers",
+                review(dsa, "daemonsetautoscalers", "a", &dsa_object),
+            ),
         ),
         (
             "/validate/claims",
-            inputs(claim, "clusterproperties", review(claim, "clusterproperties", "id.k8s.io", &claim_object)),
+            inputs(
+                claim,
+                "clusterproperties",
+                review(claim, "clusterproperties", "id.k8s.io", &claim_object),
+            ),
         ),
         (
             "/validate/node-reports",
-            inputs(noderec, "noderecommendations", review(noderec, "noderecommendations", "n", &rec_object)),
+            inputs(
+                noderec,
+                "noderecommendations",
+                review(noderec, "noderecommendations", "n", &rec_object),
+            ),
         ),
-        ("/validate/features", inputs(feature_pod, "pods", review(feature_pod, "pods", "p", &pod_object))),
+        (
+            "/validate/features",
+            inputs(feature_pod, "pods", review(feature_pod, "pods", "p", &pod_object)),
+        ),
     ];
 
     let certs = BenchCerts::generate()?;
@@ -219,7 +241,8 @@ fn main() -> anyhow::Result<()> {
                             tally.failed += 1;
                             // a closed connection (e.g. after a 413 on HTTP/1.1) is replaced
                             let alpn = if i % 2 == 0 { Alpn::H2 } else { Alpn::Http1 };
-                            conns[i] = loadgen::connect(server.addr, &certs.ca_pem, SERVER_NAME, alpn).await?;
+                            conns[i] =
+                                loadgen::connect(server.addr, &certs.ca_pem, SERVER_NAME, alpn).await?;
                         }
                         Ok(Ok((status, _))) => *tally.by_status.entry(status).or_default() += 1,
                     }

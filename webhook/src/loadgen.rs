@@ -294,7 +294,12 @@ impl Conn {
         }
         .map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
         Ok((status, body))
     }
 }

@@ -25,10 +25,10 @@ use clap::{ArgAction, Args};
 
 pub use parse::{ParseError, agent_component, changed, component, parse};
 pub use run::{object, run};
-pub use scrape::{ScrapeError, Scraper, classify};
 /// How a scraped body becomes text (size limit, UTF-8); public for the fuzz targets only.
 #[doc(hidden)]
 pub use scrape::read_bounded;
+pub use scrape::{ScrapeError, Scraper, classify};
 
 /// The metric that carries feature gates.
 pub const METRIC: &str = "kubernetes_feature_enabled";
