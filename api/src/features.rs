@@ -52,6 +52,7 @@ pub struct FeatureSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub gate: Option<String>,
+    /// Release stage of the feature gate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<Stage>,
     /// Whether the feature is on by default in the components.
@@ -69,17 +70,25 @@ pub struct FeatureSpec {
     pub wait_for_absence: Vec<ResourceRef>,
 }
 
+/// Whether a feature should be on or off.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum DesiredState {
+    /// The feature should be on.
     On,
+    /// The feature should be off.
     Off,
 }
 
+/// Release stage of a feature gate.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Stage {
+    /// Alpha: off by default, may change or go away.
     Alpha,
+    /// Beta: well tested, may still change.
     Beta,
+    /// Generally available: stable.
     GA,
+    /// Deprecated: to be removed.
     Deprecated,
 }
 
@@ -90,6 +99,7 @@ pub struct ResourceRef {
     /// API group; empty for the core group.
     #[serde(default)]
     pub group: String,
+    /// API version, e.g. `v1`.
     #[schemars(length(min = 1))]
     pub version: String,
     /// Plural resource name, e.g. `pods`.
@@ -104,6 +114,7 @@ pub struct OwnedField {
     /// API group; empty for the core group.
     #[serde(default)]
     pub group: String,
+    /// API version, e.g. `v1`.
     #[schemars(length(min = 1))]
     pub version: String,
     /// Plural resource name, e.g. `pods`.
@@ -118,6 +129,7 @@ pub struct OwnedField {
     pub on_disable: OnDisable,
 }
 
+/// What the webhook does with writes that set an owned field while its feature is off.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
 pub enum OnDisable {
     /// Reject writes that set the field.
@@ -133,8 +145,10 @@ pub enum OnDisable {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct FeatureStatus {
+    /// Where the lifecycle stands; unset until the controller first acts on the feature.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<FeatureState>,
+    /// The `metadata.generation` of the spec this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// When the current or last transition started.
@@ -149,15 +163,21 @@ pub struct FeatureStatus {
     /// The uses in one line, for `kubectl get features`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uses_summary: Option<String>,
+    /// Standard Kubernetes conditions of the feature.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
+/// The state of a feature's lifecycle.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum FeatureState {
+    /// On, and every reporting component agrees.
     On,
+    /// Turning off: tasks are running or components still report the feature enabled.
     TurningOff,
+    /// Off, and every reporting component agrees.
     Off,
+    /// Turning on: tasks are running or components still report the feature disabled.
     TurningOn,
 }
 
@@ -177,8 +197,11 @@ impl FeatureState {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Task {
+    /// The task's name, unique within the transition.
     pub name: String,
+    /// Where the task stands.
     pub state: TaskState,
+    /// Human-readable detail, e.g. why the task failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// Resume point of a resumable task (e.g. a list continue token).
@@ -186,11 +209,16 @@ pub struct Task {
     pub progress: Option<String>,
 }
 
+/// The state of one task of a transition.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum TaskState {
+    /// Not started yet.
     Pending,
+    /// Started, not finished.
     Running,
+    /// Finished successfully.
     Done,
+    /// Failed; `message` says why.
     Failed,
 }
 
@@ -198,8 +226,11 @@ pub enum TaskState {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ComponentUses {
+    /// The component's name, e.g. `kubelet`.
     pub component: String,
+    /// Nodes whose current report has the feature gate enabled.
     pub enabled: i32,
+    /// Nodes whose current report has the feature gate disabled or lacks it.
     pub disabled: i32,
     /// Reports older than the current transition.
     pub stale: i32,
@@ -242,6 +273,7 @@ pub struct ComponentUses {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeFeatureReportSpec {
+    /// One entry per node component the agent read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<ComponentReport>,
 }
@@ -252,6 +284,7 @@ pub struct NodeFeatureReportSpec {
 pub struct ComponentReport {
     /// `kubelet`, `kube-proxy` or `nodewarden-agent`.
     pub name: String,
+    /// When the agent last read the component.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_time: Option<Time>,
     /// Why the component could not be read, when it could not.
@@ -260,6 +293,7 @@ pub struct ComponentReport {
     /// What kind of failure `error` is, when the agent can tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_reason: Option<ReadFailure>,
+    /// The component's feature gates, as it reports them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gates: Vec<GateState>,
 }
@@ -292,7 +326,9 @@ impl ReadFailure {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GateState {
+    /// The feature gate's name.
     pub name: String,
+    /// Whether the gate is enabled in the component.
     pub enabled: bool,
     /// `ALPHA`, `BETA`, `DEPRECATED`, `GA` or empty.
     #[serde(default)]

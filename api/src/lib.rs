@@ -8,6 +8,7 @@
 //! The CRD YAML under `charts/nodewarden/crds/` is generated from these types by `cargo xtask crdgen`
 //! ([`crdgen::files`]); a test fails when the committed files drift.
 
+#![warn(missing_docs)]
 // `#[kube(printcolumn(..))]` repeats `type_ = ..` by design; clippy reads that as a duplicated attribute.
 #![allow(clippy::duplicated_attributes)]
 

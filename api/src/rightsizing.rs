@@ -130,6 +130,7 @@ fn apps_v1() -> String {
 /// The only kind an autoscaler can target.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
 pub enum TargetKind {
+    /// An `apps/v1` DaemonSet.
     #[default]
     DaemonSet,
 }
@@ -146,6 +147,12 @@ pub enum Scope {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct UpdatePolicy {
+    /// As in VPA: `Off` only recommends; `Initial` sets resources when a pod is created;
+    /// `Recreate` also evicts running pods that are far off (the DaemonSet controller re-creates
+    /// them on the same node, with the webhook's figures); `InPlace` has each node's agent resize
+    /// its running pods through `pods/resize`, evicting only when the kubelet cannot apply a resize.
+    /// VPA's names are accepted so objects carry over: `Auto` is `Recreate` (as in VPA) and
+    /// `InPlaceOrRecreate` is `InPlace`.
     #[serde(default)]
     pub update_mode: UpdateMode,
 }
@@ -158,10 +165,14 @@ pub struct UpdatePolicy {
 /// `InPlaceOrRecreate` is `InPlace`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
 pub enum UpdateMode {
+    /// Only recommend; pods keep their template's resources.
     Off,
+    /// Set resources when a pod is created; running pods are left alone.
     #[default]
     Initial,
+    /// Also evict running pods that are far off, so they are re-created with the node's figures.
     Recreate,
+    /// Also resize running pods in place; evict only when the kubelet cannot apply a resize.
     InPlace,
     /// VPA's name for `Recreate`.
     Auto,
@@ -207,6 +218,7 @@ impl UpdateMode {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourcePolicy {
+    /// Policies by container name; `*` applies to containers without their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub container_policies: Vec<ContainerPolicy>,
@@ -238,23 +250,29 @@ pub struct ContainerPolicy {
     pub controlled_values: ControlledValues,
 }
 
+/// Whether a container is right-sized.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
 pub enum ContainerMode {
+    /// Right-size the container.
     #[default]
     Auto,
+    /// Leave the container's resources as its template says.
     Off,
 }
 
 /// A resource nodewarden can right-size.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 pub enum ResourceName {
+    /// CPU (`cpu`), in millicores.
     #[serde(rename = "cpu")]
     Cpu,
+    /// Memory (`memory`), in bytes.
     #[serde(rename = "memory")]
     Memory,
 }
 
 impl ResourceName {
+    /// The resource's name in a resource list: `cpu` or `memory`.
     pub fn as_str(self) -> &'static str {
         match self {
             ResourceName::Cpu => "cpu",
@@ -263,6 +281,7 @@ impl ResourceName {
     }
 }
 
+/// Which of a container's resource values nodewarden sets.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
 pub enum ControlledValues {
     /// Requests follow the recommendation; limits keep their ratio to requests.
@@ -296,6 +315,7 @@ pub enum Ceiling {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct DaemonSetAutoscalerStatus {
+    /// The `metadata.generation` of the spec this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Nodes whose agent published a recommendation for this autoscaler.
@@ -313,6 +333,7 @@ pub struct DaemonSetAutoscalerStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub fleet: Vec<FleetRecommendation>,
+    /// Standard Kubernetes conditions of the autoscaler.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -321,6 +342,7 @@ pub struct DaemonSetAutoscalerStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FleetRecommendation {
+    /// The container's name.
     pub container_name: String,
     /// The 90th percentile of the node targets, at most twice their median (what `coldStart: Fleet`
     /// gives).
@@ -494,6 +516,7 @@ impl NodeSummary {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodePods {
+    /// The autoscaler whose pods these are.
     pub autoscaler: AutoscalerRef,
     /// Running pods the agent compared with the node's figures.
     #[schemars(range(min = 0))]
@@ -507,7 +530,9 @@ pub struct NodePods {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AutoscalerRef {
+    /// The autoscaler's namespace.
     pub namespace: String,
+    /// The autoscaler's name.
     pub name: String,
 }
 
@@ -515,14 +540,19 @@ pub struct AutoscalerRef {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerRecommendation {
+    /// The autoscaler the container's DaemonSet belongs to.
     pub autoscaler: AutoscalerRef,
+    /// The container's name.
     pub container_name: String,
+    /// Recommended requests on this node, after the autoscaler's policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resource_list_schema")]
     pub target: Option<ResourceList>,
+    /// A running pod whose request is below this is updated at once (VPA's `lowerBound`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resource_list_schema")]
     pub lower_bound: Option<ResourceList>,
+    /// A running pod whose request is above this is updated at once (VPA's `upperBound`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resource_list_schema")]
     pub upper_bound: Option<ResourceList>,
@@ -533,8 +563,10 @@ pub struct ContainerRecommendation {
     /// CPU samples behind this recommendation.
     #[serde(default)]
     pub sample_count: i64,
+    /// When the oldest sample behind this recommendation was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_sample_time: Option<Time>,
+    /// When the newest sample behind this recommendation was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sample_time: Option<Time>,
     /// OOM kills seen for this container on this node.

@@ -7,29 +7,51 @@ pub enum Error {
     #[error(
         "cannot load the kubeconfig: {0}; pass --kubeconfig <file> (or set KUBECONFIG) and --context <name>"
     )]
+    /// No client could be built from the kubeconfig (or the in-cluster config); why.
     Config(String),
     #[error(
         "cannot reach the cluster while listing {what}: {message}; check that the cluster is up and that \
          --context / --kubeconfig point at it"
     )]
-    Unreachable { what: String, message: String },
+    /// The request failed before the API server answered (connection, TLS, timeout).
+    Unreachable {
+        /// What was being listed, e.g. `daemonsets.apps`.
+        what: String,
+        /// The client's error.
+        message: String,
+    },
     #[error(
         "the nodewarden CRDs are not installed in this cluster ({what} is not served); install the nodewarden \
          chart first"
     )]
-    MissingCrds { what: String },
+    /// A nodewarden resource is not served (HTTP 404): the CRDs are not installed.
+    MissingCrds {
+        /// The resource that is not served, e.g. `noderecommendations.nodewarden.io`.
+        what: String,
+    },
     #[error(
         "permission denied listing {what}: {message}; the report needs list on daemonsetautoscalers and \
          noderecommendations (nodewarden.io), get on daemonsets (apps) and list on pods"
     )]
-    Forbidden { what: String, message: String },
-    #[error("the API server refused to list {what} (HTTP {code}): {message}")]
-    Api {
+    /// The API server refused the credentials (HTTP 401 or 403).
+    Forbidden {
+        /// What was being listed.
         what: String,
+        /// The API server's message.
+        message: String,
+    },
+    #[error("the API server refused to list {what} (HTTP {code}): {message}")]
+    /// Any other error status from the API server.
+    Api {
+        /// What was being listed.
+        what: String,
+        /// The HTTP status code.
         code: u16,
+        /// The API server's message.
         message: String,
     },
     #[error("cannot write the report: {0}")]
+    /// The report could not be written to the output; the I/O error.
     Output(String),
 }
 

@@ -5,6 +5,8 @@
 //! ([`report`]). The library holds everything; `main.rs` only parses flags and prints errors,
 //! so tests drive [`run`] with real flags.
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod report;
 
@@ -28,10 +30,12 @@ pub struct Cli {
     /// Context of the kubeconfig to use; its current context when unset.
     #[arg(long, global = true, env = "NODEWARDEN_CONTEXT", value_name = "NAME")]
     pub context: Option<String>,
+    /// The command to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The commands of `kubectl nodewarden`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Per DaemonSet and node: template, current requests, target and bounds, OOM kills, and what
@@ -39,6 +43,7 @@ pub enum Command {
     Report(ReportArgs),
 }
 
+/// Flags of `kubectl nodewarden report`.
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
     /// Only the autoscalers of this namespace; every namespace when unset.
@@ -49,6 +54,7 @@ pub struct ReportArgs {
     pub output: Format,
 }
 
+/// Output format of the report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     /// Aligned tables (the default).

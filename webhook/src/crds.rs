@@ -22,7 +22,10 @@ pub enum Applied {
     Created,
     /// It existed and was replaced by the built-in one; `changed` when its generation moved (the
     /// spec differed).
-    Replaced { changed: bool },
+    Replaced {
+        /// Whether the spec differed (the generation moved).
+        changed: bool,
+    },
 }
 
 /// Why `crds apply` stopped.
@@ -32,18 +35,29 @@ pub enum CrdsError {
     /// The API server refused a read or write (RBAC, validation, a version still stored).
     #[error("{action} CustomResourceDefinition {name}: {source}")]
     Api {
+        /// What was being done, e.g. `reading`.
         action: &'static str,
+        /// The CRD's name.
         name: String,
+        /// The client's error.
         source: kube::Error,
     },
     /// Another writer kept changing the CRD between our read and write.
     #[error("CustomResourceDefinition {name} kept changing under us ({attempts} attempts); run it again")]
-    Conflict { name: String, attempts: u32 },
+    Conflict {
+        /// The CRD's name.
+        name: String,
+        /// How many read-and-write rounds were tried.
+        attempts: u32,
+    },
     /// The CRD did not become Established in time.
     #[error("CustomResourceDefinition {name} is not Established after {waited:?}: {why}")]
     NotEstablished {
+        /// The CRD's name.
         name: String,
+        /// How long it was waited for.
         waited: Duration,
+        /// Its `Established` condition's message, or why it could not be read.
         why: String,
     },
 }

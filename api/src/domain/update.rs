@@ -50,15 +50,20 @@ impl Default for Thresholds {
 /// A container as it runs now (its spec: what the API asks of the kubelet).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Current {
+    /// The container's name.
     pub name: String,
+    /// Its requests in the pod's spec.
     pub requests: Amounts,
+    /// Its limits in the pod's spec.
     pub limits: Amounts,
 }
 
 /// The recommendation's bounds for one container.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Bounds {
+    /// The recommendation's `lowerBound`.
     pub lower: Amounts,
+    /// The recommendation's `upperBound`.
     pub upper: Amounts,
 }
 
@@ -70,11 +75,22 @@ pub enum ResizeState {
     #[default]
     Idle,
     /// `PodResizePending`, reason `Infeasible`: this node can never give it.
-    Infeasible { message: String },
+    Infeasible {
+        /// The condition's message.
+        message: String,
+    },
     /// `PodResizePending`, reason `Deferred`, for this long.
-    Deferred { message: String, for_: Duration },
+    Deferred {
+        /// The condition's message.
+        message: String,
+        /// How long the resize has been deferred.
+        for_: Duration,
+    },
     /// `PodResizeInProgress`, for this long.
-    InProgress { for_: Duration },
+    InProgress {
+        /// How long the resize has been in progress.
+        for_: Duration,
+    },
 }
 
 /// Everything [`decide`] looks at besides the new figures.
@@ -109,20 +125,39 @@ impl Facts {
 pub enum Why {
     /// A request is outside the recommendation's bounds.
     OutsideBounds {
+        /// The container's name.
         container: String,
+        /// The resource whose request is out of bounds.
         resource: ResourceName,
+        /// The current request (millicores or bytes); `None` when unset.
         request: Option<u64>,
+        /// The lower bound (millicores or bytes), if any.
         lower: Option<u64>,
+        /// The upper bound (millicores or bytes), if any.
         upper: Option<u64>,
     },
     /// An OOM kill soon after start, and more memory is recommended.
-    QuickOom { container: String },
+    QuickOom {
+        /// The container that was OOM-killed.
+        container: String,
+    },
     /// The requests drifted from the recommendation by at least `min_change`.
-    Drift { diff: f64 },
+    Drift {
+        /// The resource diff, a fraction (0.1 is 10 %).
+        diff: f64,
+    },
     /// The kubelet said the resize is infeasible on this node.
-    Infeasible { message: String },
+    Infeasible {
+        /// The kubelet's message.
+        message: String,
+    },
     /// A resize stayed deferred or in progress past its limit.
-    ResizeStuck { state: &'static str, for_: Duration },
+    ResizeStuck {
+        /// `deferred` or `in progress`.
+        state: &'static str,
+        /// How long it has been in that state.
+        for_: Duration,
+    },
 }
 
 impl Why {
@@ -189,7 +224,10 @@ pub enum Leave {
     /// Inside the bounds and younger than `min_age`.
     TooYoung,
     /// Inside the bounds and the diff is under `min_change`.
-    SmallChange { diff: f64 },
+    SmallChange {
+        /// The resource diff, a fraction (0.1 is 10 %).
+        diff: f64,
+    },
 }
 
 impl Leave {
@@ -212,11 +250,16 @@ pub enum Action {
     Leave(Leave),
     /// Resize it in place to these figures (only the containers that change).
     Resize {
+        /// The new figures of the containers that change.
         containers: Vec<ContainerSizing>,
+        /// Why the pod is resized.
         why: Why,
     },
     /// Evict it; its DaemonSet re-creates it on the node with the webhook's figures.
-    Evict { why: Why },
+    Evict {
+        /// Why the pod is evicted.
+        why: Why,
+    },
 }
 
 const RESOURCES: [ResourceName; 2] = [ResourceName::Cpu, ResourceName::Memory];

@@ -35,10 +35,13 @@ use serde::Serialize;
 /// Everything the report reads from the cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
+    /// The `DaemonSetAutoscaler`s to report on.
     pub autoscalers: Vec<DaemonSetAutoscaler>,
+    /// The DaemonSets the autoscalers target.
     pub daemonsets: Vec<DaemonSet>,
     /// Pods of the targeted DaemonSets (others are ignored).
     pub pods: Vec<Pod>,
+    /// Every node's `NodeRecommendation`.
     pub recommendations: Vec<NodeRecommendation>,
 }
 
@@ -46,8 +49,10 @@ pub struct Snapshot {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Resources {
+    /// CPU in millicores.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_millis: Option<i64>,
+    /// Memory in bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<i64>,
 }
@@ -89,6 +94,7 @@ pub enum Source {
 }
 
 impl Source {
+    /// The source's name as the table and CSV show it: `node`, `fleet`, `none` or `off`.
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Node => "node",
@@ -103,17 +109,25 @@ impl Source {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Row {
+    /// The node's name.
     pub node: String,
+    /// The container's name.
     pub container: String,
+    /// Requests of the container in the DaemonSet's pod template.
     pub template: Resources,
     /// Requests of the pod on the node; the template's when there is no pod.
     pub current: Resources,
     /// Whether a pod of the DaemonSet is on (or aimed at) the node.
     pub has_pod: bool,
+    /// Where `target` comes from.
     pub source: Source,
+    /// The requests the container would get on the node: after `ceiling: Template`; the current requests for resources nodewarden does not control.
     pub target: Resources,
+    /// The node recommendation's lower bound (only with source `node`).
     pub lower_bound: Resources,
+    /// The node recommendation's upper bound (only with source `node`).
     pub upper_bound: Resources,
+    /// OOM kills the node's agent saw for the container (only with source `node`).
     pub oom_kills: i64,
     /// target − current, per resource (a request that is not set counts as 0); 0 where there is
     /// no target.
@@ -124,7 +138,9 @@ pub struct Row {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Delta {
+    /// CPU in millicores.
     pub cpu_millis: i64,
+    /// Memory in bytes.
     pub memory_bytes: i64,
 }
 
@@ -132,10 +148,15 @@ pub struct Delta {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Totals {
+    /// CPU the targets would free, in millicores.
     pub cpu_free_millis: i64,
+    /// CPU the targets would need on top, in millicores.
     pub cpu_needed_millis: i64,
+    /// Memory the targets would free, in bytes.
     pub memory_free_bytes: i64,
+    /// Memory the targets would need on top, in bytes.
     pub memory_needed_bytes: i64,
+    /// OOM kills seen, summed over the rows.
     pub oom_kills: i64,
 }
 
@@ -179,14 +200,20 @@ impl Totals {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DaemonSetReport {
+    /// The autoscaler's namespace.
     pub namespace: String,
+    /// The autoscaler's name.
     pub autoscaler: String,
+    /// The name of the DaemonSet it targets.
     pub daemonset: String,
+    /// The autoscaler's update mode, e.g. `Initial`.
     pub mode: String,
     /// Why there are no rows, when there are none (e.g. the DaemonSet does not exist).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// One row per node and container.
     pub rows: Vec<Row>,
+    /// What the DaemonSet's rows would free and need on top.
     pub totals: Totals,
 }
 
@@ -194,9 +221,13 @@ pub struct DaemonSetReport {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeTotals {
+    /// The node's name.
     pub node: String,
+    /// Sum of the current requests on the node (an unset request counts as 0).
     pub current: Delta,
+    /// Sum of the targets on the node (the current request where there is no target).
     pub target: Delta,
+    /// What the node's rows would free and need on top.
     pub totals: Totals,
 }
 
@@ -204,8 +235,11 @@ pub struct NodeTotals {
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
+    /// One entry per autoscaler.
     pub daemonsets: Vec<DaemonSetReport>,
+    /// One entry per node, by name.
     pub nodes: Vec<NodeTotals>,
+    /// What the whole fleet would free and need on top.
     pub totals: Totals,
 }
 

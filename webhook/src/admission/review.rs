@@ -10,50 +10,69 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+/// The `apiVersion` of the AdmissionReviews this webhook reads and writes.
 pub const API_VERSION: &str = "admission.k8s.io/v1";
+/// The `kind` of an AdmissionReview.
 pub const KIND: &str = "AdmissionReview";
 
 /// What the API server sends.
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct ReviewIn {
+    /// The review's `apiVersion`; empty when absent.
     #[serde(default)]
     pub api_version: String,
+    /// The review's `kind`; empty when absent.
     #[serde(default)]
     pub kind: String,
+    /// The request; a review without one is refused as a bad request.
     pub request: Option<AdmissionRequest>,
 }
 
+/// A group, version and kind (`metav1.GroupVersionKind`).
 #[derive(Deserialize, Serialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupVersionKind {
+    /// API group; empty for the core group.
     #[serde(default)]
     pub group: String,
+    /// API version, e.g. `v1`.
     #[serde(default)]
     pub version: String,
+    /// Kind, e.g. `Pod`.
     #[serde(default)]
     pub kind: String,
 }
 
+/// A group, version and resource (`metav1.GroupVersionResource`).
 #[derive(Deserialize, Serialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupVersionResource {
+    /// API group; empty for the core group.
     #[serde(default)]
     pub group: String,
+    /// API version, e.g. `v1`.
     #[serde(default)]
     pub version: String,
+    /// Plural resource name, e.g. `pods`.
     #[serde(default)]
     pub resource: String,
 }
 
+/// The operation an admission request is for.
 #[derive(Deserialize, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Operation {
+    /// `CREATE`.
     Create,
+    /// `UPDATE`.
     Update,
+    /// `DELETE`.
     Delete,
+    /// `CONNECT` (e.g. `pods/exec`).
     Connect,
 }
 
 impl Operation {
+    /// The operation as the API server spells it: `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::Create => "CREATE",
@@ -64,14 +83,19 @@ impl Operation {
     }
 }
 
+/// Who made the request (`authenticationv1.UserInfo`).
 #[derive(Deserialize, Serialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct UserInfo {
+    /// The user's name, e.g. `system:serviceaccount:<namespace>:<name>`.
     #[serde(default)]
     pub username: String,
+    /// The user's UID.
     #[serde(default)]
     pub uid: String,
+    /// The groups the user is in.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// Extra attributes from the authenticator, e.g. the node a service account token is bound to.
     #[serde(default)]
     pub extra: BTreeMap<String, Vec<String>>,
 }
@@ -80,30 +104,45 @@ pub struct UserInfo {
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest {
+    /// Identifies this request; the response must carry it back.
     pub uid: String,
+    /// The kind of the object, as the webhook is called for it.
     pub kind: GroupVersionKind,
+    /// The resource, as the webhook is called for it.
     pub resource: GroupVersionResource,
+    /// The subresource, e.g. `status` or `eviction`.
     #[serde(default)]
     pub sub_resource: Option<String>,
+    /// The kind the client asked for, when the API server converted it to `kind`.
     #[serde(default)]
     pub request_kind: Option<GroupVersionKind>,
+    /// The resource the client asked for, when the API server converted it to `resource`.
     #[serde(default)]
     pub request_resource: Option<GroupVersionResource>,
+    /// The subresource the client asked for.
     #[serde(default)]
     pub request_sub_resource: Option<String>,
+    /// The object's name; absent when the server generates it.
     #[serde(default)]
     pub name: Option<String>,
+    /// The object's namespace; absent for cluster-scoped objects.
     #[serde(default)]
     pub namespace: Option<String>,
+    /// The operation.
     pub operation: Operation,
+    /// Who made the request.
     #[serde(default)]
     pub user_info: UserInfo,
+    /// The object as it would be admitted (raw JSON); absent for DELETE.
     #[serde(default)]
     pub object: Option<Box<RawValue>>,
+    /// The object before the change (raw JSON), for UPDATE and DELETE.
     #[serde(default)]
     pub old_object: Option<Box<RawValue>>,
+    /// Whether the request is a dry run (nothing is persisted).
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// The operation's options, e.g. `CreateOptions` (raw JSON).
     #[serde(default)]
     pub options: Option<Box<RawValue>>,
 }
@@ -132,10 +171,13 @@ fn parse_raw<T: serde::de::DeserializeOwned>(raw: Option<&RawValue>, field: &str
 /// `metav1.Status` as admission responses carry it.
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct Status {
+    /// HTTP status code of a denial.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub code: Option<u16>,
+    /// Human-readable reason for the denial, shown to the client.
     #[serde(skip_serializing_if = "String::is_empty", default)]
     pub message: String,
+    /// Machine-readable reason, e.g. `Forbidden`.
     #[serde(skip_serializing_if = "String::is_empty", default)]
     pub reason: String,
 }
@@ -144,22 +186,29 @@ pub struct Status {
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionResponse {
+    /// The request's `uid`.
     pub uid: String,
+    /// Whether the request is admitted.
     pub allowed: bool,
+    /// Why it is denied.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub status: Option<Status>,
     /// Base64 of the JSON Patch.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub patch: Option<String>,
+    /// `JSONPatch` when `patch` is set.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub patch_type: Option<String>,
+    /// Warnings shown to the client (admitted or not).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub warnings: Vec<String>,
+    /// Annotations added to the request's audit event.
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub audit_annotations: BTreeMap<String, String>,
 }
 
 impl AdmissionResponse {
+    /// A response admitting request `uid` unchanged.
     pub fn allow(uid: &str) -> Self {
         AdmissionResponse {
             uid: uid.to_string(),
@@ -168,6 +217,7 @@ impl AdmissionResponse {
         }
     }
 
+    /// A response denying request `uid` with HTTP `code`, a machine-readable `reason` and a `message` for the client.
     pub fn deny(uid: &str, code: u16, reason: &str, message: impl Into<String>) -> Self {
         AdmissionResponse {
             uid: uid.to_string(),
@@ -207,12 +257,16 @@ impl AdmissionResponse {
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct ReviewOut {
+    /// Always [`API_VERSION`].
     pub api_version: String,
+    /// Always [`KIND`].
     pub kind: String,
+    /// The answer.
     pub response: AdmissionResponse,
 }
 
 impl ReviewOut {
+    /// The envelope of `response`.
     pub fn new(response: AdmissionResponse) -> Self {
         ReviewOut {
             api_version: API_VERSION.to_string(),

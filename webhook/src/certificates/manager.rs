@@ -152,17 +152,24 @@ pub const FIELD_MANAGER: &str = "nodewarden-cert-injector";
 /// Annotation on the Secret: when the current CA was staged (RFC 3339).
 pub const STAGED_AT: &str = "nodewarden.io/ca-staged-at";
 
+/// What the certificate manager keeps: which Secret, which names, which lifetimes.
 #[derive(Clone, Debug)]
 pub struct CertManagerOptions {
+    /// Namespace of the Secret and the Service.
     pub namespace: String,
+    /// Name of the Secret holding the CA and the serving certificate.
     pub secret: String,
     /// The Service the API server calls; its DNS names go into the serving certificate.
     pub service: String,
+    /// More DNS names for the serving certificate.
     pub extra_dns_names: Vec<String>,
+    /// IP addresses for the serving certificate.
     pub ip_addresses: Vec<IpAddr>,
     /// Webhook configurations (mutating or validating) whose caBundle is kept current.
     pub webhook_configurations: Vec<String>,
+    /// Lifetime of a CA.
     pub ca_validity: Duration,
+    /// Lifetime of a serving certificate.
     pub cert_validity: Duration,
     /// Reissue the serving certificate this long before it expires.
     pub renew_before: Duration,
@@ -170,10 +177,12 @@ pub struct CertManagerOptions {
     pub ca_renew_before: Duration,
     /// How long a staged CA is published before certificates it issued are served.
     pub ca_propagation: Duration,
+    /// How often the Secret and the caBundles are checked.
     pub check_interval: Duration,
 }
 
 impl CertManagerOptions {
+    /// The serving certificate's DNS names: the Service's, then the extra ones not already among them.
     pub fn dns_names(&self) -> Vec<String> {
         let mut names = service_dns_names(&self.service, &self.namespace);
         for n in &self.extra_dns_names {
@@ -190,16 +199,20 @@ impl CertManagerOptions {
 pub enum Action {
     /// Nothing usable: a new CA and serving certificate.
     Create {
+        /// Why, in words for the log.
         reason: String,
     },
     /// The CA nears its end: put a new CA in front of it; keep serving the old pair.
     StageCa {
+        /// Why, in words for the log.
         reason: String,
     },
     /// A serving certificate from the current CA.
     ReissueServing {
+        /// Why, in words for the log.
         reason: String,
     },
+    /// The Secret is fine as it is.
     Keep,
 }
 
@@ -297,14 +310,19 @@ fn missing_names(serving: &CertInfo, opts: &CertManagerOptions) -> Option<String
     (!missing.is_empty()).then(|| missing.join(", "))
 }
 
+/// Why the certificate manager could not bring the Secret or a caBundle up to date.
 #[derive(Debug, thiserror::Error)]
 pub enum CertManagerError {
+    /// A call to the API server failed.
     #[error("API server: {0}")]
     Kube(#[from] kube::Error),
+    /// A certificate or key could not be made or read.
     #[error("certificates: {0}")]
     Certs(#[from] nodewarden_certs::CertError),
+    /// The Secret (named) does not exist and none was written.
     #[error("Secret {0} does not exist and none was written")]
     NoSecret(String),
+    /// The named webhook configuration is neither mutating nor validating.
     #[error(
         "webhook configuration {0} is neither a MutatingWebhookConfiguration nor a ValidatingWebhookConfiguration"
     )]

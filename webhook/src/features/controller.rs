@@ -112,12 +112,20 @@ pub enum Action {
     /// List one page of `field`'s resource from `continue_token` and remove the field from
     /// every object of the page that has it.
     ClearPage {
+        /// The task's name.
         task: String,
+        /// The field to remove.
         field: OwnedField,
+        /// Where to resume listing; `None` for the first page.
         continue_token: Option<String>,
     },
     /// Count the objects of `resource`.
-    CountObjects { task: String, resource: ResourceRef },
+    CountObjects {
+        /// The task's name.
+        task: String,
+        /// The resource whose objects are counted.
+        resource: ResourceRef,
+    },
 }
 
 /// What came of the last action.
@@ -125,16 +133,32 @@ pub enum Action {
 pub enum Outcome {
     /// A page was done; `next` is its continue token (`None`: it was the last page).
     Cleared {
+        /// The task's name.
         task: String,
+        /// The continue token of the next page; `None` after the last page.
         next: Option<String>,
+        /// How many objects of the page had the field removed.
         cleared: usize,
     },
     /// The continue token had expired: start over.
-    Expired { task: String },
+    Expired {
+        /// The task's name.
+        task: String,
+    },
     /// So many objects of the resource are left.
-    Remaining { task: String, count: usize },
+    Remaining {
+        /// The task's name.
+        task: String,
+        /// How many objects are left.
+        count: usize,
+    },
     /// The action failed; it is retried.
-    Failed { task: String, message: String },
+    Failed {
+        /// The task's name.
+        task: String,
+        /// Why it failed.
+        message: String,
+    },
 }
 
 impl Outcome {
@@ -622,13 +646,20 @@ pub enum Error {
     /// The status could not be written.
     #[error("writing the status of Feature {feature}: {source}")]
     WriteStatus {
+        /// The Feature's name.
         feature: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
     /// The current task's action failed (its message is in the task too).
     #[error("{task}: {message}")]
-    Action { task: String, message: String },
+    Action {
+        /// The task's name.
+        task: String,
+        /// Why it failed.
+        message: String,
+    },
 }
 
 /// A status the controller wrote, which its watch may not have brought back yet.

@@ -42,8 +42,11 @@ pub enum EvictionCheck {
     Deny(String),
     /// The agent evicts `namespace/name` with a token bound to `token_node`: read the pod.
     ReadPod {
+        /// The pod's namespace.
         namespace: String,
+        /// The pod's name.
         name: String,
+        /// The node the agent's service account token is bound to.
         token_node: String,
     },
 }

@@ -197,16 +197,22 @@ pub enum Error {
     /// Whether the target DaemonSet exists could not be read.
     #[error("reading DaemonSet {namespace}/{name}: {source}")]
     ReadTarget {
+        /// The DaemonSet's namespace.
         namespace: String,
+        /// The DaemonSet's name.
         name: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
     /// The status could not be written.
     #[error("writing the status of DaemonSetAutoscaler {namespace}/{name}: {source}")]
     WriteStatus {
+        /// The autoscaler's namespace.
         namespace: String,
+        /// The autoscaler's name.
         name: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
