@@ -250,6 +250,15 @@ pub async fn connect(addr: SocketAddr, ca_pem: &str, server_name: &str, alpn: Al
 }
 
 impl Conn {
+    /// Whether the server has closed this connection (as HTTP/1.1 does after answering a body
+    /// over the limit); a client opens a new one then.
+    pub fn is_closed(&self) -> bool {
+        match &self.sender {
+            Sender::H2(s) => s.is_closed(),
+            Sender::H1(s) => s.try_lock().is_ok_and(|s| s.is_closed()),
+        }
+    }
+
     pub fn is_h2(&self) -> bool {
         matches!(self.sender, Sender::H2(_))
     }

@@ -766,6 +766,34 @@ fn handler_admits_an_unreadable_pod_unchanged_with_a_warning() {
     assert!(response.warnings[0].len() < 120);
 }
 
+#[test]
+fn a_pod_with_more_containers_than_the_limit_is_admitted_unchanged_with_a_warning() {
+    use nodewarden_webhook::rightsizing::MAX_POD_CONTAINERS;
+    let handler = PodMutator::new(index_with("300m"));
+    let with_sidecars = |n: usize| {
+        let mut r = review();
+        let first = r["request"]["object"]["spec"]["containers"][0].clone();
+        let mut containers = vec![first];
+        containers.extend((1..n).map(|i| json!({"name": format!("sidecar-{i}"), "image": "x"})));
+        r["request"]["object"]["spec"]["containers"] = json!(containers);
+        r
+    };
+    // at the limit the pod is still right-sized
+    let at = handler.review(&request(&with_sidecars(MAX_POD_CONTAINERS)));
+    assert!(
+        at.allowed && at.patch.is_some(),
+        "a pod of {MAX_POD_CONTAINERS} containers was not patched"
+    );
+    let over = handler.review(&request(&with_sidecars(MAX_POD_CONTAINERS + 1)));
+    assert!(over.allowed && over.patch.is_none());
+    assert_eq!(over.warnings.len(), 1, "{:?}", over.warnings);
+    assert!(
+        over.warnings[0].contains("could not be read"),
+        "{:?}",
+        over.warnings
+    );
+}
+
 // ---- /validate/autoscalers
 
 fn autoscaler_review(name: &str, spec: Value) -> Value {
@@ -1056,4 +1084,29 @@ fn pods_up_to_date_sum_the_nodes_reports() {
     index.delete_node_recommendation("a");
     assert_eq!(index.pods_of(NAMESPACE, "node-agent"), Some((1, 1)));
     assert_eq!(index.pods_of(NAMESPACE, "other"), None);
+}
+
+#[test]
+fn an_autoscaler_with_more_policies_than_a_pod_has_containers_is_denied() {
+    use nodewarden_webhook::rightsizing::MAX_CONTAINER_POLICIES;
+    let validator = AutoscalerValidator::new(index_with("300m"));
+    let with = |n: usize| {
+        let policies: Vec<Value> = (0..n)
+            .map(|i| json!({"containerName": format!("c{i}"), "minAllowed": {"cpu": "1m"}}))
+            .collect();
+        autoscaler_review(
+            "many",
+            json!({"targetRef": {"kind": "DaemonSet", "name": "other-ds"},
+                "resourcePolicy": {"containerPolicies": policies}}),
+        )
+    };
+    let at = validator.review(&request(&with(MAX_CONTAINER_POLICIES)));
+    assert!(at.allowed, "{at:?}");
+    let over = validator.review(&request(&with(MAX_CONTAINER_POLICIES + 1)));
+    assert!(!over.allowed);
+    let message = over.status.expect("status").message;
+    assert!(
+        message.contains("containerPolicies: more than 1001 entries"),
+        "{message}"
+    );
 }

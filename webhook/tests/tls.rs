@@ -223,6 +223,24 @@ impl Connected {
     }
 }
 
+impl Connected {
+    /// Posts `body` as is; returns the HTTP status.
+    async fn post(&mut self, body: Bytes) -> Result<http::StatusCode, String> {
+        let req = http::Request::post("https://nodewarden-webhook.nodewarden.svc/review")
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .expect("request");
+        let resp = match &mut self.sender {
+            Sender::H1(s) => s.send_request(req).await,
+            Sender::H2(s) => s.send_request(req).await,
+        }
+        .map_err(|e| with_sources(&e))?;
+        let status = resp.status();
+        let _ = resp.into_body().collect().await;
+        Ok(status)
+    }
+}
+
 fn leaf_der(cert: &IssuedCert) -> CertificateDer<'static> {
     rustls_pemfile::certs(&mut cert.cert_pem.as_bytes())
         .next()
@@ -669,4 +687,45 @@ async fn at_the_connection_limit_a_new_connection_waits_for_a_free_slot() {
         .expect("served once the first closed")
         .expect("connect");
     assert!(second.review("default").await.expect("review").1);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_gets_413_and_on_h2_the_connection_serves_on() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start(resolver_with(&serving(&ca, "a.example"))).await;
+    // the test server's limit is 1 MiB
+    let oversized = Bytes::from(vec![b' '; 7 << 20]);
+    let mut c = Client::new(&ca.cert_pem);
+    c.alpn = vec![b"h2".to_vec()];
+    let mut conn = c.connect(server.addr).await.expect("connect");
+    for round in 0..3 {
+        match conn.post(oversized.clone()).await {
+            Ok(status) => assert_eq!(status, http::StatusCode::PAYLOAD_TOO_LARGE, "round {round}"),
+            // the server may reset the stream before the client has read the 413
+            Err(e) => eprintln!("round {round}: oversized stream ended with {e}"),
+        }
+        assert!(
+            conn.review("default")
+                .await
+                .expect("a review after an oversized one")
+                .1,
+            "round {round}: the next review on the same h2 connection was not allowed"
+        );
+    }
+    // on HTTP/1.1 the 413 closes the connection (the rest of the body is never read)
+    let mut c = Client::new(&ca.cert_pem);
+    c.alpn = vec![b"http/1.1".to_vec()];
+    let mut conn = c.connect(server.addr).await.expect("connect");
+    if let Ok(status) = conn.post(oversized).await {
+        assert_eq!(status, http::StatusCode::PAYLOAD_TOO_LARGE);
+    }
+    assert!(
+        sender_closed(&conn.sender).await,
+        "the HTTP/1.1 connection stayed open after a 413"
+    );
+    let mut again = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("connect");
+    assert!(again.review("default").await.expect("review").1);
 }

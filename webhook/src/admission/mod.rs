@@ -317,10 +317,26 @@ pub const LARGE_REVIEW_BYTES: usize = 256 * 1024;
 /// many arrive, occupy at most this many cores.
 pub const LARGE_REVIEWS_AT_ONCE: usize = 2;
 
-/// The admission router: one POST route per capability, 404 for any other path.
+/// The first bytes of every request body are read freely: a real review (a pod is a few KiB)
+/// never waits for memory. At the connection limit these are at most 512 × 64 KiB = 32 MiB.
+pub const FREE_BODY_BYTES: usize = 64 * 1024;
+
+/// Bytes of request bodies beyond [`FREE_BODY_BYTES`] held by all requests at once (bodies being
+/// read and bodies being decided), or the largest body allowed if that is more. A request with a
+/// larger body takes its share (its `content-length`, or the largest body when it sent none)
+/// before reading past the free part; if the budget cannot give it, it waits, reading nothing
+/// more (the client's TCP or HTTP/2 window fills), until others finish, at most until the
+/// server's request timeout answers it with 408. Without it,
+/// forty clients sending 6 MiB bodies at once took the process to 300 MiB, over the chart's
+/// 256 MiB limit.
+pub const BODY_BUDGET_BYTES: usize = 48 << 20;
+
+/// The admission router: one POST route per capability, 404 for any other path. Bodies over
+/// `max_body_bytes` get 413; all bodies together stay within [`BODY_BUDGET_BYTES`].
 pub fn router(routes: Vec<Route>, metrics: Arc<dyn AdmissionObserver>, max_body_bytes: usize) -> Router {
     let paths: Arc<Vec<&'static str>> = Arc::new(routes.iter().map(|r| r.path).collect());
     let large_turns = Arc::new(tokio::sync::Semaphore::new(LARGE_REVIEWS_AT_ONCE));
+    let bodies = Arc::new(BodyBudget::new(max_body_bytes));
     let mut app = Router::new();
     for route in routes {
         let state = RouteState {
@@ -328,6 +344,8 @@ pub fn router(routes: Vec<Route>, metrics: Arc<dyn AdmissionObserver>, max_body_
             handler: route.handler,
             metrics: metrics.clone(),
             large_turns: large_turns.clone(),
+            bodies: bodies.clone(),
+            max_body_bytes,
         };
         app = app.route(route.path, post(serve_review).with_state(state));
     }
@@ -345,7 +363,91 @@ pub fn router(routes: Vec<Route>, metrics: Arc<dyn AdmissionObserver>, max_body_
             )
         }
     })
-    .layer(DefaultBodyLimit::max(max_body_bytes))
+    // the limit is enforced while reading (`read_body`); axum's own is lifted so the two agree
+    .layer(DefaultBodyLimit::disable())
+}
+
+/// The shared allowance of body bytes beyond [`FREE_BODY_BYTES`], in KiB permits.
+struct BodyBudget {
+    kib: Arc<tokio::sync::Semaphore>,
+    total_kib: usize,
+}
+
+impl BodyBudget {
+    fn new(max_body_bytes: usize) -> Self {
+        // at least one body of the largest size fits, so any allowed body can be read
+        Self::of_kib(BODY_BUDGET_BYTES.max(max_body_bytes).div_ceil(1024))
+    }
+
+    fn of_kib(total_kib: usize) -> Self {
+        let total_kib = total_kib.min(tokio::sync::Semaphore::MAX_PERMITS);
+        BodyBudget {
+            kib: Arc::new(tokio::sync::Semaphore::new(total_kib)),
+            total_kib,
+        }
+    }
+}
+
+/// Why a body was not read whole.
+enum BodyError {
+    TooLarge(usize),
+    Read(String),
+}
+
+/// Reads a request body of at most `max` bytes, drawing the part beyond [`FREE_BODY_BYTES`]
+/// from the budget; the permit returned is held while the body lives.
+async fn read_body(
+    mut body: axum::body::Body,
+    max: usize,
+    budget: &BodyBudget,
+) -> Result<(Bytes, Option<tokio::sync::OwnedSemaphorePermit>), BodyError> {
+    use http_body_util::BodyExt;
+    let hint = axum::body::HttpBody::size_hint(&body);
+    let exact = hint.exact().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    if exact.is_some_and(|n| n > max) {
+        return Err(BodyError::TooLarge(max));
+    }
+    // A request takes its whole share at once, never a part while waiting for the rest (forty
+    // bodies each holding a part and waiting for more would wait for each other until the
+    // timeout): its length when the client sent one, else the most a body may be.
+    let share = |len: usize| {
+        let kib = len
+            .saturating_sub(FREE_BODY_BYTES)
+            .div_ceil(1024)
+            .min(budget.total_kib);
+        u32::try_from(kib).unwrap_or(u32::MAX)
+    };
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    let take = |kib: u32| {
+        // the semaphore is never closed
+        budget.kib.clone().acquire_many_owned(kib)
+    };
+    if let Some(len) = exact.filter(|&n| n > FREE_BODY_BYTES) {
+        held = Some(
+            take(share(len))
+                .await
+                .map_err(|e| BodyError::Read(e.to_string()))?,
+        );
+    }
+    let mut buf = bytes::BytesMut::with_capacity(exact.unwrap_or(0).min(max));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
+        let Ok(data) = frame.into_data() else { continue };
+        let len = buf.len().saturating_add(data.len());
+        if len > max {
+            return Err(BodyError::TooLarge(max));
+        }
+        if held.is_none() && len > FREE_BODY_BYTES {
+            // no length given (or a wrong one): the largest share
+            held = Some(
+                take(share(max))
+                    .await
+                    .map_err(|e| BodyError::Read(e.to_string()))?,
+            );
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((buf.freeze(), held))
 }
 
 #[derive(Clone)]
@@ -354,6 +456,8 @@ struct RouteState {
     handler: Arc<dyn Handler>,
     metrics: Arc<dyn AdmissionObserver>,
     large_turns: Arc<tokio::sync::Semaphore>,
+    bodies: Arc<BodyBudget>,
+    max_body_bytes: usize,
 }
 
 /// The pipeline on a large body: on the blocking pool, one of [`LARGE_REVIEWS_AT_ONCE`].
@@ -377,8 +481,23 @@ async fn process_large(state: &RouteState, body: Bytes, span: tracing::Span) -> 
     }
 }
 
-async fn serve_review(State(state): State<RouteState>, body: Bytes) -> Response {
+async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -> Response {
     let started = Instant::now();
+    // the permit is held until the answer is made: the body's bytes live that long
+    let (body, _budget) = match read_body(body, state.max_body_bytes, &state.bodies).await {
+        Ok(read) => read,
+        Err(BodyError::TooLarge(max)) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the AdmissionReview is larger than the limit of {max} bytes\n"),
+            )
+                .into_response();
+        }
+        Err(BodyError::Read(err)) => {
+            debug!(%err, "reading a request body failed");
+            return (StatusCode::BAD_REQUEST, "could not read the request body\n").into_response();
+        }
+    };
     let span = info_span!(
         "admission",
         route = state.path,
@@ -457,5 +576,77 @@ fn log_outcome(span: &tracing::Span, out: &ReviewOut, outcome: Outcome, ident: &
         Outcome::Invalid => warn!(%reason, "invalid review"),
         Outcome::Error => tracing::error!(%reason, "handler error"),
         Outcome::FailedOpen => tracing::error!("handler error; admitted unchanged (fail-open)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn body(len: usize) -> axum::body::Body {
+        // in 16 KiB chunks and without a length, as an HTTP/2 body arrives
+        let chunks: Vec<Result<Bytes, std::io::Error>> = vec![b'x'; len]
+            .chunks(16 * 1024)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        axum::body::Body::from_stream(futures::stream::iter(chunks))
+    }
+
+    #[tokio::test]
+    async fn small_bodies_take_nothing_from_the_budget_and_large_ones_give_it_back() {
+        let budget = BodyBudget::of_kib(1024);
+        let (bytes, permit) = read_body(body(FREE_BODY_BYTES), 1 << 20, &budget)
+            .await
+            .ok()
+            .expect("read");
+        assert_eq!(bytes.len(), FREE_BODY_BYTES);
+        assert!(permit.is_none());
+        let (bytes, permit) = read_body(body(FREE_BODY_BYTES + 100 * 1024), 1 << 20, &budget)
+            .await
+            .ok()
+            .expect("read");
+        assert_eq!(bytes.len(), FREE_BODY_BYTES + 100 * 1024);
+        let held = 1024 - budget.kib.available_permits();
+        assert!((100..=1024).contains(&held), "held {held} KiB");
+        drop(permit);
+        assert_eq!(budget.kib.available_permits(), 1024);
+        // with a known length, exactly the part beyond the free bytes
+        let known = axum::body::Body::from(vec![b'x'; FREE_BODY_BYTES + 100 * 1024]);
+        let (_, permit) = read_body(known, 1 << 20, &budget).await.ok().expect("read");
+        assert_eq!(budget.kib.available_permits(), 1024 - 100);
+        drop(permit);
+    }
+
+    #[tokio::test]
+    async fn a_body_waits_while_others_hold_the_budget() {
+        let budget = BodyBudget::of_kib(600);
+        let len = FREE_BODY_BYTES + 400 * 1024;
+        let (_first, held) = read_body(body(len), 1 << 20, &budget).await.ok().expect("first");
+        let second = read_body(body(len), 1 << 20, &budget);
+        tokio::pin!(second);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), second.as_mut())
+                .await
+                .is_err(),
+            "a second body was read beyond the budget"
+        );
+        drop(held);
+        let (bytes, _) = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("read once the first was done")
+            .ok()
+            .expect("second");
+        assert_eq!(bytes.len(), len);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_refused_without_reading_it_all() {
+        let budget = BodyBudget::of_kib(64);
+        let refused = read_body(body(300 * 1024), 200 * 1024, &budget).await;
+        assert!(matches!(refused, Err(BodyError::TooLarge(max)) if max == 200 * 1024));
+        // what it held while being read is given back
+        assert_eq!(budget.kib.available_permits(), 64);
     }
 }

@@ -185,8 +185,38 @@ struct SpecView {
     node_name: Option<String>,
     #[serde(default)]
     affinity: Option<k8s_openapi::api::core::v1::Affinity>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "at_most_max_containers")]
     containers: Vec<ContainerView>,
+}
+
+/// Most containers of a pod right-sizing reads. Kubernetes sets no number, real pods have a
+/// handful; a pod with more is admitted unchanged with a warning (the pod webhook fails open),
+/// and reading stops at the first container past it. Each container read costs about 2.5 KB
+/// while the pod is decided, so one review costs at most about 2.5 MB however it is built
+/// (a pod of 40,000 minimal containers fits in 1.1 MB and cost 95 MB before this limit).
+pub const MAX_POD_CONTAINERS: usize = 1000;
+
+fn at_most_max_containers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ContainerView>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<ContainerView>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX_POD_CONTAINERS} containers")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+            while let Some(c) = seq.next_element()? {
+                if out.len() == MAX_POD_CONTAINERS {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_POD_CONTAINERS} containers"
+                    )));
+                }
+                out.push(c);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded)
 }
 
 #[derive(serde::Deserialize)]
@@ -227,6 +257,59 @@ impl PodView {
 
 fn short(text: &str) -> String {
     text.chars().take(119).collect()
+}
+
+/// Most container policies an autoscaler may have: one per container a pod may have, and the
+/// `*` default. More are denied before the autoscaler is read whole (60,000 policies cost 60 MB
+/// to read).
+pub const MAX_CONTAINER_POLICIES: usize = MAX_POD_CONTAINERS + 1;
+
+/// Counts `spec.resourcePolicy.containerPolicies` without keeping any of them.
+#[derive(serde::Deserialize, Default)]
+struct PoliciesCount {
+    #[serde(default)]
+    spec: PoliciesCountSpec,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PoliciesCountSpec {
+    #[serde(default)]
+    resource_policy: PoliciesCountPolicy,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PoliciesCountPolicy {
+    #[serde(default)]
+    container_policies: Count,
+}
+
+/// The length of a JSON list, its items skipped; 0 for anything else.
+#[derive(Default)]
+struct Count(usize);
+
+impl<'de> serde::Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Counting;
+        impl<'de> serde::de::Visitor<'de> for Counting {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
+                let mut n = 0usize;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Count(n))
+            }
+            fn visit_unit<E>(self) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+        }
+        d.deserialize_any(Counting)
+    }
 }
 
 /// The `/validate/autoscalers` handler: rules the schema cannot express.
@@ -299,6 +382,20 @@ impl Handler for AutoscalerValidator {
         let uid = request.uid.as_str();
         if !matches!(request.operation, Operation::Create | Operation::Update) {
             return AdmissionResponse::allow(uid);
+        }
+        // counted before the object is read: each policy read costs about 1 KB
+        if let Ok(PoliciesCount { spec }) = request.object_as::<PoliciesCount>()
+            && spec.resource_policy.container_policies.0 > MAX_CONTAINER_POLICIES
+        {
+            return AdmissionResponse::deny(
+                uid,
+                422,
+                "Invalid",
+                format!(
+                    "spec.resourcePolicy.containerPolicies: more than {MAX_CONTAINER_POLICIES} entries \
+                     (a pod has at most {MAX_POD_CONTAINERS} containers right-sizing reads)"
+                ),
+            );
         }
         let autoscaler: DaemonSetAutoscaler = match request.object_as() {
             Ok(a) => a,
