@@ -6,12 +6,19 @@
 //! * VPA: the admission-controller built from its Go module by `tests/vpa/build.sh`, against a
 //!   control plane of its own (the harness), with one VerticalPodAutoscaler per DaemonSet (20
 //!   by default) carrying a recommendation in its status, `GOMAXPROCS=1` (one core).
-//! * nodewarden: the `/mutate/pods` handler with 5,000 nodes × 20 autoscalers in its index,
-//!   served by the real TLS server on one current-thread runtime (one core).
+//! * nodewarden as deployed: the release binary `nodewarden-webhook` (built first), with the
+//!   chart's defaults (multi-thread runtime, every route and middleware, JSON logs at info, one
+//!   line per patched pod, written to a file as a container runtime would), against the same
+//!   control plane, its index filled by its own watches from 20 DaemonSetAutoscalers and 5,000
+//!   NodeRecommendations of 40 recommendations each.
+//! * Both servers are pinned to the same one core (`taskset -c 1`), the load generator (this
+//!   process) to the other; server CPU is the whole process's on both sides (user + system of
+//!   `/proc/<pid>/stat`: every thread, the Go runtime's GC and informers, nodewarden's watches
+//!   and logging).
 //! * The same 5,000 DaemonSet pod CREATE reviews (the recorded review, moved to each node and
 //!   DaemonSet) go to both over keep-alive TLS (HTTP/2 when the server offers it), first closed
 //!   loop (maximum), then open loop at the same rate for both (half the VPA's maximum) for
-//!   latency. Server CPU: the server thread's (nodewarden) or the process's (VPA) CPU time.
+//!   latency, measured from when each request was due (no coordinated omission).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,12 +37,11 @@ use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
 use nodewarden_tests::process::{free_port, write_file};
+use nodewarden_tests::webhooks::http_get;
 use nodewarden_tests::{ControlPlane, apply_crds, create_namespace};
-use nodewarden_webhook::admission::Route;
 use nodewarden_webhook::loadgen::{
-    Alpn, CpuClock, Load, Phase, Server, connect, patched, process_cpu_ns, resident_bytes,
+    Alpn, CpuClock, Load, Phase, connect, patched, process_cpu_ns, resident_bytes,
 };
-use nodewarden_webhook::rightsizing::{PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 
 const POD_REVIEW: &str = include_str!("../fixtures/admission/daemonset-pod-create.json");
@@ -164,56 +170,133 @@ async fn vpa_objects(cp: &ControlPlane, client: &Client, crd_file: &Path) -> Res
     Ok(())
 }
 
-fn nodewarden_index() -> Arc<RightsizingIndex> {
-    let index = RightsizingIndex::new();
+fn autoscaler(k: usize) -> Result<DaemonSetAutoscaler> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1",
+        "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": ds_name(k), "namespace": namespace(k)},
+        "spec": {"targetRef": {"kind": "DaemonSet", "name": ds_name(k)},
+                 "resourcePolicy": {"containerPolicies": [{"containerName": "*", "maxAllowed": {"cpu": "2", "memory": "2Gi"}}]}},
+    }))?)
+}
+
+/// Node `i`'s CPU target for DaemonSet `k`, in millicores (every node differs).
+fn cpu_millis(i: usize, k: usize) -> usize {
+    50 + (i * 7 + k * 13) % 900
+}
+
+fn node_recommendation(i: usize) -> NodeRecommendation {
+    let mut recs = Vec::new();
     for k in 0..AUTOSCALERS {
-        let a: DaemonSetAutoscaler = serde_json::from_value(json!({
-            "apiVersion": "nodewarden.io/v1alpha1",
-            "kind": "DaemonSetAutoscaler",
-            "metadata": {"name": ds_name(k), "namespace": namespace(k)},
-            "spec": {"targetRef": {"kind": "DaemonSet", "name": ds_name(k)},
-                     "resourcePolicy": {"containerPolicies": [{"containerName": "*", "maxAllowed": {"cpu": "2", "memory": "2Gi"}}]}},
-        }))
-        .expect("autoscaler");
-        index.apply_autoscaler(a);
-    }
-    for i in 0..NODES {
-        let mut recs = Vec::new();
-        for k in 0..AUTOSCALERS {
-            for c in ["agent", "sidecar"] {
-                let cpu = 50 + (i * 7 + k * 13) % 900;
-                let mem = 64 + (i * 11 + k * 5) % 900;
-                recs.push(ContainerRecommendation {
-                    autoscaler: AutoscalerRef {
-                        namespace: namespace(k),
-                        name: ds_name(k),
-                    },
-                    container_name: c.to_string(),
-                    target: Some(BTreeMap::from([
-                        ("cpu".to_string(), Quantity(format!("{cpu}m"))),
-                        ("memory".to_string(), Quantity(format!("{mem}Mi"))),
-                    ])),
-                    lower_bound: None,
-                    upper_bound: None,
-                    uncapped_target: None,
-                    sample_count: 8640,
-                    first_sample_time: None,
-                    last_sample_time: None,
-                    oom_count: 0,
-                });
-            }
+        for c in ["agent", "sidecar"] {
+            let mem = 64 + (i * 11 + k * 5) % 900;
+            recs.push(ContainerRecommendation {
+                autoscaler: AutoscalerRef {
+                    namespace: namespace(k),
+                    name: ds_name(k),
+                },
+                container_name: c.to_string(),
+                target: Some(BTreeMap::from([
+                    ("cpu".to_string(), Quantity(format!("{}m", cpu_millis(i, k)))),
+                    ("memory".to_string(), Quantity(format!("{mem}Mi"))),
+                ])),
+                lower_bound: None,
+                upper_bound: None,
+                uncapped_target: None,
+                sample_count: 8640,
+                first_sample_time: None,
+                last_sample_time: None,
+                oom_count: 0,
+            });
         }
-        index.apply_node_recommendation(&NodeRecommendation::new(
-            &node_name(i),
-            NodeRecommendationSpec {
-                update_time: None,
-                pods: Vec::new(),
-                summary: None,
-                recommendations: recs,
-            },
-        ));
     }
-    index
+    NodeRecommendation::new(
+        &node_name(i),
+        NodeRecommendationSpec {
+            update_time: None,
+            pods: Vec::new(),
+            summary: None,
+            recommendations: recs,
+        },
+    )
+}
+
+/// nodewarden's CRDs, an autoscaler per DaemonSet and every node's recommendation, written
+/// through the API server (16 at a time).
+async fn nodewarden_objects(cp: &ControlPlane, client: &Client) -> Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    apply_crds(cp, client, &nodewarden_api::crdgen::crds()).await?;
+    for k in 0..AUTOSCALERS {
+        Api::<DaemonSetAutoscaler>::namespaced(client.clone(), &namespace(k))
+            .create(&PostParams::default(), &autoscaler(k)?)
+            .await?;
+    }
+    let started = Instant::now();
+    let api: Api<NodeRecommendation> = Api::all(client.clone());
+    futures::stream::iter(0..NODES)
+        .map(|i| {
+            let api = api.clone();
+            async move { api.create(&PostParams::default(), &node_recommendation(i)).await }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    println!(
+        "{NODES} NodeRecommendations written in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The release binary of the webhook, built now, beside this example's folder.
+fn webhook_build() -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "nodewarden-webhook",
+            "--bin",
+            "nodewarden-webhook",
+        ])
+        .status()
+        .context("building nodewarden-webhook")?;
+    if !status.success() {
+        bail!("building nodewarden-webhook failed");
+    }
+    let exe = std::env::current_exe()?;
+    // target/release/examples/<this> → target/release/nodewarden-webhook
+    let release = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("{} has no release folder", exe.display()))?;
+    Ok(release.join("nodewarden-webhook"))
+}
+
+/// Whether the answer patches node `i`'s pod of DaemonSet `k` with that node's CPU figure.
+fn patched_for(answer: &[u8], i: usize, k: usize) -> bool {
+    use base64::Engine;
+    let Ok(v) = serde_json::from_slice::<Value>(answer) else {
+        return false;
+    };
+    let patch = v["response"]["patch"].as_str().unwrap_or_default();
+    base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .is_ok_and(|p| String::from_utf8_lossy(&p).contains(&format!("\"{}m\"", cpu_millis(i, k))))
+}
+
+/// Pins the process `pid` (every thread) to `cpu`; says so and goes on when it cannot.
+fn pin(pid: u32, cpu: usize) {
+    let ok = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &cpu.to_string(), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("could not pin process {pid} to CPU {cpu} (taskset); figures are unpinned");
+    }
 }
 
 fn row(label: &str, p: &Phase) {
@@ -231,9 +314,12 @@ fn row(label: &str, p: &Phase) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> Result<()> {
     let bin = vpa_build()?;
+    let webhook_bin = webhook_build()?;
     let cp = ControlPlane::start().await?;
     let client = cp.admin_client().await?;
     vpa_objects(&cp, &client, &bin.join("vpa-v1-crd-gen.yaml")).await?;
+    nodewarden_objects(&cp, &client).await?;
+    pin(std::process::id(), 0);
 
     let dir = tempfile::tempdir()?;
     let cert = cp.issue_loopback_serving_cert()?;
@@ -260,13 +346,59 @@ async fn main() -> Result<()> {
         .spawn()
         .context("starting vpa-admission-controller")?;
     let vpa_pid = vpa.id().ok_or_else(|| anyhow!("no pid"))?;
+    pin(vpa_pid, 1);
 
-    let nodewarden = Server::start(
-        &cert.cert_pem,
-        &cert.key_pem,
-        vec![Route::new("/mutate/pods", PodMutator::new(nodewarden_index()))],
-    )?;
+    // nodewarden with the chart's settings (its environment variables' values), logs to a file
+    let (nw_port, nw_admin) = (free_port()?, free_port()?);
+    let nw_log = std::fs::File::create(dir.path().join("nodewarden.log"))?;
+    let mut webhook = tokio::process::Command::new(&webhook_bin)
+        .args([
+            format!("--listen-addr=127.0.0.1:{nw_port}"),
+            format!("--admin-addr=127.0.0.1:{nw_admin}"),
+            format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
+            format!("--tls-key-file={}", dir.path().join("tls.key").display()),
+            format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+            "--namespace=nodewarden".to_string(),
+            "--pod-name=nodewarden-webhook-bench".to_string(),
+            "--log-format=json".to_string(),
+            "--log-level=info".to_string(),
+        ])
+        .stdout(nw_log.try_clone()?)
+        .stderr(nw_log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting nodewarden-webhook")?;
+    let nw_pid = webhook.id().ok_or_else(|| anyhow!("no pid"))?;
+    pin(nw_pid, 1);
+    let nw_addr: SocketAddr = format!("127.0.0.1:{nw_port}").parse()?;
     let bodies: Arc<[Bytes]> = (0..NODES).map(|i| review(i, i % AUTOSCALERS)).collect();
+
+    // wait until nodewarden patches the last node's pod with that node's figure (its watches
+    // have loaded every NodeRecommendation)
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let last = NODES - 1;
+    loop {
+        let ready = matches!(http_get(nw_admin, "/readyz").await, Ok((200, _)));
+        if ready
+            && let Ok(conn) = connect(nw_addr, cp.ca_pem(), LOOPBACK, Alpn::Either).await
+            && let Some(answer) = conn.send("/mutate/pods", bodies[last].clone()).await
+            && patched_for(&answer, last, last % AUTOSCALERS)
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            let text = std::fs::read_to_string(dir.path().join("nodewarden.log")).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            bail!(
+                "nodewarden never patched the last node's pod; its log ends:\n{}",
+                tail.join("\n")
+            );
+        }
+        if let Ok(Some(status)) = webhook.try_wait() {
+            bail!("nodewarden-webhook exited: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // wait until the VPA answers with a patch (its informers have synced)
     let vpa_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
@@ -294,10 +426,10 @@ async fn main() -> Result<()> {
     let mut targets = Vec::new();
     for (name, addr, path, cpu) in [
         (
-            "nodewarden",
-            nodewarden.addr,
+            "nodewarden (release binary)",
+            nw_addr,
             "/mutate/pods",
-            nodewarden.cpu.clone(),
+            Arc::new(move || process_cpu_ns(nw_pid)) as CpuClock,
         ),
         (
             "VPA admission-controller",
@@ -326,7 +458,7 @@ async fn main() -> Result<()> {
         bodies[0].len()
     );
     println!(
-        "| server / phase | reviews/s | server CPU | reviews per server core-second | p50 ms | p99 ms | fail |"
+        "| server / phase | reviews/s | server CPU (whole process) | reviews per server core-second | p50 ms | p99 ms | fail |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let mut max = Vec::new();
@@ -334,18 +466,28 @@ async fn main() -> Result<()> {
         let _ = load.closed_loop(PHASE, CONCURRENCY).await; // warm-up
         let p = load.closed_loop(PHASE, CONCURRENCY).await;
         row(&format!("{name}, max"), &p);
-        max.push(p.rate());
+        max.push(p);
     }
-    let rate = max[1] / 2.0;
+    let rate = max[1].rate() / 2.0;
+    let mut open = Vec::new();
     for (name, load) in &targets {
         let p = load.open_loop(PHASE, rate).await;
         row(&format!("{name}, open loop at {rate:.0}/s"), &p);
+        open.push(p);
+    }
+    if max[1].per_core() > 0.0 && open[0].ms(0.99) > 0.0 {
+        println!(
+            "\nnodewarden answers {:.1}× the VPA's reviews per core-second; at {rate:.0}/s its p99 is {:.2}× the VPA's",
+            max[0].per_core() / max[1].per_core(),
+            open[0].ms(0.99) / open[1].ms(0.99)
+        );
     }
     println!(
-        "\nVPA admission-controller resident memory: {:.1} MiB",
+        "\nresident memory: nodewarden {:.1} MiB, VPA admission-controller {:.1} MiB",
+        resident_bytes(Some(nw_pid)) as f64 / (1024.0 * 1024.0),
         resident_bytes(Some(vpa_pid)) as f64 / (1024.0 * 1024.0)
     );
-    nodewarden.shutdown();
+    let _ = webhook.kill().await;
     let _ = vpa.kill().await;
     Ok(())
 }
