@@ -25,35 +25,70 @@ use std::path::{Path, PathBuf};
 /// How deep below the root a pod cgroup may sit (prefix + kubepods + QoS + pod).
 const MAX_POD_DEPTH: usize = 8;
 
+/// Why the cgroup root is not usable or a cgroup file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
+    /// The cgroup root cannot be read.
     #[error(
         "cgroup root {path} cannot be read: {source} (mount the host's /sys/fs/cgroup there, read-only, \
          or point --cgroup-root / NODEWARDEN_CGROUP_ROOT at it)"
     )]
-    RootUnreadable { path: PathBuf, source: io::Error },
+    RootUnreadable {
+        /// The cgroup root.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// `v2` was asked for, but the root is not the unified hierarchy.
     #[error(
         "cgroup root {path} is not a cgroup v2 hierarchy: {why}; --cgroup-version v2 needs the \
          unified hierarchy, with cgroup.controllers at its root (`auto` also accepts cgroup v1)"
     )]
-    NotV2 { path: PathBuf, why: String },
+    NotV2 {
+        /// The cgroup root.
+        path: PathBuf,
+        /// What is missing.
+        why: String,
+    },
+    /// `v1` was asked for, but no usable v1 hierarchies are mounted below the root.
     #[error(
         "cgroup root {path} holds no usable cgroup v1 hierarchies: {why} (a v1 node has the memory \
          and cpuacct hierarchies mounted below it, e.g. memory/ and cpu,cpuacct/)"
     )]
-    NotV1 { path: PathBuf, why: String },
+    NotV1 {
+        /// The cgroup root.
+        path: PathBuf,
+        /// What is missing.
+        why: String,
+    },
+    /// `auto` found neither a v2 nor a v1 hierarchy at the root.
     #[error(
         "cgroup root {path} is neither cgroup v2 (no cgroup.controllers) nor cgroup v1 ({why}); \
          mount the host's /sys/fs/cgroup there, read-only, or point --cgroup-root / \
          NODEWARDEN_CGROUP_ROOT at it"
     )]
-    Neither { path: PathBuf, why: String },
+    Neither {
+        /// The cgroup root.
+        path: PathBuf,
+        /// Why it is not v1.
+        why: String,
+    },
+    /// A cgroup file could not be read.
     #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// A cgroup file does not hold what was expected.
     #[error("{path}: {what} (expected {expected})")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// What was found.
         what: String,
+        /// What was expected.
         expected: &'static str,
     },
 }
@@ -61,8 +96,11 @@ pub enum CgroupError {
 /// Container runtime, from the cgroup name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Runtime {
+    /// `cri-containerd-<id>.scope`.
     Containerd,
+    /// `crio-<id>.scope` or `crio-<id>`.
     CriO,
+    /// `docker-<id>.scope`.
     Docker,
     /// cgroupfs driver: a bare 64-hex directory.
     Unknown,
@@ -75,7 +113,9 @@ pub struct ContainerCgroup {
     pub pod_uid: String,
     /// Container ID without the runtime prefix.
     pub container_id: String,
+    /// Container runtime, from the cgroup's name.
     pub runtime: Runtime,
+    /// The container's cgroup directory (in v1, below the memory hierarchy).
     pub path: PathBuf,
 }
 
@@ -113,9 +153,12 @@ impl Reading {
 /// Which cgroup version to use: `auto` detects it at start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Version {
+    /// Whichever the root holds, v2 first.
     #[default]
     Auto,
+    /// cgroup v1 only.
     V1,
+    /// cgroup v2 only.
     V2,
 }
 
@@ -123,7 +166,10 @@ pub enum Version {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hierarchy {
     /// The unified hierarchy at this root.
-    V2 { root: PathBuf },
+    V2 {
+        /// The root of the unified hierarchy.
+        root: PathBuf,
+    },
     /// Per-controller hierarchies.
     V1(v1::Mounts),
 }
@@ -435,6 +481,7 @@ pub struct Locator {
 }
 
 impl Locator {
+    /// A locator below `root`, nothing found yet.
     pub fn new(root: PathBuf) -> Self {
         Locator {
             root,
@@ -445,6 +492,7 @@ impl Locator {
         }
     }
 
+    /// The directory searched.
     pub fn root(&self) -> &Path {
         &self.root
     }

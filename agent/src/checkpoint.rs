@@ -26,10 +26,18 @@ pub const READABLE_VERSIONS: [u32; 2] = [1, 2];
 /// The file older agents wrote, one per folder.
 pub const LEGACY_FILE_NAME: &str = "checkpoint.json";
 
+/// Why a checkpoint could not be saved.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// Writing the file (or its temporary copy) failed.
     #[error("writing checkpoint {path}: {source} (the checkpoint folder must be writable by the agent)")]
-    Write { path: PathBuf, source: io::Error },
+    Write {
+        /// The file written.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// Serializing the checkpoint to JSON failed.
     #[error("encoding checkpoint: {0}")]
     Encode(#[from] serde_json::Error),
 }
@@ -38,11 +46,14 @@ pub enum CheckpointError {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry {
+    /// The autoscaler whose policy the container falls under.
     pub autoscaler: AutoscalerRef,
+    /// The container's name.
     pub container: String,
     /// Containers in the pod when last seen (the floors are shared among them).
     #[serde(default = "one")]
     pub containers_per_pod: usize,
+    /// The container's usage history.
     pub history: StoredHistory,
 }
 
@@ -54,9 +65,13 @@ fn one() -> usize {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Checkpoint {
+    /// Format version ([`VERSION`] when written by this agent).
     pub version: u32,
+    /// The node the history was measured on.
     pub node: String,
+    /// When the file was written, in milliseconds since the Unix epoch.
     pub saved_at_ms: i64,
+    /// One entry per (autoscaler, container).
     pub entries: Vec<Entry>,
 }
 
@@ -70,14 +85,18 @@ struct VersionOnly {
 pub enum Loaded {
     /// No file: a first start.
     Missing,
+    /// A readable checkpoint.
     Found(Checkpoint),
     /// A bad file was moved to `moved_to`; `why` says what was wrong.
     MovedAside {
+        /// Where the bad file now is.
         moved_to: PathBuf,
+        /// What was wrong with it.
         why: String,
     },
     /// The file exists but cannot be read (permissions); nothing was moved.
     Unreadable {
+        /// Why it cannot be read.
         why: String,
     },
 }

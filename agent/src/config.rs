@@ -12,6 +12,7 @@ use crate::sampler::PublishConfig;
 use nodewarden_runtime::duration::parse_interval;
 use nodewarden_runtime::telemetry::LogFormat;
 
+/// The command line and environment of `nodewarden-agent`.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nodewarden-agent",
@@ -74,6 +75,7 @@ pub struct Config {
     #[arg(long, env = "NODEWARDEN_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 
+    /// The estimator's settings.
     #[command(flatten)]
     pub estimator: EstimatorFlags,
 
@@ -104,6 +106,7 @@ pub struct EstimatorFlags {
     /// Upper bound × (1 + multiplier / confidence)^exponent.
     #[arg(long, env = "NODEWARDEN_UPPER_BOUND_CONFIDENCE_MULTIPLIER", default_value_t = 1.0, value_parser = parse_non_negative)]
     pub upper_bound_confidence_multiplier: f64,
+    /// Exponent of the upper bound's confidence factor (see the multiplier).
     #[arg(
         long,
         env = "NODEWARDEN_UPPER_BOUND_CONFIDENCE_EXPONENT",
@@ -114,6 +117,7 @@ pub struct EstimatorFlags {
     /// Lower bound × (1 + multiplier / confidence)^exponent.
     #[arg(long, env = "NODEWARDEN_LOWER_BOUND_CONFIDENCE_MULTIPLIER", default_value_t = 0.001, value_parser = parse_non_negative)]
     pub lower_bound_confidence_multiplier: f64,
+    /// Exponent of the lower bound's confidence factor (see the multiplier).
     #[arg(long, env = "NODEWARDEN_LOWER_BOUND_CONFIDENCE_EXPONENT", default_value_t = -2.0, allow_hyphen_values = true)]
     pub lower_bound_confidence_exponent: f64,
     /// CPU samples that count as one day of confidence (VPA: 1440, one a minute).
@@ -155,6 +159,7 @@ pub struct EstimatorFlags {
 /// A quantity flag: the text and its value in milli-units.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QuantityArg {
+    /// The value in milli-units (millicores, or thousandths of a byte).
     pub milli: u128,
 }
 
@@ -240,6 +245,7 @@ impl Config {
         Self::try_parse_from(args)
     }
 
+    /// The publish settings from the flags, intervals in milliseconds.
     pub fn publish(&self) -> PublishConfig {
         PublishConfig {
             change_threshold: self.change_threshold,

@@ -21,29 +21,54 @@ pub const MAX_DECAY_EXPONENT: i64 = 100;
 /// What was wrong with histogram options or a stored histogram.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum HistogramError {
+    /// The bucket layout is not usable (see [`HistogramOptions::exponential`]).
     #[error(
         "invalid histogram options (first bucket {first}, ratio {ratio}, max {max}, epsilon {epsilon}): \
          first bucket, max and epsilon must be > 0 and ratio > 1"
     )]
     InvalidOptions {
+        /// Width of the first bucket.
         first: f64,
+        /// Growth of each bucket over the one before.
         ratio: f64,
+        /// Value at which the last bucket starts.
         max: f64,
+        /// Weight below which a bucket counts as empty.
         epsilon: f64,
     },
+    /// The half-life, in milliseconds, is below 1.
     #[error("half-life must be at least 1 ms, got {0} ms")]
     InvalidHalfLife(i64),
     #[error("stored histogram has bucket {bucket} but these options have {buckets} buckets")]
-    BucketOutOfRange { bucket: usize, buckets: usize },
+    /// A stored bucket index is past the last bucket.
+    BucketOutOfRange {
+        /// The stored index.
+        bucket: usize,
+        /// How many buckets the options have.
+        buckets: usize,
+    },
     #[error("stored histogram has weight {0}, weights must be finite and not negative")]
+    /// A stored weight is negative or not finite.
     InvalidWeight(f64),
     #[error("stored histogram was made with other options ({stored}), these are {current}")]
-    OptionsMismatch { stored: String, current: String },
+    /// The stored layout differs from the current options.
+    OptionsMismatch {
+        /// The stored layout, described.
+        stored: String,
+        /// The current layout, described.
+        current: String,
+    },
     #[error(
         "stored history has {field} {ms} ms; times must be between 0 and {MAX_STORED_TIME_MS} ms \
          since the Unix epoch (the end of year 9999)"
     )]
-    InvalidTime { field: &'static str, ms: i64 },
+    /// A stored time is outside `0..=MAX_STORED_TIME_MS`.
+    InvalidTime {
+        /// Which stored field.
+        field: &'static str,
+        /// Its value, in milliseconds since the Unix epoch.
+        ms: i64,
+    },
 }
 
 /// The latest time a checkpoint may hold, in milliseconds since the Unix epoch: the end of year
@@ -63,8 +88,11 @@ pub fn stored_time(field: &'static str, ms: i64) -> Result<i64, HistogramError> 
 /// Bucket layout of an exponential histogram.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HistogramOptions {
+    /// Width of the first bucket.
     pub first_bucket: f64,
+    /// Each bucket is this many times wider than the one before (> 1).
     pub ratio: f64,
+    /// Values at or above the last bucket's start fall in the last bucket.
     pub max_value: f64,
     /// A bucket lighter than this counts as empty.
     pub epsilon: f64,
@@ -75,8 +103,11 @@ pub struct HistogramOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Layout {
+    /// [`HistogramOptions::first_bucket`].
     pub first_bucket: f64,
+    /// [`HistogramOptions::ratio`].
     pub ratio: f64,
+    /// [`HistogramOptions::max_value`].
     pub max_value: f64,
 }
 
@@ -126,6 +157,7 @@ impl HistogramOptions {
         })
     }
 
+    /// How many buckets there are, the last one unbounded above.
     pub fn num_buckets(&self) -> usize {
         self.num_buckets
     }
@@ -165,6 +197,7 @@ impl HistogramOptions {
         self.first_bucket * (self.ratio.powi(n) - 1.0) / (self.ratio - 1.0)
     }
 
+    /// The layout to store with a histogram.
     pub fn layout(&self) -> Layout {
         Layout {
             first_bucket: self.first_bucket,
@@ -202,15 +235,20 @@ pub struct DecayingHistogram {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StoredHistogram {
+    /// The bucket layout it was made with.
     pub layout: Layout,
+    /// Half-life of the weights, in milliseconds.
     pub half_life_ms: i64,
+    /// Decay reference time, in milliseconds since the Unix epoch.
     pub reference_ms: i64,
+    /// Sum of the weights (relative to the reference time).
     pub total_weight: f64,
     /// `(bucket index, weight)`, ascending.
     pub buckets: Vec<(usize, f64)>,
 }
 
 impl DecayingHistogram {
+    /// An empty histogram; fails when `half_life_ms` is below 1.
     pub fn new(options: HistogramOptions, half_life_ms: i64) -> Result<Self, HistogramError> {
         if half_life_ms < 1 {
             return Err(HistogramError::InvalidHalfLife(half_life_ms));
@@ -227,18 +265,22 @@ impl DecayingHistogram {
         })
     }
 
+    /// The bucket layout.
     pub fn options(&self) -> &HistogramOptions {
         &self.options
     }
 
+    /// Whether no bucket weighs at least epsilon.
     pub fn is_empty(&self) -> bool {
         self.weights[self.min_bucket] < self.options.epsilon
     }
 
+    /// Sum of the weights, relative to the reference time.
     pub fn total_weight(&self) -> f64 {
         self.total_weight
     }
 
+    /// Decay reference time, in milliseconds since the Unix epoch (a multiple of the half-life).
     pub fn reference_ms(&self) -> i64 {
         self.reference_ms
     }
@@ -345,6 +387,7 @@ impl DecayingHistogram {
         self.trim_min_max();
     }
 
+    /// The non-empty buckets, for the checkpoint.
     pub fn to_stored(&self) -> StoredHistogram {
         let buckets = if self.is_empty() {
             Vec::new()

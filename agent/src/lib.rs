@@ -15,6 +15,8 @@
 //! Tracing, the admin server, signals and the API server client come from `nodewarden-runtime`,
 //! shared with the webhook.
 
+#![warn(missing_docs)]
+
 pub mod cgroup;
 pub mod checkpoint;
 pub mod config;

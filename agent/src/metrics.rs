@@ -14,26 +14,38 @@ use prometheus_client::registry::Registry;
 
 use crate::pods::Key;
 
+/// Labels of a per-container, per-resource series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
+    /// Namespace of the autoscaler.
     pub namespace: String,
+    /// Name of the autoscaler.
     pub autoscaler: String,
+    /// Container name.
     pub container: String,
+    /// `cpu` or `memory`.
     pub resource: &'static str,
 }
 
+/// Labels of a per-container series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ContainerLabels {
+    /// Namespace of the autoscaler.
     pub namespace: String,
+    /// Name of the autoscaler.
     pub autoscaler: String,
+    /// Container name.
     pub container: String,
 }
 
+/// Label of the publish decisions counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
+    /// Why the sampler wrote or skipped the `NodeRecommendation`.
     pub reason: &'static str,
 }
 
+/// Labels of the feature gate scrape counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GateScrapeLabels {
     /// `kubelet` or `kube-proxy`.
@@ -42,12 +54,16 @@ pub struct GateScrapeLabels {
     pub result: &'static str,
 }
 
+/// Labels of a per-autoscaler series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AutoscalerLabels {
+    /// Namespace of the autoscaler.
     pub namespace: String,
+    /// Name of the autoscaler.
     pub autoscaler: String,
 }
 
+/// Labels of the pod update counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpdateLabels {
     /// `resize` or `evict`.
@@ -57,8 +73,10 @@ pub struct UpdateLabels {
     pub outcome: &'static str,
 }
 
+/// Label of a write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
+    /// `ok` or `error`.
     pub result: &'static str,
 }
 
@@ -67,10 +85,13 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 /// CPU in cores, memory in bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Figures {
+    /// CPU in cores; `None` removes the series.
     pub cpu_cores: Option<f64>,
+    /// Memory in bytes; `None` removes the series.
     pub memory_bytes: Option<f64>,
 }
 
+/// The agent's Prometheus metrics, prefixed `nodewarden_agent_`.
 pub struct Metrics {
     registry: Registry,
     usage: Family<ResourceLabels, FloatGauge>,
@@ -112,6 +133,7 @@ fn container_labels(key: &Key) -> ContainerLabels {
 }
 
 impl Metrics {
+    /// Registers every metric, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodewarden_agent");
         let usage = Family::<ResourceLabels, FloatGauge>::default();
@@ -269,6 +291,7 @@ impl Metrics {
         }
     }
 
+    /// The container's last measured usage: cpu in cores, memory working set in bytes.
     pub fn usage(&self, key: &Key, cpu_cores: Option<f64>, memory_bytes: f64) {
         Self::set(
             &self.usage,
@@ -297,6 +320,8 @@ impl Metrics {
         self.oom_kills.get_or_create(&container_labels(key)).inc_by(n);
     }
 
+    /// The container's recommendation (target, lower and upper bounds, no upper bound removing
+    /// its series) and how many samples it rests on.
     pub fn recommendation(
         &self,
         key: &Key,
@@ -337,38 +362,46 @@ impl Metrics {
     }
 
     /// One resize or eviction attempt and its outcome.
+    /// One pod update attempt (`action`, `outcome`: see [`UpdateLabels`]).
     pub fn pod_update(&self, action: &'static str, outcome: &'static str) {
         self.pod_updates
             .get_or_create(&UpdateLabels { action, outcome })
             .inc();
     }
 
+    /// How many containers are tracked now.
     pub fn tracked(&self, n: usize) {
         self.tracked.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// One successful `NodeRecommendation` write.
     pub fn write_ok(&self) {
         self.writes.inc();
     }
 
+    /// One failed `NodeRecommendation` write.
     pub fn write_error(&self) {
         self.write_errors.inc();
     }
 
+    /// Successful `NodeRecommendation` writes so far.
     pub fn writes(&self) -> u64 {
         self.writes.get()
     }
 
+    /// One publish decision, by reason.
     pub fn decided(&self, reason: &'static str) {
         self.publish_decisions
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 
+    /// One container whose cgroup could not be read.
     pub fn unreadable_container(&self) {
         self.unreadable.inc();
     }
 
+    /// Unreadable container cgroups counted so far.
     pub fn unreadable_count(&self) -> u64 {
         self.unreadable.get()
     }
@@ -389,6 +422,7 @@ impl Metrics {
             .inc();
     }
 
+    /// One checkpoint write, successful or not.
     pub fn checkpoint(&self, ok: bool) {
         if ok {
             self.checkpoint_writes.inc();

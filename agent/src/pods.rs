@@ -26,43 +26,59 @@ use tokio_util::sync::CancellationToken;
 #[derive(Resource, Clone, Debug, Default, Deserialize)]
 #[resource(inherit = "Pod")]
 pub struct NodePod {
+    /// The pod's metadata.
     pub metadata: ObjectMeta,
+    /// The containers.
     #[serde(default)]
     pub spec: Option<NodePodSpec>,
+    /// Phase, conditions and container statuses.
     #[serde(default)]
     pub status: Option<NodePodStatus>,
 }
 
+/// The part of a pod's spec the agent reads.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct NodePodSpec {
+    /// The (non-init) containers.
     #[serde(default)]
     pub containers: Vec<NodeContainer>,
 }
 
+/// A container of the pod's spec.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct NodeContainer {
+    /// Container name.
     pub name: String,
+    /// Its requests and limits, as specified.
     #[serde(default)]
     pub resources: Option<Requests>,
 }
 
+/// A container's resources: requests and limits by resource name.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Requests {
+    /// Requests, such as `cpu` and `memory`.
     #[serde(default)]
     pub requests: Option<BTreeMap<String, Quantity>>,
+    /// Limits, such as `cpu` and `memory`.
     #[serde(default)]
     pub limits: Option<BTreeMap<String, Quantity>>,
 }
 
+/// The part of a pod's status the agent reads.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodePodStatus {
+    /// Status of each (non-init) container.
     #[serde(default)]
     pub container_statuses: Option<Vec<NodeContainerStatus>>,
+    /// `Pending`, `Running`, `Succeeded`, `Failed` or `Unknown`.
     #[serde(default)]
     pub phase: Option<String>,
+    /// When the kubelet accepted the pod.
     #[serde(default)]
     pub start_time: Option<Time>,
+    /// The pod's conditions.
     #[serde(default)]
     pub conditions: Option<Vec<PodCondition>>,
 }
@@ -71,46 +87,62 @@ pub struct NodePodStatus {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodCondition {
+    /// Condition type, such as `Ready`.
     #[serde(rename = "type")]
     pub type_: String,
+    /// `True`, `False` or `Unknown`.
     #[serde(default)]
     pub status: String,
+    /// Machine-readable reason of the last transition.
     #[serde(default)]
     pub reason: Option<String>,
+    /// Human-readable detail.
     #[serde(default)]
     pub message: Option<String>,
+    /// When the status last changed.
     #[serde(default)]
     pub last_transition_time: Option<Time>,
 }
 
+/// The part of a container's status the agent reads.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeContainerStatus {
+    /// Container name.
     pub name: String,
+    /// `<runtime>://<id>` of the running instance.
     #[serde(default, rename = "containerID")]
     pub container_id: Option<String>,
     /// Requests applied by the kubelet (in-place resize).
     #[serde(default)]
     pub resources: Option<Requests>,
+    /// The previous instance's end, when it had one.
     #[serde(default)]
     pub last_state: Option<LastState>,
 }
 
+/// A container's previous state.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct LastState {
+    /// Set when the previous instance terminated.
     #[serde(default)]
     pub terminated: Option<Terminated>,
 }
 
+/// How a container instance ended.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Terminated {
+    /// Why, such as `OOMKilled`.
     #[serde(default)]
     pub reason: Option<String>,
+    /// `<runtime>://<id>` of the ended instance.
     #[serde(default, rename = "containerID")]
     pub container_id: Option<String>,
+    /// When it started.
     #[serde(default)]
     pub started_at: Option<Time>,
+    /// When it ended.
     #[serde(default)]
     pub finished_at: Option<Time>,
 }
@@ -121,24 +153,33 @@ pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// History key: one autoscaler, one container name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
+    /// The autoscaler.
     pub autoscaler: AutoscalerRef,
+    /// The container's name.
     pub container: String,
 }
 
 /// Min/max of a container policy, in millicores and bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct Limits {
+    /// Least CPU to recommend, in millicores.
     pub min_cpu_milli: Option<f64>,
+    /// Most CPU to recommend, in millicores.
     pub max_cpu_milli: Option<f64>,
+    /// Least memory to recommend, in bytes.
     pub min_memory_bytes: Option<f64>,
+    /// Most memory to recommend, in bytes.
     pub max_memory_bytes: Option<f64>,
 }
 
 /// What the autoscaler's policy says about one container.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Policy {
+    /// Whether CPU is recommended.
     pub cpu: bool,
+    /// Whether memory is recommended.
     pub memory: bool,
+    /// Bounds of the recommendation.
     pub limits: Limits,
 }
 
@@ -155,16 +196,23 @@ impl Default for Policy {
 /// One running, autoscaled container on this node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Target {
+    /// Its history key.
     pub key: Key,
+    /// Namespace of its pod.
     pub pod_namespace: String,
+    /// Name of its pod.
     pub pod_name: String,
     /// UID of the pod cgroup (the static pod's own UID for mirror pods).
     pub cgroup_uid: String,
+    /// Container ID without the runtime prefix.
     pub container_id: String,
     /// Current requests: millicores and bytes.
     pub cpu_request_milli: Option<u64>,
+    /// Current memory request, in bytes.
     pub memory_request_bytes: Option<u64>,
+    /// Containers in the pod (the policy's floors are shared among them).
     pub containers_per_pod: usize,
+    /// What the autoscaler's policy says about this container.
     pub policy: Policy,
     /// The previous instance of this container was OOM-killed: (its container ID, when).
     pub last_oom: Option<(String, i64)>,
@@ -183,6 +231,7 @@ pub fn cgroup_uid(pod: &NodePod) -> Option<String> {
     pod.metadata.uid.clone()
 }
 
+/// Name of the DaemonSet that controls the pod, if one does.
 pub fn daemonset_owner(pod: &NodePod) -> Option<&str> {
     controlling_daemonset(pod.owner_references())
 }
@@ -332,7 +381,9 @@ pub fn autoscaler_refs(autoscalers: &[Arc<DaemonSetAutoscaler>]) -> BTreeMap<Aut
 /// Reflector stores of this node's pods and of every autoscaler.
 #[derive(Clone)]
 pub struct Stores {
+    /// This node's pods.
     pub pods: Store<NodePod>,
+    /// Every `DaemonSetAutoscaler`.
     pub autoscalers: Store<DaemonSetAutoscaler>,
 }
 
@@ -342,6 +393,7 @@ impl Stores {
         self.pods.wait_until_ready().await.is_ok() && self.autoscalers.wait_until_ready().await.is_ok()
     }
 
+    /// [`targets`] and [`autoscaler_refs`] of what the stores hold now.
     pub fn targets(&self) -> (Vec<Target>, BTreeMap<AutoscalerRef, ()>) {
         let autoscalers = self.autoscalers.state();
         (

@@ -28,45 +28,67 @@ pub const FIELD_MANAGER: &str = "nodewarden-agent";
 /// One container's published figures, in millicores and bytes, plus the request it had.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
+    /// The recommended requests, within the policy's limits.
     pub target: Figures,
+    /// Lower bound, within the policy's limits.
     pub lower: Figures,
+    /// Upper bound, within the policy's limits; `None` when the estimator gives none.
     pub upper: Option<Figures>,
+    /// The target before the policy's limits were applied.
     pub uncapped_target: Figures,
     /// Current requests (millicores, bytes) of the running container, if known.
     pub request_cpu_milli: Option<u64>,
+    /// Current memory request of the running container, in bytes, if known.
     pub request_memory_bytes: Option<u64>,
+    /// Samples the recommendation rests on.
     pub sample_count: u64,
+    /// Time of the first sample, in milliseconds since the Unix epoch.
     pub first_sample_ms: i64,
+    /// Time of the last sample, in milliseconds since the Unix epoch.
     pub last_sample_ms: i64,
+    /// OOM kills seen.
     pub oom_count: u64,
 }
 
 /// Millicores and bytes; `None` for a resource the autoscaler does not control.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct Figures {
+    /// CPU in millicores.
     pub cpu_milli: Option<u64>,
+    /// Memory in bytes.
     pub memory_bytes: Option<u64>,
 }
 
+/// Every container's figures, as written in (or due for) one `NodeRecommendation`.
 pub type Snapshot = BTreeMap<Key, Entry>;
 
 /// Why a write is due.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reason {
+    /// Nothing was written yet and there is something to write.
     First,
+    /// The set of containers changed.
     ContainersChanged,
+    /// A target moved by more than the change threshold.
     TargetMoved {
+        /// The container.
         container: String,
+        /// `cpu` or `memory`.
         resource: &'static str,
     },
+    /// The current request moved to another side of the [lower, upper] range.
     BoundCrossedRequest {
+        /// The container.
         container: String,
+        /// `cpu` or `memory`.
         resource: &'static str,
     },
+    /// Nothing material changed, but the refresh interval passed.
     Refresh,
 }
 
 impl Reason {
+    /// The reason as a metric label value (`first`, `containers-changed`, …).
     pub fn as_str(&self) -> &'static str {
         match self {
             Reason::First => "first",

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::histogram::{DecayingHistogram, HistogramError, HistogramOptions, StoredHistogram, stored_time};
 
+/// One mebibyte, in bytes.
 pub const MIB: f64 = 1024.0 * 1024.0;
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
@@ -42,30 +43,47 @@ const DAY_MS: i64 = 24 * 3600 * 1000;
 /// weight from `model/aggregations_config.go` (lines 60-82).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EstimatorConfig {
+    /// Usage percentile of the target (0.9).
     pub target_percentile: f64,
+    /// Usage percentile of the lower bound (0.5).
     pub lower_bound_percentile: f64,
+    /// Usage percentile of the upper bound (0.95).
     pub upper_bound_percentile: f64,
+    /// Fraction added to every figure (0.15).
     pub safety_margin: f64,
+    /// Upper bound × (1 + multiplier / confidence)^exponent: the multiplier (1).
     pub upper_confidence_multiplier: f64,
+    /// The upper bound's exponent (1).
     pub upper_confidence_exponent: f64,
+    /// Lower bound × (1 + multiplier / confidence)^exponent: the multiplier (0.001).
     pub lower_confidence_multiplier: f64,
+    /// The lower bound's exponent (−2).
     pub lower_confidence_exponent: f64,
     /// Samples that count as one day of confidence (VPA: one per minute).
     pub confidence_samples_per_day: f64,
+    /// Smallest CPU figure per pod, in cores, shared among its containers (0.025).
     pub pod_min_cpu_cores: f64,
+    /// Smallest memory figure per pod, in bytes, shared among its containers (250 MiB).
     pub pod_min_memory_bytes: f64,
+    /// An OOM kill adds a peak of at least the memory used × this (1.2).
     pub oom_bump_ratio: f64,
+    /// An OOM kill adds a peak of at least the memory used + this many bytes (100 MiB).
     pub oom_min_bump_bytes: f64,
     /// The weight of every CPU sample (VPA's `minSampleWeight`, `model/aggregations_config.go`
     /// line 62, which `model/aggregate_container_state.go` line 254 gives to each sample).
     pub min_cpu_sample_weight: f64,
+    /// Half-life of CPU samples' weight, in milliseconds (24 h).
     pub cpu_half_life_ms: i64,
+    /// Half-life of memory peaks' weight, in milliseconds (24 h).
     pub memory_half_life_ms: i64,
+    /// Length of a memory aggregation interval, in milliseconds (24 h); one peak per interval.
     pub memory_interval_ms: i64,
     /// Intervals after which a history with no new sample is dropped (VPA: the aggregate
     /// expires, `model/aggregate_container_state.go` line 306); peaks are not counted.
     pub memory_interval_count: usize,
+    /// Bucket layout of the CPU histogram (cores).
     pub cpu_options: HistogramOptions,
+    /// Bucket layout of the memory histogram (bytes).
     pub memory_options: HistogramOptions,
 }
 
@@ -117,7 +135,9 @@ impl Default for EstimatorConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Peak {
+    /// End of its interval, in milliseconds since the Unix epoch.
     pub window_end_ms: i64,
+    /// The largest working set, in bytes.
     pub bytes: f64,
 }
 
@@ -136,9 +156,13 @@ pub struct History {
     oom_peak: f64,
     /// Time of the last memory sample or OOM kill taken in; 0 before the first.
     last_memory_sample_ms: i64,
+    /// Time of the first CPU sample, in milliseconds since the Unix epoch.
     pub first_sample_ms: i64,
+    /// Time of the last CPU sample, in milliseconds since the Unix epoch.
     pub last_sample_ms: i64,
+    /// CPU samples taken in.
     pub sample_count: u64,
+    /// OOM kills recorded.
     pub oom_count: u64,
     /// When the last OOM kill was recorded (0: never).
     pub last_oom_ms: i64,
@@ -148,6 +172,7 @@ pub struct History {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StoredHistory {
+    /// The CPU histogram.
     pub cpu: StoredHistogram,
     /// The memory histogram (checkpoint version 2 on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,14 +180,23 @@ pub struct StoredHistory {
     /// Finished intervals' peaks (checkpoint version 1 only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub past_peaks: Vec<Peak>,
+    /// End (exclusive) of the current memory interval, in milliseconds since the Unix epoch.
     pub window_end_ms: i64,
+    /// The current interval's peak of real samples, in bytes.
     pub memory_peak: f64,
+    /// The current interval's peak of OOM bumps, in bytes.
     pub oom_peak: f64,
+    /// Time of the last memory sample or OOM kill taken in, in milliseconds since the Unix epoch.
     pub last_memory_sample_ms: i64,
+    /// [`History::first_sample_ms`].
     pub first_sample_ms: i64,
+    /// [`History::last_sample_ms`].
     pub last_sample_ms: i64,
+    /// [`History::sample_count`].
     pub sample_count: u64,
+    /// [`History::oom_count`].
     pub oom_count: u64,
+    /// [`History::last_oom_ms`] (0 in older checkpoints).
     #[serde(default)]
     pub last_oom_ms: i64,
 }
@@ -171,14 +205,20 @@ pub struct StoredHistory {
 /// bound yet" (zero confidence).
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct Estimate {
+    /// The recommended requests.
     pub target: Resources,
+    /// The lower-bound percentile, with the margin, confidence factor and floor applied.
     pub lower_bound: Resources,
+    /// The upper-bound percentile likewise; `None` with zero confidence (no CPU history).
     pub upper_bound: Option<Resources>,
 }
 
+/// CPU in cores and memory in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct Resources {
+    /// CPU in cores.
     pub cpu_cores: f64,
+    /// Memory in bytes.
     pub memory_bytes: f64,
 }
 
@@ -194,6 +234,7 @@ fn whole_millicores(cores: f64) -> f64 {
 }
 
 impl History {
+    /// An empty history; fails when the configured histogram half-lives are below 1 ms.
     pub fn new(cfg: &EstimatorConfig) -> Result<Self, HistogramError> {
         Ok(History {
             cpu: DecayingHistogram::new(cfg.cpu_options, cfg.cpu_half_life_ms)?,
@@ -379,6 +420,7 @@ impl History {
         }
     }
 
+    /// The history as stored in the checkpoint (version 2).
     pub fn to_stored(&self) -> StoredHistory {
         StoredHistory {
             cpu: self.cpu.to_stored(),

@@ -30,12 +30,15 @@ struct Meta {
 pub struct PublishConfig {
     /// 0.1: a target must move by more than 10 %.
     pub change_threshold: f64,
+    /// Milliseconds after which an unchanged recommendation is written again.
     pub refresh_ms: i64,
     /// At most one write per this many milliseconds: a material change within it waits for
     /// its end (so writes stay bounded even with a very short sample interval).
     pub min_interval_ms: i64,
 }
 
+/// The agent's state between ticks: the histories, the cgroup locator, the counters read last
+/// and what was last published.
 pub struct Sampler {
     cfg: EstimatorConfig,
     publish: PublishConfig,
@@ -59,7 +62,9 @@ pub struct Sampler {
 /// A tick's outcome: the spec to write, if a write is due.
 #[derive(Debug)]
 pub struct Tick {
+    /// Containers measured in this tick.
     pub tracked: usize,
+    /// Why and what to write to `NodeRecommendation/<node>`, when a write is due.
     pub publish: Option<(Reason, NodeRecommendationSpec)>,
 }
 
@@ -174,6 +179,7 @@ impl Sampler {
         }
     }
 
+    /// The histories as a checkpoint saved at `now_ms`.
     pub fn checkpoint(&self, now_ms: i64) -> Checkpoint {
         Checkpoint {
             version: checkpoint::VERSION,
@@ -192,6 +198,7 @@ impl Sampler {
         }
     }
 
+    /// The history of one container, if there is one.
     pub fn history(&self, key: &Key) -> Option<&History> {
         self.histories.get(key)
     }
@@ -201,6 +208,7 @@ impl Sampler {
         self.locator.walks
     }
 
+    /// How many histories are kept.
     pub fn history_count(&self) -> usize {
         self.histories.len()
     }

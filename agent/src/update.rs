@@ -126,8 +126,11 @@ impl UpdateArgs {
 /// What one pod's round came to (for tests and logs).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
+    /// Nothing to do; why, as a label.
     Left(&'static str),
+    /// Resized in place to the figures given.
     Resized(String),
+    /// Evicted, for the reason given, so its DaemonSet re-creates it.
     Evicted(String),
     /// An action was wanted but did not happen (budget, interval, PDB, an error).
     Held(String),
@@ -202,6 +205,7 @@ fn watch_limit_ranges(client: Client, stop: CancellationToken) -> Store<LimitRan
 }
 
 impl Updater {
+    /// An updater for `node`; evictions go through `evictions`, a client that does not retry 429.
     pub fn new(
         client: Client,
         evictions: Client,
@@ -655,11 +659,14 @@ impl Updater {
 /// pod twice (evicted by another agent and not yet back), which only makes the budget stricter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
+    /// The rollout's `maxUnavailable`, in pods.
     pub max_unavailable: u32,
+    /// Pods unavailable now.
     pub unavailable: u32,
 }
 
 impl Budget {
+    /// The budget from the DaemonSet's spec and status (leases are counted in [`Budget::allows`]).
     pub fn of(ds: &DaemonSet) -> Budget {
         let status = ds.status.as_ref();
         let desired = status.map_or(0, |s| s.desired_number_scheduled.max(0)) as u32;

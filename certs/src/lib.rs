@@ -20,6 +20,8 @@
 //! # Ok::<(), CertError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod bundle;
 mod ca;
 mod duration;

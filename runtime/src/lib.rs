@@ -9,6 +9,8 @@
 //! - [`client`]: the API server client and the backoff of its retries,
 //! - [`events`]: Events on the objects acted on (one publisher, notes kept within the API's limit).
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod client;
 pub mod duration;

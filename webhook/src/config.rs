@@ -13,6 +13,7 @@ use crate::certificates::CertArgs;
 use crate::claims::{ClaimsPolicy, Principals, ServiceAccountName};
 use crate::node_reports::NodeReportsArgs;
 
+/// The command line and environment of `nodewarden-webhook`.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nodewarden-webhook",

@@ -8,6 +8,8 @@
 //! together with [`metrics`];
 //! `main.rs` parses flags and calls [`run`].
 
+#![warn(missing_docs)]
+
 pub mod admission;
 pub mod app;
 pub mod certificates;

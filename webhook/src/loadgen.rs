@@ -48,12 +48,16 @@ fn histogram() -> Histogram<u64> {
 
 /// A throwaway CA and a serving certificate for [`SERVER_NAME`], valid for an hour.
 pub struct BenchCerts {
+    /// The CA's certificate, PEM; clients trust it.
     pub ca_pem: String,
+    /// The serving certificate, PEM.
     pub cert_pem: String,
+    /// The serving certificate's private key, PEM.
     pub key_pem: String,
 }
 
 impl BenchCerts {
+    /// Generates the CA and issues the serving certificate; fails only if certificate generation does.
     pub fn generate() -> Result<Self> {
         let ca = Ca::generate(&CaConfig {
             common_name: "bench".into(),
@@ -77,6 +81,7 @@ impl BenchCerts {
 
 /// The admission router behind the TLS server, on one current-thread runtime in its own thread.
 pub struct Server {
+    /// The loopback address the server listens on.
     pub addr: SocketAddr,
     /// CPU time of the server's thread (`/proc/thread-self/schedstat`).
     pub cpu: CpuClock,
@@ -186,7 +191,9 @@ pub fn resident_bytes(pid: Option<u32>) -> u64 {
 /// Which protocols the client offers by ALPN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Alpn {
+    /// HTTP/2 only.
     H2,
+    /// HTTP/1.1 only.
     Http1,
     /// Both, HTTP/2 first: the server picks.
     Either,
@@ -259,6 +266,7 @@ impl Conn {
         }
     }
 
+    /// Whether the connection speaks HTTP/2 (the server chose `h2` by ALPN).
     pub fn is_h2(&self) -> bool {
         matches!(self.sender, Sender::H2(_))
     }
@@ -327,6 +335,7 @@ pub fn patched(body: &[u8]) -> bool {
 pub struct Load {
     /// Requests go round-robin over these connections.
     pub conns: Vec<Conn>,
+    /// The request path, such as an admission route.
     pub path: &'static str,
     /// Request bodies, taken in turn.
     pub bodies: Arc<[Bytes]>,
@@ -338,9 +347,13 @@ pub struct Load {
 
 /// The outcome of one phase.
 pub struct Phase {
+    /// Requests answered with an accepted answer.
     pub reviews: u64,
+    /// Requests that failed or whose answer was not accepted.
     pub failures: u64,
+    /// Wall time of the phase.
     pub wall: Duration,
+    /// CPU time the server's thread used during the phase.
     pub server_cpu: Duration,
     /// Latency of each successful review, in microseconds.
     pub latency: Histogram<u64>,

@@ -52,6 +52,7 @@ impl fmt::Display for Mounts {
 /// One `cgroup` (v1) mount from the mount table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountEntry {
+    /// Where the hierarchy is mounted.
     pub mount_point: PathBuf,
     /// The super options: the controllers (`cpu`, `cpuacct`, `memory`, `name=systemd`, …)
     /// besides `rw`/`ro` and the like.

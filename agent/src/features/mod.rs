@@ -34,7 +34,9 @@ pub use scrape::{ScrapeError, Scraper, classify};
 pub const METRIC: &str = "kubernetes_feature_enabled";
 /// Component names in the report.
 pub const KUBELET: &str = "kubelet";
+/// Component name of kube-proxy in the report.
 pub const KUBE_PROXY: &str = "kube-proxy";
+/// Component name of this agent in the report.
 pub const AGENT: &str = "nodewarden-agent";
 /// Field manager of the report.
 pub const FIELD_MANAGER: &str = "nodewarden-agent";

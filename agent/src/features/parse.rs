@@ -11,7 +11,9 @@ use super::{AGENT, AGENT_GATES, METRIC};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {why} (expected {METRIC}{{name=\"Gate\",stage=\"BETA\"}} 1)")]
 pub struct ParseError {
+    /// Line number in the exposition, from 1.
     pub line: usize,
+    /// What is wrong with the line.
     pub why: String,
 }
 

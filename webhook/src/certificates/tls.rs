@@ -25,22 +25,52 @@ use rustls::{
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use tokio_util::sync::CancellationToken;
 
+/// Why a certificate, key or client CA could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A file could not be read.
     #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The certificate file holds no PEM certificate.
     #[error("{path} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)")]
-    NoCertificate { path: PathBuf },
+    NoCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The key file holds no PEM private key (PKCS#8, PKCS#1 or SEC1).
     #[error("{path} holds no PEM private key (expected PKCS#8, PKCS#1 or SEC1)")]
-    NoKey { path: PathBuf },
+    NoKey {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A file is not valid PEM.
     #[error("{path}: {message}")]
-    Pem { path: PathBuf, message: String },
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What the PEM parser reported.
+        message: String,
+    },
+    /// The private key is of a type rustls cannot sign with.
     #[error("the private key cannot be used: {0}")]
     Key(rustls::Error),
+    /// The private key does not match the certificate's public key.
     #[error("the private key does not belong to the certificate: {0}")]
     Mismatch(rustls::Error),
+    /// No certificate in the client CA file could be added as a trust anchor, or the verifier
+    /// could not be built from them.
     #[error("{path}: no certificate in it can be a client CA: {message}")]
-    ClientCa { path: PathBuf, message: String },
+    ClientCa {
+        /// The client CA file.
+        path: PathBuf,
+        /// What rustls reported.
+        message: String,
+    },
 }
 
 /// Parses a PEM certificate chain and key into a rustls [`CertifiedKey`], checking that they belong together.

@@ -47,6 +47,7 @@ pub trait ClaimView: Send + Sync {
 /// A fixed set of existing claims, for tests (feature `test-util`).
 #[derive(Clone, Debug, Default)]
 pub struct StaticView {
+    /// The existing claims of each shape, by name; a shape missing here is not known.
     pub claims: BTreeMap<Shape, BTreeMap<String, Presence>>,
 }
 
