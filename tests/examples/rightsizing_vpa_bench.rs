@@ -6,13 +6,15 @@
 //! * VPA: the admission-controller built from its Go module by `tests/vpa/build.sh`, against a
 //!   control plane of its own (the harness), with one VerticalPodAutoscaler per DaemonSet (20
 //!   by default) carrying a recommendation in its status, `GOMAXPROCS=1` (one core).
-//! * nodewarden as deployed: the release binary `nodewarden-webhook` (built first), with the
-//!   chart's defaults (multi-thread runtime, every route and middleware, JSON logs at info, one
-//!   line per patched pod, written to a file as a container runtime would), against the same
+//! * nodewarden as deployed: the binary of its image (`nodewarden-webhook`, built first by the
+//!   image build: static, release profile, stripped), with the
+//!   chart's defaults (multi-thread runtime, every route and middleware, JSON logs at info
+//!   written to a file as a container runtime would), against the same
 //!   control plane, its index filled by its own watches from 20 DaemonSetAutoscalers and 5,000
 //!   NodeRecommendations of 40 recommendations each.
-//! * Both servers are pinned to the same one core (`taskset -c 1`), the load generator (this
-//!   process) to the other; server CPU is the whole process's on both sides (user + system of
+//! * Both servers start pinned to the same one core (`taskset -c 1`), so each sizes its runtime
+//!   to one core (one Tokio worker; `GOMAXPROCS=1`), the load generator (this process) is pinned
+//!   to the other; server CPU is the whole process's on both sides (user + system of
 //!   `/proc/<pid>/stat`: every thread, the Go runtime's GC and informers, nodewarden's watches
 //!   and logging).
 //! * The same 5,000 DaemonSet pod CREATE reviews (the recorded review, moved to each node and
@@ -248,31 +250,18 @@ async fn nodewarden_objects(cp: &ControlPlane, client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// The release binary of the webhook, built now, beside this example's folder.
+/// The webhook's binary exactly as its image holds it (built now by the image build: static,
+/// the image's profile and flags, symbols stripped), so the figures are the deployed program's.
+/// A build of its own also keeps this example's `loadgen` feature out of the binary.
+/// `NODEWARDEN_WEBHOOK_BIN` names another binary instead (a build with symbols, for profiling).
 fn webhook_build() -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "nodewarden-webhook",
-            "--bin",
-            "nodewarden-webhook",
-        ])
-        .status()
-        .context("building nodewarden-webhook")?;
-    if !status.success() {
-        bail!("building nodewarden-webhook failed");
+    if let Some(bin) = std::env::var_os("NODEWARDEN_WEBHOOK_BIN") {
+        return Ok(PathBuf::from(bin));
     }
-    let exe = std::env::current_exe()?;
-    // target/release/examples/<this> → target/release/nodewarden-webhook
-    let release = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("{} has no release folder", exe.display()))?;
-    Ok(release.join("nodewarden-webhook"))
+    use xtask::image::{self, BuildOptions, WEBHOOK};
+    let mut opts = BuildOptions::for_repo(&image::repo_root()).context("image build options")?;
+    opts.progress = true;
+    image::build_static_binary(&opts, WEBHOOK.package, WEBHOOK.package, WEBHOOK.profile)
 }
 
 /// Whether the answer patches node `i`'s pod of DaemonSet `k` with that node's CPU figure.
@@ -328,8 +317,12 @@ async fn main() -> Result<()> {
     write_file(&dir.path().join("ca.crt"), cp.ca_pem().as_bytes(), false)?;
     let port = free_port()?;
     let log = std::fs::File::create(dir.path().join("vpa.log"))?;
-    let mut vpa = tokio::process::Command::new(bin.join("vpa-admission-controller"))
+    // both servers start on the one core they get (`taskset`), so each sizes its own runtime
+    // to it, as in a cpuset of one core
+    let mut vpa = tokio::process::Command::new("taskset")
         .env("GOMAXPROCS", "1")
+        .args(["-c".to_string(), "1".to_string()])
+        .arg(bin.join("vpa-admission-controller"))
         .args([
             format!("--kubeconfig={}", cp.kubeconfig_path().display()),
             format!("--client-ca-file={}", dir.path().join("ca.crt").display()),
@@ -346,12 +339,13 @@ async fn main() -> Result<()> {
         .spawn()
         .context("starting vpa-admission-controller")?;
     let vpa_pid = vpa.id().ok_or_else(|| anyhow!("no pid"))?;
-    pin(vpa_pid, 1);
 
     // nodewarden with the chart's settings (its environment variables' values), logs to a file
     let (nw_port, nw_admin) = (free_port()?, free_port()?);
     let nw_log = std::fs::File::create(dir.path().join("nodewarden.log"))?;
-    let mut webhook = tokio::process::Command::new(&webhook_bin)
+    let mut webhook = tokio::process::Command::new("taskset")
+        .args(["-c", "1"])
+        .arg(&webhook_bin)
         .args([
             format!("--listen-addr=127.0.0.1:{nw_port}"),
             format!("--admin-addr=127.0.0.1:{nw_admin}"),
@@ -369,7 +363,6 @@ async fn main() -> Result<()> {
         .spawn()
         .context("starting nodewarden-webhook")?;
     let nw_pid = webhook.id().ok_or_else(|| anyhow!("no pid"))?;
-    pin(nw_pid, 1);
     let nw_addr: SocketAddr = format!("127.0.0.1:{nw_port}").parse()?;
     let bodies: Arc<[Bytes]> = (0..NODES).map(|i| review(i, i % AUTOSCALERS)).collect();
 
@@ -426,7 +419,7 @@ async fn main() -> Result<()> {
     let mut targets = Vec::new();
     for (name, addr, path, cpu) in [
         (
-            "nodewarden (release binary)",
+            "nodewarden (image binary)",
             nw_addr,
             "/mutate/pods",
             Arc::new(move || process_cpu_ns(nw_pid)) as CpuClock,

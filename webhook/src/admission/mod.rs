@@ -498,16 +498,8 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
             return (StatusCode::BAD_REQUEST, "could not read the request body\n").into_response();
         }
     };
-    let span = info_span!(
-        "admission",
-        route = state.path,
-        uid = tracing::field::Empty,
-        kind = tracing::field::Empty,
-        namespace = tracing::field::Empty,
-        // not `name`: the JSON log writes the span's own name under that key
-        object_name = tracing::field::Empty,
-        operation = tracing::field::Empty
-    );
+    // handlers' own lines carry the route; the outcome line adds the request's identity
+    let span = info_span!("admission", route = state.path);
     // the span is entered around each poll, never held across an await
     let processed = if body.len() >= LARGE_REVIEW_BYTES {
         process_large(&state, body, span.clone()).await
@@ -520,7 +512,7 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
     match processed {
         Processed::Review(out, outcome, ident) => {
             state.metrics.observed(state.path, outcome, started.elapsed());
-            log_outcome(&span, &out, outcome, &ident);
+            log_outcome(state.path, &out, outcome, &ident);
             match serde_json::to_vec(&*out) {
                 Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
                 Err(err) => {
@@ -554,13 +546,40 @@ pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-fn log_outcome(span: &tracing::Span, out: &ReviewOut, outcome: Outcome, ident: &Ident) {
+/// Writes the review's outcome line, if its level is on: in a span named `admission` holding
+/// the route and the request's identity, as a child of the request's span.
+///
+/// Levels: a denial `info`, a malformed review `warn`, a handler's failure `error`; an allowed or
+/// patched review `debug`. A line per admitted pod is a line per pod the cluster creates, and it
+/// cost the server about 40 % of its CPU under load (docs/benchmarks.md); what each review
+/// decided is counted in `nodewarden_admission_requests_total`, and the API server's audit log
+/// records every patch a webhook makes.
+///
+/// The span is made with every field at once. Recording five fields one by one into the
+/// request's span re-encoded the JSON of its fields five times, a tenth of the server's CPU under
+/// load (docs/benchmarks.md); and an allowed review, logged only at debug, now costs nothing here.
+fn log_outcome(route: &'static str, out: &ReviewOut, outcome: Outcome, ident: &Ident) {
+    let enabled = match outcome {
+        Outcome::Allowed | Outcome::Patched => tracing::enabled!(tracing::Level::DEBUG),
+        Outcome::Denied => tracing::enabled!(tracing::Level::INFO),
+        Outcome::Invalid => tracing::enabled!(tracing::Level::WARN),
+        Outcome::Error | Outcome::FailedOpen => tracing::enabled!(tracing::Level::ERROR),
+    };
+    if !enabled {
+        return;
+    }
     // every field comes from the request: clipped, so one review cannot write a 10 MB line
-    span.record("uid", clip(&out.response.uid).as_ref());
-    span.record("kind", clip(&ident.kind).as_ref());
-    span.record("namespace", clip(&ident.namespace).as_ref());
-    span.record("object_name", clip(&ident.name).as_ref());
-    span.record("operation", ident.operation);
+    let span = info_span!(
+        "admission",
+        route,
+        uid = clip(&out.response.uid).as_ref(),
+        kind = clip(&ident.kind).as_ref(),
+        namespace = clip(&ident.namespace).as_ref(),
+        // not `name`: the JSON log writes the span's own name under that key
+        object_name = clip(&ident.name).as_ref(),
+        operation = ident.operation
+    );
+    let _entered = span.enter();
     let reason = clip(
         out.response
             .status
@@ -571,7 +590,7 @@ fn log_outcome(span: &tracing::Span, out: &ReviewOut, outcome: Outcome, ident: &
     // the denial's text is `reason`: a field named `message` would be a second `message` key
     match outcome {
         Outcome::Allowed => debug!("allowed"),
-        Outcome::Patched => info!("patched"),
+        Outcome::Patched => debug!("patched"),
         Outcome::Denied => info!(%reason, "denied"),
         Outcome::Invalid => warn!(%reason, "invalid review"),
         Outcome::Error => tracing::error!(%reason, "handler error"),
