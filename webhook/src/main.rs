@@ -1,12 +1,6 @@
 use clap::Parser;
 use nodewarden_webhook::config::{Command, Config, CrdsCommand};
 
-/// mimalloc instead of the C library's allocator: a review allocates and frees a few hundred
-/// small objects, and glibc's malloc took about a seventh of the server's CPU under load
-/// (docs/benchmarks.md, "Where a review's time goes").
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
