@@ -5,8 +5,10 @@
 //! Every round (`--update-interval`) looks at each autoscaled pod of this node and no other:
 //! * the new figures are [`sizing_on`] of the pod as its DaemonSet's template made it (the
 //!   template is read from the pod's ControllerRevision, cached: revisions never change), with
-//!   the figures this agent published, the autoscaler's fleet figures and the namespace's
-//!   LimitRanges: exactly what the webhook would give a new pod here;
+//!   the figures this agent published, the autoscaler's fleet figures, its node group's figures
+//!   (`scope: NodeGroup`, `coldStart: Group`; the node's labels are read with a metadata GET
+//!   at most every [`NODE_LABELS_MAX_AGE`]) and the namespace's LimitRanges: exactly what the
+//!   webhook would give a new pod here;
 //! * [`decide`] says resize, evict or leave (VPA's updater rules, thresholds as flags);
 //! * a resize is one PATCH of `pods/resize`; a resize the API server refuses (a QoS class
 //!   change, say), the kubelet calls Infeasible, or that hangs, falls back to eviction;
@@ -24,7 +26,7 @@ use std::time::Duration;
 use clap::Args;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Container, LimitRange, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, LimitRange, Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
@@ -34,7 +36,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::domain::quantity::format_amount;
-use nodewarden_api::domain::sizing::{Amounts, ContainerSizing, Targets, fleet_targets, sizing_on};
+use nodewarden_api::domain::sizing::{Amounts, ContainerSizing, Targets, figures_for, sizing_on};
 use nodewarden_api::domain::update::{
     Action, Bounds, Current, Facts, Leave, ResizeState, Thresholds, Why, decide,
 };
@@ -55,6 +57,8 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 pub const LEASE_LABEL: &str = "nodewarden.io/disruption";
 /// The annotation of a disruption lease: the DaemonSet it is for (`namespace/name`).
 pub const LEASE_DAEMONSET: &str = "nodewarden.io/daemonset";
+/// How long the node's labels (for its node group) are used before they are read again.
+pub const NODE_LABELS_MAX_AGE: Duration = Duration::from_secs(300);
 /// Cached templates, at most (revisions are immutable; the cache is emptied when full).
 const TEMPLATE_CACHE: usize = 512;
 /// Pods acted on per round, at most (the rest wait for the next round).
@@ -154,6 +158,8 @@ pub struct Updater {
     report: Option<watch::Sender<Vec<NodePods>>>,
     /// Disruption leases this agent holds: (namespace, daemonset) → (lease name, evicted pod UID).
     held: HashMap<(String, String), (String, String)>,
+    /// This node's labels and when they were read (for node groups).
+    labels: Option<(tokio::time::Instant, BTreeMap<String, String>)>,
 }
 
 /// Runs the updater until `stop`.
@@ -227,7 +233,32 @@ impl Updater {
             retry_at: HashMap::new(),
             report: None,
             held: HashMap::new(),
+            labels: None,
         }
+    }
+
+    /// The value of label `key` on this node, from its labels read at most
+    /// [`NODE_LABELS_MAX_AGE`] ago; when they cannot be read, the last labels read (or none).
+    async fn node_label(&mut self, key: &str) -> Option<String> {
+        let fresh = self
+            .labels
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < NODE_LABELS_MAX_AGE);
+        if !fresh {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            match nodes.get_metadata(&self.node).await {
+                Ok(node) => {
+                    self.labels = Some((
+                        tokio::time::Instant::now(),
+                        node.metadata.labels.unwrap_or_default(),
+                    ));
+                }
+                Err(err) => {
+                    tracing::warn!(node = %self.node, error = %err, "reading the node's labels failed; using the last ones read");
+                }
+            }
+        }
+        self.labels.as_ref()?.1.get(key).cloned()
     }
 
     /// Sends each round's pod counts per autoscaler to `report`.
@@ -281,7 +312,11 @@ impl Updater {
             };
             let autoscaler_name = autoscaler.name_any();
             let (targets, bounds) = node_figures(spec, &ns, &autoscaler_name);
-            let fleet = autoscaler.status.as_ref().map(|s| fleet_targets(&s.fleet));
+            let group = match autoscaler.spec.node_group_label.as_deref() {
+                Some(label) if autoscaler.spec.uses_groups() => self.node_label(label).await,
+                _ => None,
+            };
+            let figures = figures_for(autoscaler, Some(targets), group.as_deref());
             let ranges: Vec<LimitRange> = limit_ranges
                 .iter()
                 .filter(|lr| lr.namespace().as_deref() == Some(ns.as_str()))
@@ -294,13 +329,7 @@ impl Updater {
                 }),
                 ..Pod::default()
             };
-            let sizing = sizing_on(
-                &template_pod,
-                autoscaler,
-                Some(&targets).filter(|t| !t.is_empty()),
-                fleet.as_ref(),
-                &ranges,
-            );
+            let sizing = sizing_on(&template_pod, autoscaler, figures.as_figures(), &ranges);
             let facts = facts(pod, bounds, &self.thresholds);
             let action = decide(mode, &sizing, &facts, &self.thresholds);
             let count = counts.entry((ns.clone(), autoscaler_name.clone())).or_default();

@@ -80,6 +80,14 @@ use crate::quantity::{ResourceList, resource_list_schema};
         json_path = ".spec.coldStart"
     ),
     printcolumn(name = "Ceiling", type_ = "string", priority = 1, json_path = ".spec.ceiling"),
+    printcolumn(name = "Scope", type_ = "string", priority = 1, json_path = ".spec.scope"),
+    printcolumn(
+        name = "Groups",
+        type_ = "string",
+        priority = 1,
+        description = "The node groups with figures (values of spec.nodeGroupLabel)",
+        json_path = ".status.groups[*].value"
+    ),
     printcolumn(
         name = "Unsupported",
         type_ = "string",
@@ -91,9 +99,16 @@ use crate::quantity::{ResourceList, resource_list_schema};
 pub struct DaemonSetAutoscalerSpec {
     /// The DaemonSet whose pods are right-sized. It lives in the autoscaler's namespace.
     pub target_ref: TargetRef,
-    /// How far a recommendation reaches. Only `Node` is supported: every node gets its own figures.
+    /// How far a recommendation reaches: `Node` (every node its own figures) or `NodeGroup`
+    /// (the nodes that share a value of the label `nodeGroupLabel` share one figure per container).
     #[serde(default)]
     pub scope: Scope,
+    /// The node label whose value names a node's group (for example
+    /// `node.kubernetes.io/instance-type`, a node pool's label, or `topology.kubernetes.io/zone`).
+    /// Required with `scope: NodeGroup` and with `coldStart: Group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317))]
+    pub node_group_label: Option<String>,
     /// When recommendations are applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_policy: Option<UpdatePolicy>,
@@ -141,6 +156,17 @@ pub enum Scope {
     /// One recommendation per node.
     #[default]
     Node,
+    /// One recommendation per group of nodes: the nodes that share a value of the label
+    /// `nodeGroupLabel`. A node without the label, or of a group with no figure yet, gets its own
+    /// figure, else the cold-start choice.
+    NodeGroup,
+}
+
+impl DaemonSetAutoscalerSpec {
+    /// Whether pods read a group figure (`scope: NodeGroup` or `coldStart: Group`).
+    pub fn uses_groups(&self) -> bool {
+        self.scope == Scope::NodeGroup || self.cold_start == ColdStart::Group
+    }
 }
 
 /// When recommendations are applied to pods.
@@ -299,6 +325,11 @@ pub enum ColdStart {
     Template,
     /// The fleet figure: the 90th percentile of the other nodes' targets, at most twice their median.
     Fleet,
+    /// The figure of the node's group (the nodes that share its value of `nodeGroupLabel`),
+    /// computed as the fleet figure is but over the group's nodes; kept in the status after the
+    /// group's last node is gone. A node without the label or of a group with no figure gets the
+    /// fleet figure.
+    Group,
 }
 
 /// An upper cap applied after `maxAllowed`.
@@ -333,6 +364,16 @@ pub struct DaemonSetAutoscalerStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub fleet: Vec<FleetRecommendation>,
+    /// The node label the `groups` are for (the spec's `nodeGroupLabel` when they were computed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_group_label: Option<String>,
+    /// With `scope: NodeGroup` or `coldStart: Group`: per value of the node label, the group's
+    /// figure per container. A group whose nodes are all gone keeps its figures (`nodes: 0`), so a
+    /// new node of a known kind starts from them; the groups with nodes come first, then the
+    /// most recently updated, at most 100.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub groups: Vec<GroupRecommendation>,
     /// Standard Kubernetes conditions of the autoscaler.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -353,6 +394,26 @@ pub struct FleetRecommendation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resource_list_schema")]
     pub median: Option<ResourceList>,
+}
+
+/// The figures of one group of nodes (the nodes that share a value of the node label).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupRecommendation {
+    /// The label's value the group's nodes share.
+    #[schemars(length(max = 63))]
+    pub value: String,
+    /// The group's nodes whose agent published a recommendation for this autoscaler now; 0 when
+    /// none is left (the figures stay).
+    pub nodes: i32,
+    /// When the figures or the node count last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_time: Option<Time>,
+    /// Per container, the group's figure: the 90th percentile of its nodes' targets, at most twice
+    /// their median.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub containers: Vec<FleetRecommendation>,
 }
 
 /// What the agent on one node recommends. The object's name is the node's name; only that

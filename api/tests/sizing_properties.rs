@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use nodewarden_api::domain::sizing::{
-    ANNOTATION_CAPPED, ANNOTATION_PREFIX, Amounts, MAX_SCALED_LIMIT, Targets, format_amount, mutate,
+    ANNOTATION_CAPPED, ANNOTATION_PREFIX, Amounts, Figures, MAX_SCALED_LIMIT, Targets, format_amount, mutate,
     sizing_on,
 };
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, ResourceName};
@@ -334,10 +334,28 @@ fn run(case: &Case) -> Run {
     let node = case.node.as_deref().map(targets);
     let fleet = targets(&case.fleet);
     let ranges = limit_ranges(case);
-    let decision = mutate(&pod, &autoscaler, node.as_ref(), Some(&fleet), &ranges);
+    let decision = mutate(
+        &pod,
+        &autoscaler,
+        Figures {
+            node: node.as_ref(),
+            group: None,
+            fleet: Some(&fleet),
+        },
+        &ranges,
+    );
     let mut after = before.clone();
     json_patch::patch(&mut after, &decision.patch).expect("the patch applies");
-    let sizing = sizing_on(&pod, &autoscaler, node.as_ref(), Some(&fleet), &ranges);
+    let sizing = sizing_on(
+        &pod,
+        &autoscaler,
+        Figures {
+            node: node.as_ref(),
+            group: None,
+            fleet: Some(&fleet),
+        },
+        &ranges,
+    );
     Run {
         before,
         after,
@@ -461,7 +479,7 @@ proptest! {
         let autoscaler = autoscaler(&case);
         let node = case.node.as_deref().map(targets);
         let fleet = targets(&case.fleet);
-        let second = mutate(&pod, &autoscaler, node.as_ref(), Some(&fleet), &limit_ranges(&case));
+        let second = mutate(&pod, &autoscaler, Figures { node: node.as_ref(), group: None, fleet: Some(&fleet) }, &limit_ranges(&case));
         let mut twice = first.after.clone();
         json_patch::patch(&mut twice, &second.patch).expect("the second patch applies");
         // The one exception: the capped annotation, which names the caps that bounded the

@@ -7,7 +7,9 @@
 //! kube-apiserver calls it for the DaemonSet pods the real DaemonSet controller creates and
 //! applies its patch. Then: the node-reports guard refuses node A's token for node B's report;
 //! cold start with `Template` and with `Fleet`; with the webhook stopped, pods are still
-//! created, as the template says (`failurePolicy: Ignore`).
+//! created, as the template says (`failurePolicy: Ignore`). A second test groups nodes by
+//! instance type (`coldStart: Group`): new nodes get their group's figure, also after the
+//! group's nodes are gone.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,8 +27,9 @@ use nodewarden_api::rightsizing::{
 };
 use nodewarden_tests::process::{free_ports, write_file};
 use nodewarden_tests::{
-    Hook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, daemonset_pod_target_node, e2e, read_crds,
-    register_mutating_webhooks, register_validating_webhooks, simple_daemonset, wait_for_daemonset_pods,
+    Hook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, create_ready_node,
+    daemonset_pod_target_node, e2e, read_crds, register_mutating_webhooks, register_validating_webhooks,
+    simple_daemonset, wait_for_daemonset_pods,
 };
 use nodewarden_webhook::config::Config;
 use serde_json::json;
@@ -35,6 +38,9 @@ use tokio_util::sync::CancellationToken;
 
 const AGENT_SA: &str = "agent";
 const DS: &str = "node-agent";
+/// The label on this file's NodeRecommendations naming the test that wrote them: the tests run
+/// at once on one control plane, and each one's guard must see its own reports only.
+const TEST_LABEL: &str = "e2e.nodewarden.io/test";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemonset_pods_get_their_node_figures() {
@@ -152,6 +158,163 @@ async fn daemonset_pods_get_their_node_figures() {
     .await;
 }
 
+/// Node groups (`coldStart: Group`, nodes grouped by instance type): a node of each type with
+/// history, then a new node of each type whose pod gets its group's figure; then the nodes
+/// with history are deleted (and their recommendations with them, as the garbage collector
+/// does for the real agent's, which the Node owns), the groups keep their figures in the
+/// autoscaler's status, and a pod on another new node still gets its group's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_nodes_get_their_group_figure_after_the_group_nodes_are_gone() {
+    const TYPE: &str = "node.kubernetes.io/instance-type";
+    e2e("rightsizing-groups", |env| async move {
+        apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        grant_agent_writes(&env).await?;
+        let node = |name: &str, kind: &str| {
+            let env = &env;
+            let name = format!("{}-{name}", env.id);
+            let kind = kind.to_string();
+            async move {
+                let mut labels = env.node_selector();
+                labels.insert("kubernetes.io/hostname".to_string(), name.clone());
+                labels.insert(TYPE.to_string(), kind);
+                create_ready_node(env.cp, &env.client, &name, labels).await?;
+                anyhow::Ok(name)
+            }
+        };
+        let big_old = node("big-0", "big").await?;
+        let small_old = node("small-0", "small").await?;
+
+        let ports = free_ports(2)?;
+        let cert_dir = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
+        register(&env, ports[0]).await?;
+
+        publish(
+            &env,
+            &agent_client(&env, &big_old).await?,
+            &big_old,
+            "800m",
+            "400Mi",
+        )
+        .await?;
+        publish(
+            &env,
+            &agent_client(&env, &small_old).await?,
+            &small_old,
+            "200m",
+            "100Mi",
+        )
+        .await?;
+        let autoscalers: Api<DaemonSetAutoscaler> = env.api();
+        autoscalers
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "nodewarden.io/v1alpha1",
+                    "kind": "DaemonSetAutoscaler",
+                    "metadata": {"name": DS},
+                    "spec": {"targetRef": {"kind": "DaemonSet", "name": DS},
+                             "coldStart": "Group", "nodeGroupLabel": TYPE},
+                }))?,
+            )
+            .await?;
+        let figure = |cpu: &str, memory: &str| {
+            json!([{"containerName": "agent", "target": {"cpu": cpu, "memory": memory},
+                    "median": {"cpu": cpu, "memory": memory}}])
+        };
+        let groups = |s: &serde_json::Value| -> Vec<(String, i64, serde_json::Value)> {
+            s["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    (
+                        g["value"].as_str().unwrap_or_default().to_string(),
+                        g["nodes"].as_i64().unwrap_or(-1),
+                        g["containers"].clone(),
+                    )
+                })
+                .collect()
+        };
+        let both = vec![
+            ("big".to_string(), 1, figure("800m", "400Mi")),
+            ("small".to_string(), 1, figure("200m", "100Mi")),
+        ];
+        let status = wait_for_status(&env, |s| groups(s) == both).await?;
+        ensure!(status["nodeGroupLabel"] == TYPE, "{status}");
+
+        // a new node of each type: its pod gets its group's figure
+        let big_new = node("big-1", "big").await?;
+        let small_new = node("small-1", "small").await?;
+        let mut nodes = vec![
+            big_old.clone(),
+            small_old.clone(),
+            big_new.clone(),
+            small_new.clone(),
+        ];
+        env.api::<DaemonSet>()
+            .create(
+                &PostParams::default(),
+                &simple_daemonset(DS, &env.node_selector())?,
+            )
+            .await?;
+        let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, &nodes).await?;
+        expect_resources(&pods[&big_old], ("800m", "400Mi"), ("1600m", "800Mi"))?;
+        expect_annotation(
+            &pods[&big_old],
+            "rightsizing.nodewarden.io/source",
+            "agent=node-recommendation",
+        )?;
+        // the webhook may see a pod before it sees its brand-new Node's labels (that pod gets the
+        // fleet figure); the DaemonSet's next pod there has them
+        let from_group = |p: &Pod| {
+            p.annotations()
+                .get("rightsizing.nodewarden.io/source")
+                .map(String::as_str)
+                == Some("agent=group")
+        };
+        let big_pod = recreate_until(&env, &big_new, &nodes, from_group).await?;
+        expect_resources(&big_pod, ("800m", "400Mi"), ("1600m", "800Mi"))?;
+        let small_pod = recreate_until(&env, &small_new, &nodes, from_group).await?;
+        expect_resources(&small_pod, ("200m", "100Mi"), ("400m", "200Mi"))?;
+
+        // the nodes with history go, and their recommendations with them
+        let pp = DeleteParams::default();
+        for old in [&big_old, &small_old] {
+            Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+                .delete(old, &pp)
+                .await?;
+            Api::<NodeRecommendation>::all(env.client.clone())
+                .delete(old, &pp)
+                .await?;
+            env.api::<Pod>().delete(&pods[old].name_any(), &pp).await?;
+        }
+        nodes.retain(|n| n != &big_old && n != &small_old);
+        let kept = vec![
+            ("big".to_string(), 0, figure("800m", "400Mi")),
+            ("small".to_string(), 0, figure("200m", "100Mi")),
+        ];
+        // (once the webhook has seen both deletions: no node left, no fleet figure)
+        wait_for_status(&env, |s| {
+            groups(s) == kept && s["nodesWithRecommendation"] == 0 && s.get("fleet").is_none()
+        })
+        .await
+        .context("the groups keep their figures once their nodes are gone")?;
+
+        // a node of a known type that joins now still starts from its group's figure
+        let big_later = node("big-2", "big").await?;
+        nodes.push(big_later.clone());
+        let later_pod = recreate_until(&env, &big_later, &nodes, from_group).await?;
+        expect_resources(&later_pod, ("800m", "400Mi"), ("1600m", "800Mi"))?;
+        webhook.stop().await?;
+        Ok(())
+    })
+    .await;
+}
+
 /// The agent's service account and its right to write NodeRecommendations (so that what refuses
 /// a write is the guard, not RBAC).
 async fn grant_agent_writes(env: &TestEnv) -> Result<()> {
@@ -232,6 +395,8 @@ async fn publish(env: &TestEnv, client: &Client, node: &str, cpu: &str, memory: 
             }],
         },
     );
+    let mut rec = rec;
+    rec.metadata.labels = Some(BTreeMap::from([(TEST_LABEL.to_string(), env.id.clone())]));
     Api::<NodeRecommendation>::all(client.clone())
         .create(&PostParams::default(), &rec)
         .await?;
@@ -410,6 +575,10 @@ async fn register(env: &TestEnv, port: u16) -> Result<()> {
         &["CREATE", "UPDATE"],
     );
     reports.timeout_seconds = 5;
+    // NodeRecommendations are cluster-scoped: this test's guard sees only this test's
+    reports.object_selector = Some(serde_json::from_value(
+        json!({"matchLabels": {TEST_LABEL: env.id}}),
+    )?);
     let mut autoscalers = Hook::new(
         "autoscalers.rightsizing.nodewarden.io",
         "/validate/autoscalers",

@@ -511,8 +511,11 @@ fn decide(case: &Case, pod: &Value) -> mutate::Decision {
     mutate::mutate(
         &typed,
         &case.autoscaler,
-        case.node.as_ref(),
-        case.fleet.as_ref(),
+        mutate::Figures {
+            node: case.node.as_ref(),
+            group: None,
+            fleet: case.fleet.as_ref(),
+        },
         &case.limit_ranges,
     )
 }
@@ -622,7 +625,15 @@ fn update_mode_off_changes_nothing() {
     let a = autoscaler(json!({"updatePolicy": {"updateMode": "Off"}}));
     let pod: Pod = serde_json::from_value(base_pod()).expect("pod");
     let node = targets(&[("agent", Some("1"), Some("1Gi"))]);
-    let decision = mutate::mutate(&pod, &a, Some(&node), None, &[]);
+    let decision = mutate::mutate(
+        &pod,
+        &a,
+        mutate::Figures {
+            node: Some(&node),
+            ..Default::default()
+        },
+        &[],
+    );
     assert_eq!(decision.reason, Reason::UpdateModeOff);
     // only the annotations that say why: no resource is touched
     let ops = serde_json::to_value(&decision.patch).expect("json");
@@ -933,7 +944,16 @@ fn worked_example_of_the_docs() {
     for (i, (spec, node, want)) in rows.into_iter().enumerate() {
         let pod = base_pod();
         let typed: Pod = serde_json::from_value(pod.clone()).expect("pod");
-        let decision = mutate::mutate(&typed, &autoscaler(spec), node, Some(&fleet), &[]);
+        let decision = mutate::mutate(
+            &typed,
+            &autoscaler(spec),
+            mutate::Figures {
+                node,
+                group: None,
+                fleet: Some(&fleet),
+            },
+            &[],
+        );
         let out = apply(&pod, &decision.patch);
         assert_eq!(out["spec"]["containers"][0]["resources"], want, "row {i}");
         if i == 0 {
@@ -956,7 +976,14 @@ fn status_reports_nodes_fleet_and_conditions() {
         targets(&[("agent", Some("300m"), Some("200Mi"))]),
         targets(&[("agent", Some("200m"), None)]),
     ];
-    let status = desired_status(&autoscaler(json!({})), &nodes, Some((3, 2)), false, &now);
+    let status = desired_status(
+        &autoscaler(json!({})),
+        &nodes,
+        &BTreeMap::new(),
+        Some((3, 2)),
+        false,
+        &now,
+    );
     assert_eq!(status.nodes_with_recommendation, Some(3));
     assert_eq!((status.pods_running, status.pods_up_to_date), (Some(3), Some(2)));
     let fleet = serde_json::to_value(&status.fleet).expect("json");
@@ -975,11 +1002,11 @@ fn status_reports_nodes_fleet_and_conditions() {
 
     // no node yet, target present; a condition keeps its transition time while its status stays
     let mut a = autoscaler(json!({}));
-    a.status = Some(desired_status(&a, &[], None, true, &now));
+    a.status = Some(desired_status(&a, &[], &BTreeMap::new(), None, true, &now));
     let later = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::from_second(3600).expect("time"),
     );
-    let again = desired_status(&a, &[], None, true, &later);
+    let again = desired_status(&a, &[], &BTreeMap::new(), None, true, &later);
     assert_eq!(
         Some(&again),
         a.status.as_ref(),
@@ -1020,7 +1047,7 @@ fn validator_lets_an_existing_duplicate_keep_its_target_and_status_flags_bad_pol
     let bad = autoscaler(json!({"resourcePolicy": {"containerPolicies": [
         {"containerName": "*", "minAllowed": {"cpu": "2"}, "maxAllowed": {"cpu": "1"}}]}}));
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    let status = desired_status(&bad, &[], None, true, &now);
+    let status = desired_status(&bad, &[], &BTreeMap::new(), None, true, &now);
     let c = status
         .conditions
         .iter()
@@ -1108,5 +1135,169 @@ fn an_autoscaler_with_more_policies_than_a_pod_has_containers_is_denied() {
     assert!(
         message.contains("containerPolicies: more than 1001 entries"),
         "{message}"
+    );
+}
+
+/// The status's groups: each label value's figure from its nodes; a group whose nodes are gone
+/// keeps its figure (with `nodes: 0`); nothing is rewritten when nothing changed; another label
+/// starts over; at most `MAX_GROUPS`, the ones with nodes kept first.
+#[test]
+fn groups_are_computed_per_label_value_and_outlive_their_nodes() {
+    use nodewarden_webhook::rightsizing::status::{MAX_GROUPS, desired_status};
+    let t = |s: i64| {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(s).expect("time"),
+        )
+    };
+    let mut a =
+        autoscaler(json!({"scope": "NodeGroup", "nodeGroupLabel": "node.kubernetes.io/instance-type"}));
+    let big = vec![
+        targets(&[("agent", Some("800m"), Some("400Mi"))]),
+        targets(&[("agent", Some("600m"), Some("300Mi"))]),
+    ];
+    let small = vec![targets(&[("agent", Some("100m"), Some("64Mi"))])];
+    let all: Vec<Targets> = big.iter().chain(&small).cloned().collect();
+    let live = BTreeMap::from([
+        ("big".to_string(), big.clone()),
+        ("small".to_string(), small.clone()),
+    ]);
+    let status = desired_status(&a, &all, &live, None, true, &t(0));
+    assert_eq!(
+        status.node_group_label.as_deref(),
+        Some("node.kubernetes.io/instance-type")
+    );
+    let groups = serde_json::to_value(&status.groups).expect("json");
+    assert_eq!(
+        groups,
+        json!([
+            {"value": "big", "nodes": 2, "updateTime": "1970-01-01T00:00:00Z", "containers": [
+                {"containerName": "agent", "target": {"cpu": "800m", "memory": "400Mi"},
+                 "median": {"cpu": "600m", "memory": "300Mi"}}]},
+            {"value": "small", "nodes": 1, "updateTime": "1970-01-01T00:00:00Z", "containers": [
+                {"containerName": "agent", "target": {"cpu": "100m", "memory": "64Mi"},
+                 "median": {"cpu": "100m", "memory": "64Mi"}}]},
+        ])
+    );
+    a.status = Some(status.clone());
+    // an hour later, the same figures: the same status, nothing to write
+    assert_eq!(desired_status(&a, &all, &live, None, true, &t(3600)), status);
+
+    // the small nodes are deleted: their group keeps its figure, with no node
+    let only_big = BTreeMap::from([("big".to_string(), big.clone())]);
+    let after = desired_status(&a, &big, &only_big, None, true, &t(7200));
+    let small_group = after.groups.iter().find(|g| g.value == "small").expect("kept");
+    assert_eq!(small_group.nodes, 0);
+    assert_eq!(small_group.containers, status.groups[1].containers);
+    assert_eq!(small_group.update_time, Some(t(7200)));
+    a.status = Some(after.clone());
+    // with no node left at all, both stay
+    let none = desired_status(&a, &[], &BTreeMap::new(), None, true, &t(9000));
+    assert_eq!(
+        none.groups
+            .iter()
+            .map(|g| (g.value.as_str(), g.nodes))
+            .collect::<Vec<_>>(),
+        [("big", 0), ("small", 0)]
+    );
+    assert_eq!(
+        none.groups[1], after.groups[1],
+        "a group without nodes is not rewritten"
+    );
+
+    // another label: the groups are for it alone
+    let mut zoned = a.clone();
+    zoned.spec.node_group_label = Some("topology.kubernetes.io/zone".to_string());
+    let z = desired_status(&zoned, &[], &BTreeMap::new(), None, true, &t(9000));
+    assert!(z.groups.is_empty(), "{:?}", z.groups);
+    // a spec without groups has none
+    let plain = autoscaler(json!({}));
+    assert!(
+        desired_status(&plain, &all, &live, None, true, &t(0))
+            .groups
+            .is_empty()
+    );
+
+    // the cap: groups with nodes are kept before old ones
+    let mut many = a.clone();
+    let old: BTreeMap<String, Vec<Targets>> = (0..MAX_GROUPS)
+        .map(|i| (format!("old-{i:03}"), small.clone()))
+        .collect();
+    many.status = Some(desired_status(&many, &[], &old, None, true, &t(0)));
+    let now_live = BTreeMap::from([("new".to_string(), big.clone())]);
+    let capped = desired_status(&many, &big, &now_live, None, true, &t(60));
+    assert_eq!(capped.groups.len(), MAX_GROUPS);
+    assert!(capped.groups.iter().any(|g| g.value == "new" && g.nodes == 2));
+}
+
+/// A new node of a known group gets its group's figure through the handler (its labels from
+/// the index's Node watch, the figure from the autoscaler's status); a node without the label
+/// falls back to the cold-start choice.
+#[test]
+fn handler_gives_a_new_node_its_group_figure() {
+    let index = RightsizingIndex::new();
+    let mut a =
+        autoscaler(json!({"coldStart": "Group", "nodeGroupLabel": "node.kubernetes.io/instance-type"}));
+    a.status = Some(
+        serde_json::from_value(json!({
+            "fleet": [{"containerName": "agent", "target": {"cpu": "900m", "memory": "900Mi"}}],
+            "nodeGroupLabel": "node.kubernetes.io/instance-type",
+            "groups": [{"value": "m5.large", "nodes": 0,
+                        "containers": [{"containerName": "agent", "target": {"cpu": "350m", "memory": "160Mi"}}]}],
+        }))
+        .expect("status"),
+    );
+    index.apply_autoscaler(a);
+    let handler = PodMutator::new(index.clone());
+    let resources = || {
+        let review = review();
+        let response = handler.review(&request(&review));
+        let out = apply(
+            &review["request"]["object"],
+            &response.decoded_patch().expect("patch"),
+        );
+        (
+            out["spec"]["containers"][0]["resources"]["requests"].clone(),
+            out["metadata"]["annotations"][ANNOTATION_SOURCE].clone(),
+        )
+    };
+    // the node's labels are not known yet: the fleet figure
+    assert_eq!(
+        resources(),
+        (json!({"cpu": "900m", "memory": "900Mi"}), json!("agent=fleet"))
+    );
+    index.apply_node_labels(NODE, [("node.kubernetes.io/instance-type", "m5.large")]);
+    assert_eq!(
+        resources(),
+        (json!({"cpu": "350m", "memory": "160Mi"}), json!("agent=group"))
+    );
+    index.apply_node_labels(NODE, [("node.kubernetes.io/instance-type", "m5.xlarge")]);
+    assert_eq!(resources().1, json!("agent=fleet"));
+}
+
+#[test]
+fn validator_requires_a_valid_node_group_label_with_groups() {
+    let validator = AutoscalerValidator::new(RightsizingIndex::new());
+    let denial = |spec: Value| {
+        let mut full = json!({"targetRef": {"kind": "DaemonSet", "name": "node-agent"}});
+        for (k, v) in spec.as_object().expect("object") {
+            full[k] = v.clone();
+        }
+        let response = validator.review(&request(&autoscaler_review("node-agent", full)));
+        response.status.map(|s| s.message).unwrap_or_default()
+    };
+    assert!(denial(json!({"scope": "NodeGroup"})).contains(
+        "spec.nodeGroupLabel: required with scope NodeGroup: name the node label whose value groups the nodes, \
+         e.g. node.kubernetes.io/instance-type"
+    ));
+    assert!(
+        denial(json!({"coldStart": "Group"})).contains("spec.nodeGroupLabel: required with coldStart Group")
+    );
+    assert!(
+        denial(json!({"scope": "NodeGroup", "nodeGroupLabel": "pool name"}))
+            .contains("spec.nodeGroupLabel: \"pool name\" is not a label key: it contains ' '")
+    );
+    assert_eq!(
+        denial(json!({"scope": "NodeGroup", "nodeGroupLabel": "cloud.example.com/pool"})),
+        ""
     );
 }

@@ -41,6 +41,41 @@ fn check_label_chars(label: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a label key as Kubernetes defines it (a qualified name): an optional DNS subdomain
+/// prefix and `/`, then a name of at most 63 characters of letters, digits, `-`, `_` and `.`
+/// that starts and ends with a letter or digit.
+pub fn check_label_key(s: &str) -> Result<(), String> {
+    let name = match s.split_once('/') {
+        Some((prefix, name)) => {
+            check_dns_subdomain(prefix, MAX_SUBDOMAIN_CHARS).map_err(|e| format!("has a prefix that {e}"))?;
+            name
+        }
+        None => s,
+    };
+    if name.is_empty() {
+        return Err("has an empty name".to_string());
+    }
+    if name.len() > MAX_LABEL_CHARS {
+        return Err(format!(
+            "has a name of {} characters, at most {MAX_LABEL_CHARS} allowed",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "contains {c:?}; a name has only letters, digits, '-', '_' and '.'"
+        ));
+    }
+    let ends = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !ends(name.chars().next()) || !ends(name.chars().last()) {
+        return Err("has a name that does not start and end with a letter or digit".to_string());
+    }
+    Ok(())
+}
+
 /// Checks an RFC 1123 DNS subdomain as Kubernetes defines it, at most `max` characters.
 pub fn check_dns_subdomain(s: &str, max: usize) -> Result<(), String> {
     if s.is_empty() {
@@ -139,6 +174,30 @@ impl FromStr for ServiceAccountName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_keys() {
+        for ok in [
+            "node.kubernetes.io/instance-type",
+            "pool",
+            "example.com/Pool_2",
+            "topology.kubernetes.io/zone",
+        ] {
+            assert_eq!(check_label_key(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "/pool",
+            "-pool",
+            "pool-",
+            "a/b/c",
+            "Example.com/pool",
+            "pool name",
+            &"p".repeat(64),
+        ] {
+            assert!(check_label_key(bad).is_err(), "{bad:?} passed");
+        }
+    }
 
     #[test]
     fn both_syntaxes_name_the_same_account() {

@@ -19,7 +19,7 @@ pub use crate::domain::quantity::{amount, format_amount};
 use crate::domain::rightsizing::PolicyLookup;
 use crate::rightsizing::{
     Ceiling, ColdStart, ContainerMode, ContainerPolicy, ControlledValues, DaemonSetAutoscaler,
-    FleetRecommendation, NodeRecommendation, ResourceName, UpdateMode,
+    FleetRecommendation, NodeRecommendation, ResourceName, Scope, UpdateMode,
 };
 use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, LimitRange, LimitRangeItem, Pod};
@@ -90,6 +90,82 @@ impl Amounts {
 /// Targets by container name.
 pub type Targets = BTreeMap<String, Amounts>;
 
+/// The figures a pod's containers may take, by where they come from; which one a container
+/// gets is the autoscaler's `scope` and `coldStart` (see [`mutate_on`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Figures<'a> {
+    /// The targets the agent of the pod's node published for the autoscaler's containers
+    /// (`None`: no recommendation on this node).
+    pub node: Option<&'a Targets>,
+    /// The figure of the node's group ([`group_targets`]), for `scope: NodeGroup` and
+    /// `coldStart: Group`.
+    pub group: Option<&'a Targets>,
+    /// The fleet figure ([`fleet_targets`]), for `coldStart: Fleet` and `Group`.
+    pub fleet: Option<&'a Targets>,
+}
+
+/// The figures of [`Figures`], owned: what [`figures_for`] reads from an autoscaler.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FigureSet {
+    /// See [`Figures::node`].
+    pub node: Option<Targets>,
+    /// See [`Figures::group`].
+    pub group: Option<Targets>,
+    /// See [`Figures::fleet`].
+    pub fleet: Option<Targets>,
+}
+
+impl FigureSet {
+    /// Borrows them.
+    pub fn as_figures(&self) -> Figures<'_> {
+        Figures {
+            node: self.node.as_ref(),
+            group: self.group.as_ref(),
+            fleet: self.fleet.as_ref(),
+        }
+    }
+}
+
+/// The figures a pod of `autoscaler` may take on a node: the node's own `node` targets, and
+/// from the autoscaler's status the figure of the node's group (`group_value`: the node's value
+/// of `spec.nodeGroupLabel`, `None` when the node has no such label) and the fleet figure, each
+/// read only when the spec can use it. The webhook (new pods) and the agent (running pods) both
+/// decide from this, so they agree.
+pub fn figures_for(
+    autoscaler: &DaemonSetAutoscaler,
+    node: Option<Targets>,
+    group_value: Option<&str>,
+) -> FigureSet {
+    let spec = &autoscaler.spec;
+    let group = if spec.uses_groups() {
+        group_value.and_then(|v| group_targets(autoscaler, v))
+    } else {
+        None
+    };
+    let fleet = match spec.cold_start {
+        ColdStart::Fleet | ColdStart::Group => autoscaler.status.as_ref().map(|s| fleet_targets(&s.fleet)),
+        ColdStart::Template => None,
+    };
+    FigureSet {
+        node: node.filter(|t| !t.is_empty()),
+        group,
+        fleet,
+    }
+}
+
+/// The figure of group `value` in the autoscaler's status; `None` when there is none, or when
+/// the status's groups were computed for another label than the spec's `nodeGroupLabel`.
+pub fn group_targets(autoscaler: &DaemonSetAutoscaler, value: &str) -> Option<Targets> {
+    let status = autoscaler.status.as_ref()?;
+    let label = autoscaler.spec.node_group_label.as_deref()?;
+    if status.node_group_label.as_deref() != Some(label) {
+        return None;
+    }
+    let group = status.groups.iter().find(|g| g.value == value)?;
+    let targets = fleet_targets(&group.containers);
+    (!targets.is_empty()).then_some(targets)
+}
+
 const RESOURCES: [ResourceName; 2] = [ResourceName::Cpu, ResourceName::Memory];
 
 /// Where a container's figures came from.
@@ -97,13 +173,17 @@ const RESOURCES: [ResourceName; 2] = [ResourceName::Cpu, ResourceName::Memory];
 pub enum Source {
     /// The recommendation the agent on this node published.
     Node,
-    /// No history on this node; the fleet figure (`coldStart: Fleet`).
+    /// No history on this node (or no figure of its group); the fleet figure (`coldStart:
+    /// Fleet`, or `Group` for a node whose group has no figure).
     Fleet,
+    /// The figure of the node's group: `scope: NodeGroup`, or `coldStart: Group` on a node
+    /// without history of its own.
+    Group,
     /// This node has no figures for the autoscaler yet and `coldStart: Template`: the
     /// template's requests stay.
     ColdStartTemplate,
-    /// This node has no figures for the autoscaler yet and `coldStart: Fleet`, but no node has
-    /// reported one for this container: the template's requests stay.
+    /// This node has no figures for the autoscaler yet and `coldStart: Fleet` (or `Group`), but
+    /// no node (nor group) has a figure for this container: the template's requests stay.
     NoFleetFigure,
     /// This node has figures for the autoscaler, but not for this container (a container new in
     /// the template, or not measured here yet): the template's requests stay (with `coldStart:
@@ -119,6 +199,7 @@ impl Source {
         match self {
             Source::Node => "node-recommendation",
             Source::Fleet => "fleet",
+            Source::Group => "group",
             Source::ColdStartTemplate => "cold-start-template",
             Source::NoFleetFigure => "no-fleet-figure-yet",
             Source::ContainerNotMeasured => "container-not-in-node-recommendation",
@@ -427,8 +508,7 @@ struct Plan<'a> {
 pub fn mutate(
     pod: &Pod,
     autoscaler: &DaemonSetAutoscaler,
-    node_targets: Option<&Targets>,
-    fleet: Option<&Targets>,
+    figures: Figures,
     limit_ranges: &[LimitRange],
 ) -> Decision {
     let node = target_node(pod);
@@ -436,8 +516,7 @@ pub fn mutate(
         pod,
         autoscaler,
         node.as_deref().map_err(String::as_str),
-        node_targets,
-        fleet,
+        figures,
         limit_ranges,
     )
 }
@@ -445,9 +524,11 @@ pub fn mutate(
 /// Decides a DaemonSet pod's resources for its node, computed once by the caller.
 ///
 /// * `node`: the node the pod is for ([`target_node`]), or why it names none.
-/// * `node_targets`: the targets this node's agent published for the autoscaler's containers
-///   (`None`: no recommendation on this node).
-/// * `fleet`: the fleet targets, used only with `coldStart: Fleet`.
+/// * `figures`: this node's own targets, its group's and the fleet's ([`figures_for`]). Each
+///   container takes the first figure it has of: with `scope: Node` the node's own; with
+///   `scope: NodeGroup` the group's, then the node's own; then by `coldStart`: `Template`
+///   none (the template's requests stay), `Fleet` the fleet's, `Group` the group's, then the
+///   fleet's.
 /// * `limit_ranges`: the LimitRanges of the pod's namespace.
 ///
 /// Four steps: `plan` (which container and resource gets which target), `cap_pod`
@@ -456,8 +537,7 @@ pub fn mutate_on(
     pod: &Pod,
     autoscaler: &DaemonSetAutoscaler,
     node: Result<&str, &str>,
-    node_targets: Option<&Targets>,
-    fleet: Option<&Targets>,
+    figures: Figures,
     limit_ranges: &[LimitRange],
 ) -> Decision {
     let name = autoscaler.metadata.name.clone().unwrap_or_default();
@@ -501,7 +581,7 @@ pub fn mutate_on(
 
     let containers = containers_of(pod);
     let ranges = Ranges::of(limit_ranges);
-    let (plans, sources) = capped_plan(containers, autoscaler, node_targets, fleet, &ranges);
+    let (plans, sources) = capped_plan(containers, autoscaler, figures, &ranges);
     let (ops, changed) = patch(&plans, containers, &ranges, &mut annotations);
 
     let source_text: Vec<String> = sources
@@ -545,13 +625,12 @@ pub struct ContainerSizing {
 pub fn sizing_on(
     pod: &Pod,
     autoscaler: &DaemonSetAutoscaler,
-    node_targets: Option<&Targets>,
-    fleet: Option<&Targets>,
+    figures: Figures,
     limit_ranges: &[LimitRange],
 ) -> Vec<ContainerSizing> {
     let containers = containers_of(pod);
     let ranges = Ranges::of(limit_ranges);
-    let (plans, _) = capped_plan(containers, autoscaler, node_targets, fleet, &ranges);
+    let (plans, _) = capped_plan(containers, autoscaler, figures, &ranges);
     let mut out = Vec::new();
     for (container, mine) in containers.iter().zip(by_container(&plans, containers.len())) {
         let mut sizing = ContainerSizing {
@@ -597,11 +676,10 @@ fn containers_of(pod: &Pod) -> &[Container] {
 fn capped_plan<'a>(
     containers: &[Container],
     autoscaler: &'a DaemonSetAutoscaler,
-    node_targets: Option<&Targets>,
-    fleet: Option<&Targets>,
+    figures: Figures,
     ranges: &Ranges,
 ) -> (Vec<Plan<'a>>, Vec<(String, Source)>) {
-    let (mut plans, sources) = plan(containers, autoscaler, node_targets, fleet, ranges);
+    let (mut plans, sources) = plan(containers, autoscaler, figures, ranges);
     cap_pod(&mut plans, containers, ranges);
     cap_containers(&mut plans, autoscaler.spec.ceiling, ranges);
     (plans, sources)
@@ -627,30 +705,40 @@ impl<'a> Ranges<'a> {
 fn plan<'a>(
     containers: &[Container],
     autoscaler: &'a DaemonSetAutoscaler,
-    node_targets: Option<&Targets>,
-    fleet: Option<&Targets>,
+    figures: Figures,
     ranges: &Ranges,
 ) -> (Vec<Plan<'a>>, Vec<(String, Source)>) {
     let mut sources = Vec::new();
     let mut plans: Vec<Plan> = Vec::new();
     let policies = PolicyLookup::of(autoscaler);
+    // where figures are looked for, in order: the history of the node (or its group), then the
+    // cold-start choice
+    let history = match autoscaler.spec.scope {
+        Scope::Node => [(Source::Node, figures.node), (Source::Node, None)],
+        Scope::NodeGroup => [(Source::Group, figures.group), (Source::Node, figures.node)],
+    };
+    let has_history = history.iter().any(|(_, t)| t.is_some_and(|t| !t.is_empty()));
+    let cold = match autoscaler.spec.cold_start {
+        ColdStart::Template => [(Source::Fleet, None), (Source::Fleet, None)],
+        ColdStart::Fleet => [(Source::Fleet, figures.fleet), (Source::Fleet, None)],
+        ColdStart::Group => [(Source::Group, figures.group), (Source::Fleet, figures.fleet)],
+    };
+    let chain: [(Source, Option<&Targets>); 4] = [history[0], history[1], cold[0], cold[1]];
     for (index, container) in containers.iter().enumerate() {
         let policy = policies.get(&container.name);
         if policy.is_some_and(|p| p.mode == ContainerMode::Off) {
             sources.push((container.name.clone(), Source::PolicyOff));
             continue;
         }
-        let node_has_figures = node_targets.is_some_and(|t| !t.is_empty());
-        let (source, targets) = match node_targets.and_then(|t| t.get(&container.name)) {
-            Some(t) => (Source::Node, Some(*t)),
-            None => match (
-                autoscaler.spec.cold_start,
-                fleet.and_then(|f| f.get(&container.name)),
-            ) {
-                (ColdStart::Fleet, Some(t)) => (Source::Fleet, Some(*t)),
-                _ if node_has_figures => (Source::ContainerNotMeasured, None),
-                (ColdStart::Fleet, None) => (Source::NoFleetFigure, None),
-                (ColdStart::Template, _) => (Source::ColdStartTemplate, None),
+        let found = chain
+            .iter()
+            .find_map(|(source, t)| Some((*source, *t.and_then(|t| t.get(&container.name))?)));
+        let (source, targets) = match found {
+            Some((source, t)) => (source, Some(t)),
+            None if has_history => (Source::ContainerNotMeasured, None),
+            None => match autoscaler.spec.cold_start {
+                ColdStart::Template => (Source::ColdStartTemplate, None),
+                ColdStart::Fleet | ColdStart::Group => (Source::NoFleetFigure, None),
             },
         };
         sources.push((container.name.clone(), source));
@@ -975,6 +1063,127 @@ mod tests {
         assert!(text.contains(r#""/metadata/annotations/a~0b~1c""#), "{text}");
     }
 
+    fn cpu_targets(pairs: &[(&str, u64)]) -> Targets {
+        pairs
+            .iter()
+            .map(|(c, m)| {
+                (
+                    c.to_string(),
+                    Amounts {
+                        cpu: Some(*m),
+                        memory: None,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// An autoscaler of scope `scope`, cold start `cold`, grouped by `instance-type`, whose status
+    /// holds a fleet figure of 900m for `a` and group `big` at 700m for `a` (computed for
+    /// `status_label`).
+    fn grouped(scope: &str, cold: &str, status_label: &str) -> DaemonSetAutoscaler {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+            "metadata": {"name": "x", "namespace": "ns"},
+            "spec": {"targetRef": {"kind": "DaemonSet", "name": "ds"}, "scope": scope,
+                     "coldStart": cold, "nodeGroupLabel": "instance-type"},
+            "status": {
+                "fleet": [{"containerName": "a", "target": {"cpu": "900m"}}],
+                "nodeGroupLabel": status_label,
+                "groups": [{"value": "big", "nodes": 0,
+                            "containers": [{"containerName": "a", "target": {"cpu": "700m"}}]}],
+            }
+        }))
+        .expect("autoscaler")
+    }
+
+    /// Which figure container `a` and `b` take (their source and CPU request) for a node with
+    /// its own targets `own` and group `group`.
+    fn chosen(
+        autoscaler: &DaemonSetAutoscaler,
+        own: Option<Targets>,
+        group: Option<&str>,
+    ) -> Vec<(Source, Option<u64>)> {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "a"}, {"name": "b"}]}
+        }))
+        .expect("pod");
+        let figures = figures_for(autoscaler, own, group);
+        let decision = mutate(&pod, autoscaler, figures.as_figures(), &[]);
+        let sizing = sizing_on(&pod, autoscaler, figures.as_figures(), &[]);
+        decision
+            .sources
+            .iter()
+            .map(|(c, s)| {
+                let cpu = sizing.iter().find(|z| &z.name == c).and_then(|z| z.requests.cpu);
+                (*s, cpu)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn scope_node_group_takes_the_group_figure_then_the_node_own_then_the_cold_start() {
+        let own = || Some(cpu_targets(&[("a", 300), ("b", 50)]));
+        let a = grouped("NodeGroup", "Fleet", "instance-type");
+        // a node of a known group: its group's figure, even with history of its own; `b` has no
+        // group figure, so its own
+        assert_eq!(
+            chosen(&a, own(), Some("big")),
+            vec![(Source::Group, Some(700)), (Source::Node, Some(50))]
+        );
+        // a node of an unknown group, or without the label: its own figures
+        assert_eq!(
+            chosen(&a, own(), Some("small")),
+            vec![(Source::Node, Some(300)), (Source::Node, Some(50))]
+        );
+        // a new node of a known group
+        assert_eq!(
+            chosen(&a, None, Some("big")),
+            vec![(Source::Group, Some(700)), (Source::ContainerNotMeasured, None)]
+        );
+        // a new node without a group: the cold-start choice
+        assert_eq!(
+            chosen(&a, None, None),
+            vec![(Source::Fleet, Some(900)), (Source::NoFleetFigure, None)]
+        );
+        // groups computed for another label are not read
+        let stale = grouped("NodeGroup", "Template", "zone");
+        assert_eq!(
+            chosen(&stale, None, Some("big")),
+            vec![
+                (Source::ColdStartTemplate, None),
+                (Source::ColdStartTemplate, None)
+            ]
+        );
+    }
+
+    #[test]
+    fn cold_start_group_serves_new_nodes_only() {
+        let a = grouped("Node", "Group", "instance-type");
+        // history of its own wins
+        assert_eq!(
+            chosen(&a, Some(cpu_targets(&[("a", 300)])), Some("big")),
+            vec![(Source::Node, Some(300)), (Source::ContainerNotMeasured, None)]
+        );
+        // a new node: its group's figure, else the fleet's, else the template
+        assert_eq!(
+            chosen(&a, None, Some("big")),
+            vec![(Source::Group, Some(700)), (Source::NoFleetFigure, None)]
+        );
+        assert_eq!(
+            chosen(&a, None, Some("small")),
+            vec![(Source::Fleet, Some(900)), (Source::NoFleetFigure, None)]
+        );
+        // without groups in the spec, the group figure is never read
+        let mut fleet_only = a.clone();
+        fleet_only.spec.cold_start = ColdStart::Fleet;
+        assert_eq!(
+            chosen(&fleet_only, None, Some("big")),
+            vec![(Source::Fleet, Some(900)), (Source::NoFleetFigure, None)]
+        );
+    }
+
     /// `sizing_on` gives the figures `mutate_on` writes: a pod sized by the patch has exactly
     /// them (ratio kept, LimitRange max, per-container `Off`, `RequestsOnly` with a limit cap).
     #[test]
@@ -1007,7 +1216,15 @@ mod tests {
                 }))
                 .expect("limit range"),
             ];
-            let sizing = sizing_on(&pod, &autoscaler, Some(&targets), None, &limit_ranges);
+            let sizing = sizing_on(
+                &pod,
+                &autoscaler,
+                Figures {
+                    node: Some(&targets),
+                    ..Figures::default()
+                },
+                &limit_ranges,
+            );
             let sum: u64 = sizing.iter().filter_map(|s| s.requests.cpu).sum();
             // rounding each container up would give 334m × 3 = 1002m, over the max
             let want = if min == "1001m" { 1001 } else { 200 };
@@ -1067,7 +1284,15 @@ mod tests {
                 },
             ),
         ]);
-        let sizing = sizing_on(&pod, &autoscaler, Some(&targets), None, &limit_ranges);
+        let sizing = sizing_on(
+            &pod,
+            &autoscaler,
+            Figures {
+                node: Some(&targets),
+                ..Figures::default()
+            },
+            &limit_ranges,
+        );
         let want = vec![
             ContainerSizing {
                 name: "app".to_string(),
@@ -1092,7 +1317,16 @@ mod tests {
         ];
         assert_eq!(sizing, want);
 
-        let decision = mutate_on(&pod, &autoscaler, Ok("n1"), Some(&targets), None, &limit_ranges);
+        let decision = mutate_on(
+            &pod,
+            &autoscaler,
+            Ok("n1"),
+            Figures {
+                node: Some(&targets),
+                ..Figures::default()
+            },
+            &limit_ranges,
+        );
         let mut patched = serde_json::to_value(&pod).expect("json");
         json_patch::patch(&mut patched, &decision.patch).expect("patch applies");
         let patched: Pod = serde_json::from_value(patched).expect("pod");

@@ -1,5 +1,6 @@
 //! What the right-sizing handler reads on the request path, kept in memory from watches:
-//! autoscalers by (namespace, DaemonSet), node targets by node name, LimitRanges by namespace.
+//! autoscalers by (namespace, DaemonSet), node targets by node name, LimitRanges by namespace,
+//! and the Nodes' labels (for the node groups of `scope: NodeGroup` and `coldStart: Group`).
 //!
 //! The index holds compact figures, not the objects: a `NodeRecommendation` becomes a list of
 //! (autoscaler, container, millicores, bytes) with every name interned (one copy shared by all
@@ -14,7 +15,8 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::LimitRange;
+use k8s_openapi::api::core::v1::{LimitRange, Node};
+use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::domain::rightsizing::precedence;
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
@@ -40,6 +42,9 @@ pub struct NodeEntry {
 
 /// One node's targets.
 pub type NodeTargets = Box<[NodeEntry]>;
+
+/// One node's labels, keys and values interned (most are shared by many nodes).
+pub type NodeLabels = Box<[(Arc<str>, Arc<str>)]>;
 
 /// One node's pod counts: per autoscaler, its running pods there and how many are up to date.
 pub type NodePodCounts = Arc<[(Key, i32, i32)]>;
@@ -108,6 +113,8 @@ pub struct RightsizingIndex {
     nodes: Watched<Arc<str>, Arc<NodeTargets>>,
     /// Node name → per autoscaler, its running pods there and how many are up to date.
     pods: Watched<Arc<str>, NodePodCounts>,
+    /// Node name → its labels (from a metadata-only watch of the Nodes).
+    node_labels: Watched<Arc<str>, NodeLabels>,
     /// (namespace, name) → LimitRange.
     limit_ranges: Watched<Key, Arc<LimitRange>>,
     /// Namespace → its LimitRanges.
@@ -126,6 +133,7 @@ impl RightsizingIndex {
         self.autoscalers.synced.load(Ordering::Acquire)
             && self.nodes.synced.load(Ordering::Acquire)
             && self.limit_ranges.synced.load(Ordering::Acquire)
+            && self.node_labels.synced.load(Ordering::Acquire)
     }
 
     /// Resolves once [`is_synced`](Self::is_synced).
@@ -185,6 +193,21 @@ impl RightsizingIndex {
             }
         }
         sum
+    }
+
+    /// The value of label `key` on node `node`; `None` when the node or the label is unknown.
+    pub fn node_label(&self, node: &str, key: &str) -> Option<Arc<str>> {
+        let labels = self.node_labels.read();
+        labels
+            .get(node)?
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Number of Nodes whose labels are known.
+    pub fn labelled_node_count(&self) -> usize {
+        self.node_labels.read().len()
     }
 
     /// Number of nodes with a recommendation of any autoscaler.
@@ -292,6 +315,24 @@ impl RightsizingIndex {
         self.pods.write().remove(node);
     }
 
+    /// Adds or replaces a node's labels.
+    pub fn apply_node_labels<'a>(&self, node: &str, labels: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let compact = self.compact_labels(labels);
+        self.node_labels.write().insert(self.names.get(node), compact);
+    }
+
+    /// Forgets a node's labels.
+    pub fn delete_node_labels(&self, node: &str) {
+        self.node_labels.write().remove(node);
+    }
+
+    fn compact_labels<'a>(&self, labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> NodeLabels {
+        labels
+            .into_iter()
+            .map(|(k, v)| (self.names.get(k), self.names.get(v)))
+            .collect()
+    }
+
     /// Adds or replaces a LimitRange.
     pub fn apply_limit_range(&self, lr: LimitRange) {
         let k = key(&lr.namespace().unwrap_or_default(), &lr.name_any());
@@ -307,7 +348,7 @@ impl RightsizingIndex {
         *self.by_namespace.write().unwrap_or_else(|p| p.into_inner()) = map;
     }
 
-    /// Watches the three kinds until `stop`. Watch errors are logged and retried with
+    /// Watches the four kinds until `stop`. Watch errors are logged and retried with
     /// kube-runtime's default backoff.
     pub async fn run(self: Arc<Self>, client: Client, stop: CancellationToken) {
         let autoscalers = {
@@ -376,7 +417,7 @@ impl RightsizingIndex {
             let index = self.clone();
             watch_into(
                 "limitranges",
-                Api::<LimitRange>::all(client),
+                Api::<LimitRange>::all(client.clone()),
                 stop.clone(),
                 |lr| lr,
                 move |change| match change {
@@ -404,7 +445,34 @@ impl RightsizingIndex {
                 },
             )
         };
-        tokio::join!(autoscalers, nodes, limit_ranges);
+        let node_labels = {
+            let index = self.clone();
+            let compactor = self.clone();
+            watch_into(
+                "nodes",
+                Api::<PartialObjectMeta<Node>>::all(client),
+                stop.clone(),
+                move |n| {
+                    let labels = n.labels().iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                    (
+                        compactor.names.get(&n.name_any()),
+                        compactor.compact_labels(labels),
+                    )
+                },
+                move |change| match change {
+                    Change::Apply((node, labels)) => {
+                        index.node_labels.write().insert(node, labels);
+                    }
+                    Change::Delete((node, _)) => index.delete_node_labels(&node),
+                    Change::Replace(all) => {
+                        *index.node_labels.write() = all.into_iter().collect();
+                        index.names.prune();
+                        index.node_labels.synced.store(true, Ordering::Release);
+                    }
+                },
+            )
+        };
+        tokio::join!(autoscalers, nodes, limit_ranges, node_labels);
     }
 }
 

@@ -18,8 +18,9 @@ pub mod status;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use nodewarden_api::domain::names::check_label_key;
 use nodewarden_api::domain::rightsizing::{container_policies, controlling_daemonset};
-use nodewarden_api::rightsizing::{ColdStart, DaemonSetAutoscaler, ResourceName};
+use nodewarden_api::rightsizing::{DaemonSetAutoscaler, ResourceName, Scope};
 
 pub use index::RightsizingIndex;
 pub use mutate::{Decision, Reason, Source, Targets};
@@ -79,24 +80,19 @@ pub(crate) fn decide_with(
 ) -> Decision {
     let name = autoscaler.metadata.name.as_deref().unwrap_or_default();
     let node = mutate::target_node(pod);
-    let node_targets = node
-        .as_ref()
-        .ok()
-        .and_then(|node| index.node_targets(node, namespace, name));
-    let fleet = match autoscaler.spec.cold_start {
-        ColdStart::Fleet => autoscaler
-            .status
-            .as_ref()
-            .map(|s| mutate::fleet_targets(&s.fleet)),
-        ColdStart::Template => None,
+    let node_name = node.as_deref().ok();
+    let node_targets = node_name.and_then(|node| index.node_targets(node, namespace, name));
+    let group = match (node_name, autoscaler.spec.node_group_label.as_deref()) {
+        (Some(node), Some(label)) if autoscaler.spec.uses_groups() => index.node_label(node, label),
+        _ => None,
     };
+    let figures = mutate::figures_for(autoscaler, node_targets, group.as_deref());
     let limit_ranges = index.limit_ranges(namespace);
     mutate::mutate_on(
         pod,
         autoscaler,
         node.as_deref().map_err(String::as_str),
-        node_targets.as_ref(),
-        fleet.as_ref(),
+        figures.as_figures(),
         &limit_ranges,
     )
 }
@@ -348,6 +344,26 @@ fn denial(problems: &[String]) -> String {
 /// Problems of an autoscaler on its own: each names the field path and the offending values.
 pub fn validate_autoscaler(autoscaler: &DaemonSetAutoscaler) -> Vec<String> {
     let mut problems = Vec::new();
+    let spec = &autoscaler.spec;
+    match spec.node_group_label.as_deref() {
+        None if spec.uses_groups() => problems.push(format!(
+            "spec.nodeGroupLabel: required with {}: name the node label whose value groups the nodes, \
+             e.g. node.kubernetes.io/instance-type",
+            if spec.scope == Scope::NodeGroup {
+                "scope NodeGroup"
+            } else {
+                "coldStart Group"
+            }
+        )),
+        Some(key) => {
+            if let Err(why) = check_label_key(key) {
+                problems.push(format!(
+                    "spec.nodeGroupLabel: {key:?} is not a label key: it {why}"
+                ));
+            }
+        }
+        None => {}
+    }
     let policies = container_policies(autoscaler);
     // names seen so far: one lookup per policy, so many policies cost their number, not its square
     let mut seen = std::collections::HashSet::with_capacity(policies.len());

@@ -1,7 +1,9 @@
 //! The controller that keeps `DaemonSetAutoscaler.status`: how many nodes have a
 //! recommendation, how many running pods have their node's figures (summed from the agents'
-//! reports, modes InPlace and Recreate), the fleet figure per container (the 90th percentile of the node targets), and
-//! the conditions `RecommendationProvided` and `ConfigUnsupported`.
+//! reports, modes InPlace and Recreate), the fleet figure per container (the 90th percentile of the node targets), the
+//! figures of the node groups (`scope: NodeGroup`, `coldStart: Group`; kept after a group's last
+//! node is gone, see [`desired_groups`]), and the conditions `RecommendationProvided` and
+//! `ConfigUnsupported`.
 //!
 //! It runs in the leader only, as a kube-runtime `Controller` on the autoscalers: an autoscaler
 //! is reconciled when it changes and again every `interval` (which picks up new node
@@ -23,7 +25,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::rightsizing::{
-    DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, ResourceName,
+    DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, GroupRecommendation, ResourceName,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -39,14 +41,13 @@ pub const CONFIG_UNSUPPORTED: &str = "ConfigUnsupported";
 /// Field manager of the status writes.
 pub const FIELD_MANAGER: &str = "nodewarden-rightsizing-status";
 
-/// What the status should say, apart from transition times.
-pub fn desired_status(
-    autoscaler: &DaemonSetAutoscaler,
-    node_targets: &[Targets],
-    pods: Option<(i32, i32)>,
-    target_exists: bool,
-    now: &Time,
-) -> DaemonSetAutoscalerStatus {
+/// The most node groups an autoscaler's status keeps (the schema's limit too): with 64
+/// containers of about 150 bytes each, 100 groups stay far below etcd's 1.5 MB per object.
+pub const MAX_GROUPS: usize = 100;
+
+/// Per container, the robust 90th percentile of `node_targets` (at most twice their median) and
+/// their median: the fleet figure, or a group's over the group's nodes.
+fn figures(node_targets: &[Targets]) -> Vec<FleetRecommendation> {
     let list = |a: &Amounts| {
         let mut list = BTreeMap::new();
         for r in [ResourceName::Cpu, ResourceName::Memory] {
@@ -57,14 +58,92 @@ pub fn desired_status(
         list
     };
     let medians = fleet_percentile(node_targets.iter(), 50);
-    let fleet: Vec<FleetRecommendation> = fleet_from_nodes(node_targets.iter())
+    fleet_from_nodes(node_targets.iter())
         .into_iter()
         .map(|(container, a)| FleetRecommendation {
             median: medians.get(&container).map(list),
             target: Some(list(&a)),
             container_name: container,
         })
-        .collect();
+        .collect()
+}
+
+/// The node groups the status should hold, and the label they are for (`None`, and no groups,
+/// when the spec uses none).
+///
+/// * `live`: per value of the label, the targets of the nodes of that value that have a
+///   recommendation now. Each becomes a group with their figure ([`fleet_from_nodes`] over the
+///   group, as the fleet figure is over all nodes).
+/// * A group of the old status with no node now keeps its figures, with `nodes: 0`: a node of a
+///   known kind that joins later starts from them, whatever has come and gone in between.
+/// * At most [`MAX_GROUPS`]: the groups with nodes first (most nodes first), then the most
+///   recently updated; listed by value.
+/// * `updateTime` changes only with the figures or the node count, so an unchanged group does
+///   not rewrite the status.
+/// * When the label changes, the old groups are dropped: they group the nodes another way.
+pub fn desired_groups(
+    autoscaler: &DaemonSetAutoscaler,
+    live: &BTreeMap<String, Vec<Targets>>,
+    now: &Time,
+) -> (Option<String>, Vec<GroupRecommendation>) {
+    let spec = &autoscaler.spec;
+    let Some(label) = spec.node_group_label.clone().filter(|_| spec.uses_groups()) else {
+        return (None, Vec::new());
+    };
+    let old: &[GroupRecommendation] = autoscaler
+        .status
+        .as_ref()
+        .filter(|s| s.node_group_label.as_deref() == Some(label.as_str()))
+        .map(|s| s.groups.as_slice())
+        .unwrap_or_default();
+    let mut groups: Vec<GroupRecommendation> = Vec::with_capacity(live.len());
+    for (value, targets) in live {
+        let containers = figures(targets);
+        let nodes = i32::try_from(targets.len()).unwrap_or(i32::MAX);
+        let update_time = match old.iter().find(|g| &g.value == value) {
+            Some(g) if g.nodes == nodes && g.containers == containers => g.update_time.clone(),
+            _ => Some(now.clone()),
+        };
+        groups.push(GroupRecommendation {
+            value: value.clone(),
+            nodes,
+            update_time,
+            containers,
+        });
+    }
+    for g in old.iter().filter(|g| !live.contains_key(&g.value)) {
+        let mut kept = g.clone();
+        if kept.nodes != 0 {
+            kept.nodes = 0;
+            kept.update_time = Some(now.clone());
+        }
+        groups.push(kept);
+    }
+    if groups.len() > MAX_GROUPS {
+        groups.sort_by(|a, b| {
+            b.nodes
+                .cmp(&a.nodes)
+                .then_with(|| b.update_time.cmp(&a.update_time))
+                .then_with(|| a.value.cmp(&b.value))
+        });
+        groups.truncate(MAX_GROUPS);
+    }
+    groups.sort_by(|a, b| a.value.cmp(&b.value));
+    (Some(label), groups)
+}
+
+/// What the status should say, apart from transition times. `groups`: per value of the node
+/// label, the targets of its nodes (see [`desired_groups`]; empty when the spec uses no groups).
+pub fn desired_status(
+    autoscaler: &DaemonSetAutoscaler,
+    node_targets: &[Targets],
+    groups: &BTreeMap<String, Vec<Targets>>,
+    pods: Option<(i32, i32)>,
+    target_exists: bool,
+    now: &Time,
+) -> DaemonSetAutoscalerStatus {
+    let fleet = figures(node_targets);
+    let (node_group_label, groups) = desired_groups(autoscaler, groups, now);
     let count = i32::try_from(node_targets.len()).unwrap_or(i32::MAX);
     let generation = autoscaler.metadata.generation;
     let old = autoscaler
@@ -136,8 +215,31 @@ pub fn desired_status(
         pods_running: pods.map(|p| p.0),
         pods_up_to_date: pods.map(|p| p.1),
         fleet,
+        node_group_label,
+        groups,
         conditions: vec![provided, unsupported],
     }
+}
+
+/// The status as a merge patch: a field the desired status leaves out is written as null, or
+/// the old value would stay (an empty fleet, groups no longer used, pod counts no longer
+/// reported).
+fn merge_patch_status(desired: &DaemonSetAutoscalerStatus) -> serde_json::Value {
+    const OPTIONAL: [&str; 6] = [
+        "nodesWithRecommendation",
+        "podsRunning",
+        "podsUpToDate",
+        "fleet",
+        "nodeGroupLabel",
+        "groups",
+    ];
+    let mut status = serde_json::to_value(desired).unwrap_or_default();
+    if let Some(map) = status.as_object_mut() {
+        for field in OPTIONAL {
+            map.entry(field).or_insert(serde_json::Value::Null);
+        }
+    }
+    status
 }
 
 fn condition(
@@ -292,25 +394,27 @@ async fn reconcile_status(
             source,
         })?
         .is_some();
-    let targets: Vec<Targets> = index
-        .all_node_targets(&namespace, &name)
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
+    let label = autoscaler
+        .spec
+        .node_group_label
+        .as_deref()
+        .filter(|_| autoscaler.spec.uses_groups());
+    let mut targets: Vec<Targets> = Vec::new();
+    let mut groups: BTreeMap<String, Vec<Targets>> = BTreeMap::new();
+    for (node, t) in index.all_node_targets(&namespace, &name) {
+        if let Some(value) = label.and_then(|l| index.node_label(&node, l)) {
+            groups.entry(value.to_string()).or_default().push(t.clone());
+        }
+        targets.push(t);
+    }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let pods = index.pods_of(&namespace, &name);
-    let desired = desired_status(autoscaler, &targets, pods, exists, &now);
+    let desired = desired_status(autoscaler, &targets, &groups, pods, exists, &now);
     if autoscaler.status.as_ref() == Some(&desired) {
         return Ok(());
     }
     let api: Api<DaemonSetAutoscaler> = Api::namespaced(client.clone(), &namespace);
-    // a merge patch: an empty fleet must be written as null, or the old one would stay
-    let mut status = serde_json::to_value(&desired).unwrap_or_default();
-    if desired.fleet.is_empty()
-        && let Some(map) = status.as_object_mut()
-    {
-        map.insert("fleet".to_string(), serde_json::Value::Null);
-    }
+    let status = merge_patch_status(&desired);
     let patch = serde_json::json!({ "status": status });
     api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER), &Patch::Merge(&patch))
         .await
