@@ -5,9 +5,15 @@
 //! 1. Memory: growth of the resident set size while the right-sizing index is filled with one
 //!    `NodeRecommendation` per node, each with one entry per autoscaler, and, for comparison,
 //!    of the same objects kept whole (as a kube-runtime reflector store would keep them).
-//! 2. The handler alone, on one thread: DaemonSet pod reviews (a different node and autoscaler
-//!    each time) through the admission pipeline (decode, decide, patch, encode).
-//! 3. Over TLS: the real router and server on one current-thread runtime (one core); a client
+//!    Then the Nodes' labels (13 per node, as a managed cloud's nodes carry) the webhook keeps
+//!    for node groups.
+//! 2. Node groups: the status controller's pass over the index for each autoscaler grouped by
+//!    instance type (what the leader computes every interval), its time and the status's size.
+//! 3. The handler alone, on one thread: DaemonSet pod reviews (a different node and autoscaler
+//!    each time) through the admission pipeline (decode, decide, patch, encode), with the
+//!    autoscalers as they are (`scope: Node`) and grouped (`scope: NodeGroup`), alternating in one
+//!    run.
+//! 4. Over TLS: the real router and server on one current-thread runtime (one core); a client
 //!    on another thread sends the same reviews over keep-alive HTTP/2, closed loop; the server
 //!    thread's CPU time gives reviews per second of one fully used core.
 
@@ -26,6 +32,7 @@ use nodewarden_webhook::admission::{self, Processed, Route};
 use nodewarden_webhook::loadgen::{
     Alpn, BenchCerts, Load, SERVER_NAME, Server, any_answer, connect, resident_bytes,
 };
+use nodewarden_webhook::rightsizing::status::desired_from_index;
 use nodewarden_webhook::rightsizing::{PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 
@@ -99,6 +106,59 @@ fn autoscaler(k: usize) -> DaemonSetAutoscaler {
         "status": {"fleet": [{"containerName": "agent", "target": {"cpu": "400m", "memory": "300Mi"}}]},
     }))
     .expect("autoscaler")
+}
+
+/// Instance types the nodes are spread over.
+const INSTANCE_TYPES: [&str; 8] = [
+    "m5.large",
+    "m5.xlarge",
+    "m5.2xlarge",
+    "c5.xlarge",
+    "c5.2xlarge",
+    "r5.xlarge",
+    "r5.2xlarge",
+    "m6i.4xlarge",
+];
+
+/// Autoscaler `k` grouped by instance type (`scope: NodeGroup`), with the status the leader
+/// computed from `index`.
+fn grouped(k: usize, index: &RightsizingIndex) -> DaemonSetAutoscaler {
+    let mut a = autoscaler(k);
+    a.spec.scope = nodewarden_api::rightsizing::Scope::NodeGroup;
+    a.spec.node_group_label = Some("node.kubernetes.io/instance-type".to_string());
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    a.status = Some(desired_from_index(index, &a, true, &now));
+    a
+}
+
+/// The labels of node `i`, as a managed cloud's node carries them.
+fn node_labels(i: usize) -> Vec<(String, String)> {
+    let zone = ["eu-west-1a", "eu-west-1b", "eu-west-1c"][i % 3];
+    let kind = INSTANCE_TYPES[i % INSTANCE_TYPES.len()];
+    [
+        ("kubernetes.io/hostname", node_name(i)),
+        ("kubernetes.io/os", "linux".to_string()),
+        ("kubernetes.io/arch", "amd64".to_string()),
+        ("beta.kubernetes.io/os", "linux".to_string()),
+        ("beta.kubernetes.io/arch", "amd64".to_string()),
+        ("node.kubernetes.io/instance-type", kind.to_string()),
+        ("beta.kubernetes.io/instance-type", kind.to_string()),
+        ("topology.kubernetes.io/zone", zone.to_string()),
+        ("failure-domain.beta.kubernetes.io/zone", zone.to_string()),
+        ("topology.kubernetes.io/region", "eu-west-1".to_string()),
+        ("eks.amazonaws.com/nodegroup", format!("pool-{}", i % 10)),
+        (
+            "eks.amazonaws.com/capacityType",
+            ["ON_DEMAND", "SPOT"][i % 2].to_string(),
+        ),
+        (
+            "eks.amazonaws.com/nodegroup-image",
+            "ami-0123456789abcdef0".to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 fn recommendation(i: usize, args: &Args) -> NodeRecommendation {
@@ -179,6 +239,15 @@ fn main() -> anyhow::Result<()> {
         index.apply_node_recommendation(rec);
     }
     let indexed = rss() - before;
+    // the labels are measured while the objects still hold their memory, so that what the
+    // labels take is new memory, not the objects' freed memory reused
+    let labels: Vec<Vec<(String, String)>> = (0..args.nodes).map(node_labels).collect();
+    let before = rss();
+    for (i, l) in labels.iter().enumerate() {
+        index.apply_node_labels(&node_name(i), l.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    }
+    let labelled = rss() - before;
+    drop(labels);
     drop(recs);
     println!(
         "cache: {} nodes × {} autoscalers × {} containers = {} container recommendations",
@@ -198,6 +267,29 @@ fn main() -> anyhow::Result<()> {
         mib(whole)
     );
 
+    println!(
+        "| the Nodes' labels (13 per node, interned) | {:.1} MiB |",
+        mib(labelled)
+    );
+
+    // 2. node groups: the leader's pass per autoscaler
+    let started = Instant::now();
+    let grouped: Vec<DaemonSetAutoscaler> = (0..args.autoscalers).map(|k| grouped(k, &index)).collect();
+    let pass = started.elapsed();
+    let status = grouped[0].status.as_ref().expect("status");
+    println!(
+        "\nnode groups: {} autoscalers grouped by instance type ({} groups of about {} nodes): \
+         the status pass over the index took {:.1} ms in all, {:.2} ms per autoscaler; \
+         one status is {} bytes of JSON",
+        args.autoscalers,
+        status.groups.len(),
+        args.nodes / INSTANCE_TYPES.len(),
+        pass.as_secs_f64() * 1e3,
+        pass.as_secs_f64() * 1e3 / args.autoscalers as f64,
+        serde_json::to_vec(status).expect("json").len()
+    );
+    assert_eq!(status.groups.len(), INSTANCE_TYPES.len().min(args.nodes));
+
     let bodies: Vec<Bytes> = (0..args.nodes.min(5000))
         .map(|i| review(i, i % args.autoscalers, &args))
         .collect();
@@ -211,22 +303,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    // 2. the handler alone
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
-    let started = Instant::now();
-    let mut n = 0usize;
-    while started.elapsed() < args.duration {
-        let body = &bodies[n % bodies.len()];
-        let t = Instant::now();
-        let out = match admission::process(body, &handler) {
-            Processed::Review(out, _, _) => serde_json::to_vec(&*out).expect("encode"),
-            Processed::BadRequest(m) => panic!("bad request: {m}"),
-        };
-        std::hint::black_box(out);
-        let _ = hist.record(t.elapsed().as_nanos() as u64);
-        n += 1;
-    }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
+    // 3. the handler alone, the autoscalers as they are and grouped, alternating
+    let plain: Vec<DaemonSetAutoscaler> = (0..args.autoscalers).map(autoscaler).collect();
     println!(
         "\nreview body: {} bytes (the recorded DaemonSet pod review with {} containers)",
         bodies[0].len(),
@@ -236,12 +314,51 @@ fn main() -> anyhow::Result<()> {
         "\n| path | reviews/s | server CPU | reviews per server core-second | p50 ms | p99 ms | max ms | fail |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| handler alone, 1 thread | {rate:.0} | 100 % | {rate:.0} | {:.3} | {:.3} | {:.3} | 0 |",
-        hist.value_at_quantile(0.5) as f64 / 1e6,
-        hist.value_at_quantile(0.99) as f64 / 1e6,
-        hist.max() as f64 / 1e6
-    );
+    for round in 0..4 {
+        let (what, set) = if round % 2 == 0 {
+            ("scope Node", &plain)
+        } else {
+            ("scope NodeGroup", &grouped)
+        };
+        for a in set {
+            index.apply_autoscaler(a.clone());
+        }
+        if round % 2 == 1 {
+            // the group's figure is what the pod gets
+            match admission::process(&bodies[0], &handler) {
+                Processed::Review(out, _, _) => {
+                    let patch = out.response.decoded_patch().expect("patched");
+                    let text = serde_json::to_string(&patch).expect("json");
+                    assert!(text.contains("agent=group"), "not the group's figure: {text}");
+                }
+                Processed::BadRequest(m) => panic!("bad request: {m}"),
+            }
+        }
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
+        let started = Instant::now();
+        let mut n = 0usize;
+        while started.elapsed() < args.duration / 2 {
+            let body = &bodies[n % bodies.len()];
+            let t = Instant::now();
+            let out = match admission::process(body, &handler) {
+                Processed::Review(out, _, _) => serde_json::to_vec(&*out).expect("encode"),
+                Processed::BadRequest(m) => panic!("bad request: {m}"),
+            };
+            std::hint::black_box(out);
+            let _ = hist.record(t.elapsed().as_nanos() as u64);
+            n += 1;
+        }
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        println!(
+            "| handler alone, 1 thread, {what} | {rate:.0} | 100 % | {rate:.0} | {:.3} | {:.3} | {:.3} | 0 |",
+            hist.value_at_quantile(0.5) as f64 / 1e6,
+            hist.value_at_quantile(0.99) as f64 / 1e6,
+            hist.max() as f64 / 1e6
+        );
+    }
+    for a in &plain {
+        index.apply_autoscaler(a.clone());
+    }
 
     // 3. over TLS
     let certs = BenchCerts::generate()?;

@@ -221,6 +221,34 @@ pub fn desired_status(
     }
 }
 
+/// [`desired_status`] from what the index holds: every node's targets for the autoscaler, grouped
+/// by their Node's value of the spec's `nodeGroupLabel` when it uses groups, and the pod counts.
+/// One pass over the index: no API call.
+pub fn desired_from_index(
+    index: &RightsizingIndex,
+    autoscaler: &DaemonSetAutoscaler,
+    target_exists: bool,
+    now: &Time,
+) -> DaemonSetAutoscalerStatus {
+    let namespace = autoscaler.namespace().unwrap_or_default();
+    let name = autoscaler.name_any();
+    let label = autoscaler
+        .spec
+        .node_group_label
+        .as_deref()
+        .filter(|_| autoscaler.spec.uses_groups());
+    let mut targets: Vec<Targets> = Vec::new();
+    let mut groups: BTreeMap<String, Vec<Targets>> = BTreeMap::new();
+    for (node, t) in index.all_node_targets(&namespace, &name) {
+        if let Some(value) = label.and_then(|l| index.node_label(&node, l)) {
+            groups.entry(value.to_string()).or_default().push(t.clone());
+        }
+        targets.push(t);
+    }
+    let pods = index.pods_of(&namespace, &name);
+    desired_status(autoscaler, &targets, &groups, pods, target_exists, now)
+}
+
 /// The status as a merge patch: a field the desired status leaves out is written as null, or
 /// the old value would stay (an empty fleet, groups no longer used, pod counts no longer
 /// reported).
@@ -394,22 +422,8 @@ async fn reconcile_status(
             source,
         })?
         .is_some();
-    let label = autoscaler
-        .spec
-        .node_group_label
-        .as_deref()
-        .filter(|_| autoscaler.spec.uses_groups());
-    let mut targets: Vec<Targets> = Vec::new();
-    let mut groups: BTreeMap<String, Vec<Targets>> = BTreeMap::new();
-    for (node, t) in index.all_node_targets(&namespace, &name) {
-        if let Some(value) = label.and_then(|l| index.node_label(&node, l)) {
-            groups.entry(value.to_string()).or_default().push(t.clone());
-        }
-        targets.push(t);
-    }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let pods = index.pods_of(&namespace, &name);
-    let desired = desired_status(autoscaler, &targets, &groups, pods, exists, &now);
+    let desired = desired_from_index(index, autoscaler, exists, &now);
     if autoscaler.status.as_ref() == Some(&desired) {
         return Ok(());
     }
