@@ -36,7 +36,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::domain::quantity::format_amount;
-use nodewarden_api::domain::sizing::{Amounts, ContainerSizing, Targets, figures_for, sizing_on};
+use nodewarden_api::domain::sizing::{Amounts, ContainerSizing, Targets, sizing_on, status_figures};
 use nodewarden_api::domain::update::{
     Action, Bounds, Current, Facts, Leave, ResizeState, Thresholds, Why, decide,
 };
@@ -316,7 +316,8 @@ impl Updater {
                 Some(label) if autoscaler.spec.uses_groups() => self.node_label(label).await,
                 _ => None,
             };
-            let figures = figures_for(autoscaler, Some(targets), group.as_deref());
+            let status = status_figures(autoscaler);
+            let figures = status.for_node(Some(&targets), group.as_deref());
             let ranges: Vec<LimitRange> = limit_ranges
                 .iter()
                 .filter(|lr| lr.namespace().as_deref() == Some(ns.as_str()))
@@ -329,7 +330,7 @@ impl Updater {
                 }),
                 ..Pod::default()
             };
-            let sizing = sizing_on(&template_pod, autoscaler, figures.as_figures(), &ranges);
+            let sizing = sizing_on(&template_pod, autoscaler, figures, &ranges);
             let facts = facts(pod, bounds, &self.thresholds);
             let action = decide(mode, &sizing, &facts, &self.thresholds);
             let count = counts.entry((ns.clone(), autoscaler_name.clone())).or_default();

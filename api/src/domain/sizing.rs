@@ -104,53 +104,48 @@ pub struct Figures<'a> {
     pub fleet: Option<&'a Targets>,
 }
 
-/// The figures of [`Figures`], owned: what [`figures_for`] reads from an autoscaler.
+/// What an autoscaler's status gives every node, read once: the fleet figure and each group's
+/// (only what the spec can use). The webhook keeps one per autoscaler in its index, so the
+/// request path parses no quantity of the status; the agent reads it per round. Both then take
+/// a node's [`Figures`] from it with [`StatusFigures::for_node`], so they agree.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct FigureSet {
-    /// See [`Figures::node`].
-    pub node: Option<Targets>,
-    /// See [`Figures::group`].
-    pub group: Option<Targets>,
-    /// See [`Figures::fleet`].
+pub struct StatusFigures {
+    /// The fleet figure, with `coldStart: Fleet` or `Group`.
     pub fleet: Option<Targets>,
+    /// Each group's figure by its label value, with `scope: NodeGroup` or `coldStart: Group`
+    /// (see [`group_targets`]).
+    pub groups: BTreeMap<String, Targets>,
 }
 
-impl FigureSet {
-    /// Borrows them.
-    pub fn as_figures(&self) -> Figures<'_> {
+impl StatusFigures {
+    /// The figures of a node with its own `node` targets, of group `group_value` (its value of
+    /// `spec.nodeGroupLabel`, `None` without the label).
+    pub fn for_node<'a>(&'a self, node: Option<&'a Targets>, group_value: Option<&str>) -> Figures<'a> {
         Figures {
-            node: self.node.as_ref(),
-            group: self.group.as_ref(),
+            node: node.filter(|t| !t.is_empty()),
+            group: group_value.and_then(|v| self.groups.get(v)),
             fleet: self.fleet.as_ref(),
         }
     }
 }
 
-/// The figures a pod of `autoscaler` may take on a node: the node's own `node` targets, and
-/// from the autoscaler's status the figure of the node's group (`group_value`: the node's value
-/// of `spec.nodeGroupLabel`, `None` when the node has no such label) and the fleet figure, each
-/// read only when the spec can use it. The webhook (new pods) and the agent (running pods) both
-/// decide from this, so they agree.
-pub fn figures_for(
-    autoscaler: &DaemonSetAutoscaler,
-    node: Option<Targets>,
-    group_value: Option<&str>,
-) -> FigureSet {
+/// Reads [`StatusFigures`] from an autoscaler: the fleet figure and the groups' figures, each
+/// only when the spec can use it.
+pub fn status_figures(autoscaler: &DaemonSetAutoscaler) -> StatusFigures {
     let spec = &autoscaler.spec;
-    let group = if spec.uses_groups() {
-        group_value.and_then(|v| group_targets(autoscaler, v))
-    } else {
-        None
-    };
     let fleet = match spec.cold_start {
         ColdStart::Fleet | ColdStart::Group => autoscaler.status.as_ref().map(|s| fleet_targets(&s.fleet)),
         ColdStart::Template => None,
     };
-    FigureSet {
-        node: node.filter(|t| !t.is_empty()),
-        group,
-        fleet,
-    }
+    let groups = match &autoscaler.status {
+        Some(status) if spec.uses_groups() => status
+            .groups
+            .iter()
+            .filter_map(|g| Some((g.value.clone(), group_targets(autoscaler, &g.value)?)))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    StatusFigures { fleet, groups }
 }
 
 /// The figure of group `value` in the autoscaler's status; `None` when there is none, or when
@@ -524,7 +519,7 @@ pub fn mutate(
 /// Decides a DaemonSet pod's resources for its node, computed once by the caller.
 ///
 /// * `node`: the node the pod is for ([`target_node`]), or why it names none.
-/// * `figures`: this node's own targets, its group's and the fleet's ([`figures_for`]). Each
+/// * `figures`: this node's own targets, its group's and the fleet's ([`StatusFigures::for_node`]). Each
 ///   container takes the first figure it has of: with `scope: Node` the node's own; with
 ///   `scope: NodeGroup` the group's, then the node's own; then by `coldStart`: `Template`
 ///   none (the template's requests stay), `Fleet` the fleet's, `Group` the group's, then the
@@ -1109,9 +1104,10 @@ mod tests {
             "spec": {"nodeName": "n1", "containers": [{"name": "a"}, {"name": "b"}]}
         }))
         .expect("pod");
-        let figures = figures_for(autoscaler, own, group);
-        let decision = mutate(&pod, autoscaler, figures.as_figures(), &[]);
-        let sizing = sizing_on(&pod, autoscaler, figures.as_figures(), &[]);
+        let status = status_figures(autoscaler);
+        let figures = status.for_node(own.as_ref(), group);
+        let decision = mutate(&pod, autoscaler, figures, &[]);
+        let sizing = sizing_on(&pod, autoscaler, figures, &[]);
         decision
             .sources
             .iter()

@@ -22,7 +22,7 @@ use nodewarden_api::domain::rightsizing::precedence;
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use tokio_util::sync::CancellationToken;
 
-use super::mutate::{Amounts, Targets};
+use super::mutate::{Amounts, StatusFigures, Targets, status_figures};
 use crate::watch::{Change, watch_into};
 
 /// (namespace, name).
@@ -48,6 +48,23 @@ pub type NodeLabels = Box<[(Arc<str>, Arc<str>)]>;
 
 /// One node's pod counts: per autoscaler, its running pods there and how many are up to date.
 pub type NodePodCounts = Arc<[(Key, i32, i32)]>;
+
+/// An autoscaler with what its status gives every node, read once when it changes (so the
+/// request path parses no quantity of the status).
+#[derive(Debug)]
+pub struct Prepared {
+    /// The autoscaler.
+    pub autoscaler: Arc<DaemonSetAutoscaler>,
+    /// Its fleet and group figures.
+    pub figures: StatusFigures,
+}
+
+impl Prepared {
+    fn of(autoscaler: Arc<DaemonSetAutoscaler>) -> Arc<Self> {
+        let figures = status_figures(&autoscaler);
+        Arc::new(Prepared { autoscaler, figures })
+    }
+}
 
 /// One shared copy of each name.
 #[derive(Default)]
@@ -108,7 +125,7 @@ pub struct RightsizingIndex {
     /// Autoscalers by their own (namespace, name).
     autoscalers: Watched<Key, Arc<DaemonSetAutoscaler>>,
     /// (namespace, DaemonSet) → the autoscalers that target it, oldest first.
-    by_target: RwLock<HashMap<Key, Vec<Arc<DaemonSetAutoscaler>>>>,
+    by_target: RwLock<HashMap<Key, Vec<Arc<Prepared>>>>,
     /// Node name → its targets.
     nodes: Watched<Arc<str>, Arc<NodeTargets>>,
     /// Node name → per autoscaler, its running pods there and how many are up to date.
@@ -146,6 +163,11 @@ impl RightsizingIndex {
     /// The autoscaler for DaemonSet `daemonset` in `namespace`: the oldest, when (against the
     /// validating webhook) there are several.
     pub fn autoscaler_for(&self, namespace: &str, daemonset: &str) -> Option<Arc<DaemonSetAutoscaler>> {
+        Some(self.prepared_for(namespace, daemonset)?.autoscaler.clone())
+    }
+
+    /// [`autoscaler_for`](Self::autoscaler_for) with its fleet and group figures.
+    pub fn prepared_for(&self, namespace: &str, daemonset: &str) -> Option<Arc<Prepared>> {
         let map = self.by_target.read().unwrap_or_else(|p| p.into_inner());
         map.get(&key(namespace, daemonset))?.first().cloned()
     }
@@ -153,7 +175,9 @@ impl RightsizingIndex {
     /// Every autoscaler that targets DaemonSet `daemonset` in `namespace`, oldest first.
     pub fn autoscalers_for(&self, namespace: &str, daemonset: &str) -> Vec<Arc<DaemonSetAutoscaler>> {
         let map = self.by_target.read().unwrap_or_else(|p| p.into_inner());
-        map.get(&key(namespace, daemonset)).cloned().unwrap_or_default()
+        map.get(&key(namespace, daemonset))
+            .map(|list| list.iter().map(|p| p.autoscaler.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// Every autoscaler.
@@ -247,15 +271,15 @@ impl RightsizingIndex {
     }
 
     fn rebuild_targets(&self) {
-        let mut map: HashMap<Key, Vec<Arc<DaemonSetAutoscaler>>> = HashMap::new();
+        let mut map: HashMap<Key, Vec<Arc<Prepared>>> = HashMap::new();
         for a in self.autoscalers.read().values() {
             let ns = a.namespace().unwrap_or_default();
             map.entry(key(&ns, &a.spec.target_ref.name))
                 .or_default()
-                .push(a.clone());
+                .push(Prepared::of(a.clone()));
         }
         for list in map.values_mut() {
-            list.sort_by(|a, b| precedence(a, b));
+            list.sort_by(|a, b| precedence(&a.autoscaler, &b.autoscaler));
         }
         *self.by_target.write().unwrap_or_else(|p| p.into_inner()) = map;
     }

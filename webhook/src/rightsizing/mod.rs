@@ -22,7 +22,7 @@ use nodewarden_api::domain::names::check_label_key;
 use nodewarden_api::domain::rightsizing::{container_policies, controlling_daemonset};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, ResourceName, Scope};
 
-pub use index::RightsizingIndex;
+pub use index::{Prepared, RightsizingIndex};
 pub use mutate::{Decision, Reason, Source, Targets};
 
 use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
@@ -66,8 +66,8 @@ impl PodMutator {
     /// The decision for one pod of namespace `namespace`, or `None` when no autoscaler applies.
     pub fn decide(&self, namespace: &str, pod: &Pod) -> Option<Decision> {
         let daemonset = owner_daemonset(pod)?;
-        let autoscaler = self.index.autoscaler_for(namespace, daemonset)?;
-        Some(decide_with(&self.index, namespace, &autoscaler, pod))
+        let prepared = self.index.prepared_for(namespace, daemonset)?;
+        Some(decide_with(&self.index, namespace, &prepared, pod))
     }
 }
 
@@ -75,24 +75,25 @@ impl PodMutator {
 pub(crate) fn decide_with(
     index: &RightsizingIndex,
     namespace: &str,
-    autoscaler: &DaemonSetAutoscaler,
+    prepared: &Prepared,
     pod: &Pod,
 ) -> Decision {
+    let autoscaler = &prepared.autoscaler;
     let name = autoscaler.metadata.name.as_deref().unwrap_or_default();
     let node = mutate::target_node(pod);
     let node_name = node.as_deref().ok();
     let node_targets = node_name.and_then(|node| index.node_targets(node, namespace, name));
     let group = match (node_name, autoscaler.spec.node_group_label.as_deref()) {
-        (Some(node), Some(label)) if autoscaler.spec.uses_groups() => index.node_label(node, label),
+        (Some(node), Some(label)) if !prepared.figures.groups.is_empty() => index.node_label(node, label),
         _ => None,
     };
-    let figures = mutate::figures_for(autoscaler, node_targets, group.as_deref());
+    let figures = prepared.figures.for_node(node_targets.as_ref(), group.as_deref());
     let limit_ranges = index.limit_ranges(namespace);
     mutate::mutate_on(
         pod,
         autoscaler,
         node.as_deref().map_err(String::as_str),
-        figures.as_figures(),
+        figures,
         &limit_ranges,
     )
 }
