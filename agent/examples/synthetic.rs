@@ -12,6 +12,9 @@
 //! (a 30 s scrape) and every 6th the checkpoint is written (1 min), as in the agent's defaults.
 //! The admin server and the tick run on a current-thread Tokio runtime, as in the binary.
 //!
+//! `--workload daily|hot --duration 48h` moves the usage through a day (and hourly bursts): the
+//! publish decisions per hour then show the API writes a node makes once its histograms are full.
+//!
 //! Prints the agent's CPU per tick (on-CPU time of the thread from
 //! `/proc/thread-self/schedstat`), what that is in millicores at one tick per sample interval,
 //! and the process's RSS (`VmRSS`, `VmHWM` from `/proc/self/status`).
@@ -47,6 +50,43 @@ struct Args {
     /// Wall time between ticks (0: as fast as possible).
     #[arg(long, default_value = "0s", value_parser = nodewarden_runtime::duration::parse_duration)]
     wall_interval: Duration,
+    /// How the containers' usage moves: `steady` (constant CPU, memory wandering), `daily` (CPU
+    /// and memory follow a day's cycle, ±60 % and ±30 %, with noise), or `hot` (`daily`, plus a
+    /// ten-minute burst at four times the CPU every hour and memory that grows through the
+    /// burst): what the API writes per node come to once the histograms are full.
+    #[arg(long, default_value = "steady")]
+    workload: Workload,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum, PartialEq)]
+enum Workload {
+    Steady,
+    Daily,
+    Hot,
+}
+
+/// Container `i`'s CPU in millicores and memory in bytes at agent time `t_s` seconds.
+fn usage(workload: Workload, i: usize, t_s: u64) -> (u64, u64) {
+    let base_cpu = (i as u64 % 10 + 1) * 10;
+    let base_mem = (64 + (i as u64 * 37) % 448) << 20;
+    if workload == Workload::Steady {
+        let t = t_s / 10;
+        return (base_cpu, (64 + (i as u64 * 7 + t * 13) % 512) << 20);
+    }
+    let day = (t_s as f64 / 86_400.0 + i as f64 / 17.0) * std::f64::consts::TAU;
+    // noise in [-0.1, 0.1], the same for a given container and time
+    let noise = ((i as u64).wrapping_mul(2_654_435_761) ^ t_s.wrapping_mul(40_503)) % 2001;
+    let noise = noise as f64 / 10_000.0 - 0.1;
+    let mut cpu = base_cpu as f64 * (1.0 + 0.6 * day.sin() + noise);
+    let mut mem = base_mem as f64 * (1.0 + 0.3 * day.sin() + noise / 2.0);
+    if workload == Workload::Hot {
+        let in_hour = t_s % 3600;
+        if in_hour < 600 {
+            cpu *= 4.0;
+            mem *= 1.0 + in_hour as f64 / 600.0;
+        }
+    }
+    (cpu.max(1.0) as u64, mem.max(1.0) as u64)
 }
 
 /// The agent's default `--min-publish-interval`.
@@ -188,15 +228,18 @@ fn main() -> anyhow::Result<()> {
         let mut agent_ns = 0u64;
         let mut writer_ns = 0u64;
         let mut publishes = 0usize;
+        // publish decisions per hour of agent time
+        let mut per_hour: Vec<usize> = vec![0; (args.duration.as_secs() as usize).div_ceil(3600).max(1)];
         let mut scrape_bytes = 0usize;
         let wall = Instant::now();
         for t in 0..ticks {
             // the workload: container i uses (i % 10 + 1) × 10 millicores, memory wanders
             let w0 = thread_cpu_ns();
-            for (i, usage) in cpu_usec.iter_mut().enumerate() {
-                *usage += (i as u64 % 10 + 1) * 10 * args.sample_interval.as_millis() as u64;
-                let memory = (64 + (i as u64 * 7 + t as u64 * 13) % 512) << 20;
-                write_counters(&scope(&root, i / per_pod, i), *usage, memory, 0)?;
+            let t_s = t as u64 * args.sample_interval.as_secs();
+            for (i, used) in cpu_usec.iter_mut().enumerate() {
+                let (cpu, memory) = usage(args.workload, i, t_s);
+                *used += cpu * args.sample_interval.as_millis() as u64;
+                write_counters(&scope(&root, i / per_pod, i), *used, memory, 0)?;
             }
             writer_ns += thread_cpu_ns() - w0;
 
@@ -207,6 +250,9 @@ fn main() -> anyhow::Result<()> {
             let tick = sampler.tick(now, &targets, &alive);
             if tick.publish.is_some() {
                 publishes += 1;
+                if let Some(h) = per_hour.get_mut(t_s as usize / 3600) {
+                    *h += 1;
+                }
             }
             if t % 3 == 0 {
                 scrape_bytes = metrics.encode().len();
@@ -245,6 +291,13 @@ fn main() -> anyhow::Result<()> {
             "rss: VmRSS {} KiB, VmHWM {} KiB",
             status_kib("VmRSS:"),
             status_kib("VmHWM:")
+        );
+        let steady = &per_hour[per_hour.len() / 2..];
+        println!(
+            "workload {:?}: publish decisions per hour {:?}; in the second half, {:.2} per 10 minutes",
+            args.workload,
+            per_hour,
+            steady.iter().sum::<usize>() as f64 / (steady.len() * 6) as f64
         );
         println!(
             "publish decisions: {publishes}; /metrics body {scrape_bytes} B; checkpoint {checkpoint_size} B; cgroup tree walks {}",

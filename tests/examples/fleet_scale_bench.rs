@@ -1,0 +1,508 @@
+//! Fleet scale through the real API server: 5,000 Nodes, 20 autoscalers grouped by instance
+//! type, every node's NodeRecommendation written as the agent writes it, and the webhook as
+//! deployed, its index filled by its own watches; then a minute of churn.
+//!
+//! Run with `cargo run --release -p nodewarden-tests --features loadgen --example fleet-scale-bench`
+//! (`NODEWARDEN_SCALE_NODES` changes the node count; `NODEWARDEN_WEBHOOK_BIN` another webhook
+//! binary, as in `rightsizing-vpa-bench`).
+//!
+//! * The control plane of the tests (etcd, kube-apiserver, kube-controller-manager with its
+//!   garbage collector), built from Go modules.
+//! * 5,000 Node objects over 8 instance types and 3 zones; 20 DaemonSetAutoscalers
+//!   (`coldStart: Group` by `node.kubernetes.io/instance-type`), 2 containers each.
+//! * Each node's NodeRecommendation (20 autoscalers × 2 containers) written the agent's way:
+//!   the object of `nodewarden_agent::publish::object` (owned by its Node), server-side apply
+//!   with the agent's field manager, forced.
+//! * The webhook: the binary of its image, the chart's flags and log level, logs to a file.
+//! * Measured: how long the writes and the webhook's first sync take; the webhook's resident
+//!   memory and CPU, and the API server's CPU, at rest and during the churn; the time from a
+//!   NodeRecommendation write to the webhook patching a pod with it (p50, p99); review latency
+//!   during the churn.
+//! * The churn, for 60 s at once: agents rewriting 8.3 recommendations a second (every node
+//!   once per 10 minutes, the issue's upper bound on steady-state writes); a node replaced every
+//!   2 s (deleted, its recommendation collected by the garbage collector; a new node of the same
+//!   type created and published); 1,000 reviews a second over HTTP/2 (open loop, measured from
+//!   when each was due); a probe writing one node's recommendation every 250 ms and timing how
+//!   long the webhook takes to use it.
+//!
+//! How many writes a node makes in steady state is the agent's publish decision over time: see
+//! `cargo run --release -p nodewarden-agent --example synthetic -- --workload daily --duration 36h`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use hdrhistogram::Histogram;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use nodewarden_api::rightsizing::{
+    AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
+};
+use nodewarden_tests::process::{free_port, write_file};
+use nodewarden_tests::webhooks::http_get;
+use nodewarden_tests::{ControlPlane, apply_crds, create_namespace};
+use nodewarden_webhook::loadgen::{Alpn, CpuClock, Load, connect, patched, process_cpu_ns, resident_bytes};
+use serde_json::{Value, json};
+
+const POD_REVIEW: &str = include_str!("../fixtures/admission/daemonset-pod-create.json");
+const AUTOSCALERS: usize = 20;
+const GROUP_LABEL: &str = "node.kubernetes.io/instance-type";
+const TYPES: [&str; 8] = [
+    "m5.large", "m5.xlarge", "m5.2xlarge", "c5.xlarge", "c5.2xlarge", "r5.xlarge", "r5.2xlarge", "m6i.4xlarge",
+];
+const CHURN: Duration = Duration::from_secs(60);
+const REVIEW_RATE: f64 = 1000.0;
+const LOOPBACK: &str = "127.0.0.1";
+
+fn nodes() -> usize {
+    std::env::var("NODEWARDEN_SCALE_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000)
+}
+
+fn node_name(i: usize) -> String {
+    format!("ip-10-{}-{}-{}.eu-west-1.compute.internal", i / 65536, (i / 256) % 256, i % 256)
+}
+
+fn namespace(k: usize) -> String {
+    format!("team-{k}")
+}
+
+fn ds_name(k: usize) -> String {
+    format!("agent-{k}")
+}
+
+fn cpu_millis(i: usize, k: usize, round: usize) -> usize {
+    50 + (i * 7 + k * 13 + round * 101) % 900
+}
+
+/// The recorded review for node `i` and DaemonSet `k`, two containers.
+fn review(i: usize, k: usize) -> Bytes {
+    let mut r: Value = serde_json::from_str(POD_REVIEW).expect("fixture");
+    r["request"]["uid"] = json!(format!("uid-{i}-{k}"));
+    r["request"]["namespace"] = json!(namespace(k));
+    let pod = &mut r["request"]["object"];
+    pod["metadata"]["namespace"] = json!(namespace(k));
+    pod["metadata"]["ownerReferences"][0]["name"] = json!(ds_name(k));
+    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        [0]["matchFields"][0]["values"] = json!([node_name(i)]);
+    let mut sidecar = pod["spec"]["containers"][0].clone();
+    sidecar["name"] = json!("sidecar");
+    if let Some(list) = pod["spec"]["containers"].as_array_mut() {
+        list.push(sidecar);
+    }
+    Bytes::from(serde_json::to_vec(&r).expect("json"))
+}
+
+fn autoscaler(k: usize) -> Result<DaemonSetAutoscaler> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1",
+        "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": ds_name(k), "namespace": namespace(k)},
+        "spec": {"targetRef": {"kind": "DaemonSet", "name": ds_name(k)},
+                 "coldStart": "Group", "nodeGroupLabel": GROUP_LABEL},
+    }))?)
+}
+
+/// Node `i`'s spec as the agent publishes it; `round` moves the figures.
+fn spec(i: usize, round: usize) -> NodeRecommendationSpec {
+    let mut recs = Vec::new();
+    for k in 0..AUTOSCALERS {
+        for c in ["agent", "sidecar"] {
+            let mem = 64 + (i * 11 + k * 5 + round * 7) % 900;
+            recs.push(ContainerRecommendation {
+                autoscaler: AutoscalerRef {
+                    namespace: namespace(k),
+                    name: ds_name(k),
+                },
+                container_name: c.to_string(),
+                target: Some(BTreeMap::from([
+                    ("cpu".to_string(), Quantity(format!("{}m", cpu_millis(i, k, round)))),
+                    ("memory".to_string(), Quantity(format!("{mem}Mi"))),
+                ])),
+                lower_bound: None,
+                upper_bound: None,
+                uncapped_target: None,
+                sample_count: 8640,
+                first_sample_time: None,
+                last_sample_time: None,
+                oom_count: 0,
+            });
+        }
+    }
+    NodeRecommendationSpec {
+        update_time: None,
+        pods: Vec::new(),
+        summary: None,
+        recommendations: recs,
+    }
+}
+
+/// Creates node `i` (instance type `TYPES[i % 8]`) and returns its uid.
+async fn create_node(nodes: &Api<Node>, i: usize) -> Result<String> {
+    let zone = ["eu-west-1a", "eu-west-1b", "eu-west-1c"][i % 3];
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": node_name(i), "labels": {
+            "kubernetes.io/hostname": node_name(i),
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            GROUP_LABEL: TYPES[i % TYPES.len()],
+            "topology.kubernetes.io/zone": zone,
+            "topology.kubernetes.io/region": "eu-west-1",
+        }},
+    }))?;
+    let node = nodes.create(&PostParams::default(), &node).await?;
+    node.uid().ok_or_else(|| anyhow!("node {i} without uid"))
+}
+
+/// Writes node `i`'s recommendation as the agent does: its object, owned by the Node, by
+/// server-side apply with the agent's field manager.
+async fn publish(recs: &Api<NodeRecommendation>, i: usize, uid: &str, round: usize) -> Result<()> {
+    let obj = nodewarden_agent::publish::object(&node_name(i), uid, spec(i, round));
+    recs.patch(
+        &node_name(i),
+        &PatchParams::apply(nodewarden_agent::publish::FIELD_MANAGER).force(),
+        &Patch::Apply(&obj),
+    )
+    .await?;
+    Ok(())
+}
+
+fn webhook_build() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("NODEWARDEN_WEBHOOK_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    use xtask::image::{self, BuildOptions, WEBHOOK};
+    let mut opts = BuildOptions::for_repo(&image::repo_root()).context("image build options")?;
+    opts.progress = true;
+    image::build_static_binary(&opts, WEBHOOK.package, WEBHOOK.package, WEBHOOK.profile)
+}
+
+/// Whether the answer patches the pod's CPU request to `millis`.
+fn patches_cpu(answer: &[u8], millis: usize) -> bool {
+    use base64::Engine;
+    let Ok(v) = serde_json::from_slice::<Value>(answer) else {
+        return false;
+    };
+    let patch = v["response"]["patch"].as_str().unwrap_or_default();
+    base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .is_ok_and(|p| String::from_utf8_lossy(&p).contains(&format!("\"{millis}m\"")))
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// CPU of processes over a span, as a share of one core.
+struct Usage {
+    at: Instant,
+    cpu: Vec<u64>,
+    pids: Vec<u32>,
+}
+
+impl Usage {
+    fn start(pids: &[u32]) -> Self {
+        Usage {
+            at: Instant::now(),
+            cpu: pids.iter().map(|p| process_cpu_ns(*p)).collect(),
+            pids: pids.to_vec(),
+        }
+    }
+
+    /// Per process, the share of one core used since `start`.
+    fn shares(&self) -> Vec<f64> {
+        let wall = self.at.elapsed().as_nanos() as f64;
+        self.pids
+            .iter()
+            .zip(&self.cpu)
+            .map(|(p, c)| process_cpu_ns(*p).saturating_sub(*c) as f64 / wall)
+            .collect()
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let n = nodes();
+    let webhook_bin = webhook_build()?;
+    let cp = ControlPlane::start().await?;
+    let client: Client = cp.admin_client().await?;
+    let apiserver = cp
+        .pids()
+        .into_iter()
+        .find(|(name, _)| name == "kube-apiserver")
+        .map(|(_, pid)| pid)
+        .ok_or_else(|| anyhow!("no kube-apiserver process"))?;
+    apply_crds(&cp, &client, &nodewarden_api::crdgen::crds()).await?;
+    // the webhook's own namespace: its leader-election Lease
+    create_namespace(&cp, &client, "nodewarden").await?;
+    for k in 0..AUTOSCALERS {
+        create_namespace(&cp, &client, &namespace(k)).await?;
+        Api::<DaemonSetAutoscaler>::namespaced(client.clone(), &namespace(k))
+            .create(&PostParams::default(), &autoscaler(k)?)
+            .await?;
+    }
+
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let recs: Api<NodeRecommendation> = Api::all(client.clone());
+    let started = Instant::now();
+    let uids: Vec<String> = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = nodes_api.clone();
+            async move { create_node(&api, i).await }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    let nodes_took = started.elapsed();
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let recs = recs.clone();
+            let uid = uids[i].clone();
+            async move { publish(&recs, i, &uid, 0).await }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let recs_took = started.elapsed();
+    println!(
+        "{n} Nodes created in {:.1} s; {n} NodeRecommendations ({} recommendations each) applied in {:.1} s ({:.0}/s)",
+        nodes_took.as_secs_f64(),
+        AUTOSCALERS * 2,
+        recs_took.as_secs_f64(),
+        n as f64 / recs_took.as_secs_f64()
+    );
+
+    let dir = tempfile::tempdir()?;
+    let cert = cp.issue_loopback_serving_cert()?;
+    write_file(&dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+    write_file(&dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+    let (port, admin) = (free_port()?, free_port()?);
+    let log = std::fs::File::create(dir.path().join("nodewarden.log"))?;
+    let started = Instant::now();
+    let mut webhook = tokio::process::Command::new(&webhook_bin)
+        .args([
+            format!("--listen-addr=127.0.0.1:{port}"),
+            format!("--admin-addr=127.0.0.1:{admin}"),
+            format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
+            format!("--tls-key-file={}", dir.path().join("tls.key").display()),
+            format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+            "--namespace=nodewarden".to_string(),
+            "--pod-name=nodewarden-webhook-scale".to_string(),
+            "--log-format=json".to_string(),
+            "--log-level=info".to_string(),
+        ])
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting nodewarden-webhook")?;
+    let pid = webhook.id().ok_or_else(|| anyhow!("no pid"))?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+
+    // ready, and patching the last node's pod with that node's figure
+    let last = n - 1;
+    loop {
+        if matches!(http_get(admin, "/readyz").await, Ok((200, _)))
+            && let Ok(conn) = connect(addr, cp.ca_pem(), LOOPBACK, Alpn::H2).await
+            && let Some(answer) = conn.send("/mutate/pods", review(last, 0)).await
+            && patches_cpu(&answer, cpu_millis(last, 0, 0))
+        {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("the webhook never patched the last node's pod");
+        }
+        if let Ok(Some(status)) = webhook.try_wait() {
+            bail!("nodewarden-webhook exited: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let synced = started.elapsed();
+    // the leader's first status pass: every autoscaler has its 8 groups
+    let autoscalers: Api<DaemonSetAutoscaler> = Api::all(client.clone());
+    loop {
+        let list = autoscalers.list(&Default::default()).await?;
+        let done = list
+            .items
+            .iter()
+            .filter(|a| a.status.as_ref().is_some_and(|s| s.groups.len() == TYPES.len().min(n)))
+            .count();
+        if done == AUTOSCALERS {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            let text = std::fs::read_to_string(dir.path().join("nodewarden.log")).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            bail!(
+                "only {done} of {AUTOSCALERS} autoscalers have their groups; the webhook's log ends:\n{}",
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let grouped = started.elapsed();
+    println!(
+        "webhook: ready and patching with the last node's figures {:.1} s after start; every autoscaler's groups in its status after {:.1} s",
+        synced.as_secs_f64(),
+        grouped.as_secs_f64()
+    );
+
+    // at rest
+    let rest = Usage::start(&[pid, apiserver]);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let at_rest = rest.shares();
+    let rss_rest = resident_bytes(Some(pid));
+
+    // the churn
+    let writes = Arc::new(AtomicUsize::new(0));
+    let churn = Usage::start(&[pid, apiserver]);
+    let deadline = Instant::now() + CHURN;
+    let agents = {
+        let recs = recs.clone();
+        let uids = uids.clone();
+        let writes = writes.clone();
+        async move {
+            // every node once per 10 minutes: n / 600 a second
+            let every = Duration::from_secs_f64(600.0 / n as f64);
+            let mut tick = tokio::time::interval(every);
+            let mut i = 0usize;
+            while Instant::now() < deadline {
+                tick.tick().await;
+                let node = 2000 + i % (n.saturating_sub(2100).max(1));
+                if publish(&recs, node, &uids[node], 1 + i / n).await.is_ok() {
+                    writes.fetch_add(1, Ordering::Relaxed);
+                }
+                i += 1;
+            }
+        }
+    };
+    let replaced = Arc::new(AtomicUsize::new(0));
+    let replacing = {
+        let nodes_api = nodes_api.clone();
+        let recs = recs.clone();
+        let replaced = replaced.clone();
+        async move {
+            let mut j = 0usize;
+            while Instant::now() < deadline {
+                let old = n - 1 - j;
+                let _ = nodes_api.delete(&node_name(old), &DeleteParams::default()).await;
+                // a new name, the same instance type as the node it replaces (`TYPES[i % 8]`)
+                let new_index = n.next_multiple_of(TYPES.len()) + j * TYPES.len() + old % TYPES.len();
+                if let Ok(uid) = create_node(&nodes_api, new_index).await
+                    && publish(&recs, new_index, &uid, 0).await.is_ok()
+                {
+                    replaced.fetch_add(1, Ordering::Relaxed);
+                }
+                j += 1;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    };
+    let probe = {
+        let recs = recs.clone();
+        let uids = uids.clone();
+        let ca = cp.ca_pem().to_string();
+        async move {
+            let conn = connect(addr, &ca, LOOPBACK, Alpn::H2).await?;
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3)?;
+            let mut missed = 0usize;
+            let mut round = 100usize;
+            while Instant::now() < deadline {
+                let node = round % 2000;
+                let want = cpu_millis(node, 0, round);
+                if want == cpu_millis(node, 0, 0) {
+                    round += 1;
+                    continue;
+                }
+                let written = Instant::now();
+                publish(&recs, node, &uids[node], round).await?;
+                let body = review(node, 0);
+                loop {
+                    if let Some(answer) = conn.send("/mutate/pods", body.clone()).await
+                        && patches_cpu(&answer, want)
+                    {
+                        let _ = hist.record(written.elapsed().as_micros() as u64);
+                        break;
+                    }
+                    if written.elapsed() > Duration::from_secs(30) {
+                        missed += 1;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                round += 1;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            anyhow::Ok((hist, missed))
+        }
+    };
+    let load = {
+        let mut conns = Vec::new();
+        for _ in 0..2 {
+            conns.push(connect(addr, cp.ca_pem(), LOOPBACK, Alpn::H2).await?);
+        }
+        Load {
+            conns,
+            path: "/mutate/pods",
+            bodies: (0..2000).map(|i| review(i, i % AUTOSCALERS)).collect(),
+            accept: patched,
+            cpu: Arc::new(move || process_cpu_ns(pid)) as CpuClock,
+        }
+    };
+    let (_, _, probed, reviews) = tokio::join!(agents, replacing, probe, load.open_loop(CHURN, REVIEW_RATE));
+    let in_churn = churn.shares();
+    let rss_churn = resident_bytes(Some(pid));
+    let (hist, missed) = probed?;
+    if let Ok(Some(status)) = webhook.try_wait() {
+        bail!("nodewarden-webhook exited during the churn: {status}");
+    }
+
+    println!("\n| | at rest (30 s) | during the churn (60 s) |");
+    println!("|---|---:|---:|");
+    println!(
+        "| webhook CPU (whole process, share of one core) | {:.1} % | {:.1} % |",
+        at_rest[0] * 100.0,
+        in_churn[0] * 100.0
+    );
+    println!(
+        "| webhook resident memory | {:.1} MiB | {:.1} MiB |",
+        mib(rss_rest),
+        mib(rss_churn)
+    );
+    println!(
+        "| kube-apiserver CPU (share of one core) | {:.1} % | {:.1} % |",
+        at_rest[1] * 100.0,
+        in_churn[1] * 100.0
+    );
+    println!(
+        "\nchurn: {} recommendations rewritten by agents, {} nodes replaced (deleted, created, published), \
+         {:.0} reviews/s with p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} failed",
+        writes.load(Ordering::Relaxed),
+        replaced.load(Ordering::Relaxed),
+        reviews.rate(),
+        reviews.ms(0.5),
+        reviews.ms(0.99),
+        reviews.max_ms(),
+        reviews.failures
+    );
+    println!(
+        "a NodeRecommendation write to the webhook patching with it: {} probes, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {missed} not seen within 30 s",
+        hist.len(),
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+        hist.max() as f64 / 1e3
+    );
+    let _ = webhook.kill().await;
+    Ok(())
+}
