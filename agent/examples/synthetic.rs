@@ -56,6 +56,9 @@ struct Args {
     /// burst): what the API writes per node come to once the histograms are full.
     #[arg(long, default_value = "steady")]
     workload: Workload,
+    /// The agent's `--publish-budget` (0s: none).
+    #[arg(long, default_value = "10m", value_parser = nodewarden_runtime::duration::parse_duration)]
+    publish_budget: Duration,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum, PartialEq)]
@@ -218,6 +221,7 @@ fn main() -> anyhow::Result<()> {
                 change_threshold: 0.1,
                 refresh_ms: 3_600_000,
                 min_interval_ms: MIN_INTERVAL_MS,
+                budget_interval_ms: i64::try_from(args.publish_budget.as_millis())?,
             },
             metrics.clone(),
         );

@@ -63,6 +63,12 @@ pub struct Config {
     #[arg(long, env = "NODEWARDEN_MIN_PUBLISH_INTERVAL", default_value = "30s", value_parser = parse_interval)]
     pub min_publish_interval: Duration,
 
+    /// On average at most one NodeRecommendation write per this interval, in bursts of at most
+    /// 3: a change beyond that waits for the budget. The first write, a changed set of
+    /// containers and a new OOM kill are written at once all the same.
+    #[arg(long, env = "NODEWARDEN_PUBLISH_BUDGET", default_value = "10m", value_parser = parse_interval)]
+    pub publish_budget: Duration,
+
     /// A target must move by more than this fraction to be published before the refresh.
     #[arg(long, env = "NODEWARDEN_CHANGE_THRESHOLD", default_value_t = 0.1, value_parser = parse_fraction)]
     pub change_threshold: f64,
@@ -251,6 +257,7 @@ impl Config {
             change_threshold: self.change_threshold,
             refresh_ms: millis(self.refresh_interval),
             min_interval_ms: millis(self.min_publish_interval),
+            budget_interval_ms: millis(self.publish_budget),
         }
     }
 }
@@ -264,6 +271,7 @@ mod tests {
         let c = Config::try_parse_from(["nodewarden-agent", "--node-name", "x"]).expect("defaults parse");
         assert_eq!(c.sample_interval, Duration::from_secs(10));
         assert_eq!(c.refresh_interval, Duration::from_secs(3600));
+        assert_eq!(c.publish_budget, Duration::from_secs(600));
         assert_eq!(c.admin_addr.port(), 8080);
         let e = c.estimator.estimator().unwrap();
         assert_eq!(e, EstimatorConfig::default());

@@ -35,6 +35,52 @@ pub struct PublishConfig {
     /// At most one write per this many milliseconds: a material change within it waits for
     /// its end (so writes stay bounded even with a very short sample interval).
     pub min_interval_ms: i64,
+    /// On average at most one write per this many milliseconds, in bursts of at most
+    /// [`PUBLISH_BURST`] (a token bucket); 0: no such budget. The first write, a changed set of
+    /// containers and a new OOM kill are written at once all the same (and spend a token).
+    pub budget_interval_ms: i64,
+}
+
+/// The writes a node may make at once before [`PublishConfig::budget_interval_ms`] paces it.
+pub const PUBLISH_BURST: f64 = 3.0;
+
+/// The write budget: a token bucket, full at the start.
+#[derive(Debug, Default)]
+struct Budget {
+    tokens: f64,
+    at_ms: Option<i64>,
+}
+
+impl Budget {
+    fn refill(&mut self, now_ms: i64, interval_ms: i64) {
+        self.tokens = match self.at_ms {
+            None => PUBLISH_BURST,
+            Some(at) => (self.tokens + (now_ms - at).max(0) as f64 / interval_ms as f64).min(PUBLISH_BURST),
+        };
+        self.at_ms = Some(now_ms);
+    }
+
+    /// Takes a token when there is one.
+    fn try_take(&mut self, now_ms: i64, interval_ms: i64) -> bool {
+        if interval_ms <= 0 {
+            return true;
+        }
+        self.refill(now_ms, interval_ms);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Spends a token for a write that does not wait (down to none).
+    fn spend(&mut self, now_ms: i64, interval_ms: i64) {
+        if interval_ms > 0 {
+            self.refill(now_ms, interval_ms);
+            self.tokens = (self.tokens - 1.0).max(0.0);
+        }
+    }
 }
 
 /// The agent's state between ticks: the histories, the cgroup locator, the counters read last
@@ -56,6 +102,7 @@ pub struct Sampler {
     /// Container IDs already warned about (one warning per unreadable container).
     warned: HashSet<String>,
     last_published: Option<(Snapshot, i64)>,
+    budget: Budget,
     metrics: Arc<Metrics>,
 }
 
@@ -146,6 +193,7 @@ impl Sampler {
             oom_recorded: HashSet::new(),
             warned: HashSet::new(),
             last_published: None,
+            budget: Budget::default(),
             metrics,
         }
     }
@@ -384,6 +432,32 @@ impl Sampler {
                 self.publish.refresh_ms,
             )
         };
+        // the budget paces what can wait; the first write, new containers and OOM kills cannot
+        let oom_rose = self.last_published.as_ref().is_some_and(|(prev, _)| {
+            snapshot
+                .iter()
+                .any(|(k, e)| prev.get(k).is_some_and(|p| e.oom_count > p.oom_count))
+        });
+        let interval = self.publish.budget_interval_ms;
+        let decision = decision.filter(|reason| {
+            if oom_rose
+                || matches!(
+                    reason,
+                    publish::Reason::First | publish::Reason::ContainersChanged
+                )
+            {
+                self.budget.spend(now_ms, interval);
+                true
+            } else if self.budget.try_take(now_ms, interval) {
+                true
+            } else {
+                tracing::debug!(
+                    reason = reason.as_str(),
+                    "write budget spent; the change waits for the next token"
+                );
+                false
+            }
+        });
         let publish = decision.map(|reason| {
             self.metrics.decided(reason.as_str());
             let spec = publish::spec(&snapshot, now_ms);

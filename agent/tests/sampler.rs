@@ -101,6 +101,7 @@ fn sampler_with_min_interval(root: &Path, metrics: Arc<Metrics>, min_interval_ms
             change_threshold: 0.1,
             refresh_ms: 3_600_000,
             min_interval_ms,
+            budget_interval_ms: 0,
         },
         metrics,
     )
@@ -329,6 +330,49 @@ fn material_changes_within_the_minimum_interval_wait_for_its_end() {
     );
 }
 
+/// The write budget (`--publish-budget`, one write per 10 minutes on average, bursts of 3):
+/// a node whose targets keep moving writes three times, then waits for the budget to refill.
+#[test]
+fn the_write_budget_paces_a_node_whose_targets_keep_moving() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let mut s = Sampler::new(
+        "x".into(),
+        root.to_path_buf(),
+        EstimatorConfig::default(),
+        PublishConfig {
+            change_threshold: 0.1,
+            refresh_ms: 3_600_000,
+            min_interval_ms: 0,
+            budget_interval_ms: 600_000,
+        },
+        Arc::new(Metrics::new()),
+    );
+    let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
+    let t = targets(&p);
+    let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));
+    let mut used = 12_500_000u64;
+    // each step the CPU used over the last interval is four times the step before's
+    let mut step = |s: &mut Sampler, at_ms: i64, since_ms: i64, cores: f64| {
+        used += (cores * since_ms as f64 * 1000.0) as u64;
+        set_usage(&app, used);
+        s.tick(T0 + at_ms, &t, &alive())
+            .publish
+            .map(|(reason, _)| reason.as_str())
+    };
+    assert_eq!(
+        s.tick(T0, &t, &alive()).publish.map(|(r, _)| r.as_str()),
+        Some("first")
+    );
+    assert_eq!(step(&mut s, 10_000, 10_000, 0.5), Some("target-moved"));
+    assert_eq!(step(&mut s, 20_000, 10_000, 2.0), Some("target-moved"));
+    // the burst is spent: a move now waits
+    assert_eq!(step(&mut s, 30_000, 10_000, 8.0), None);
+    assert_eq!(step(&mut s, 40_000, 10_000, 32.0), None);
+    // ten minutes after the last write a token is back, and the next move goes out
+    assert_eq!(step(&mut s, 620_000, 580_000, 128.0), Some("target-moved"));
+    assert_eq!(step(&mut s, 630_000, 10_000, 512.0), None);
+}
+
 #[test]
 fn an_oom_kill_in_the_pod_status_bumps_memory_once() {
     let (_tmp, root) = fixture_copy("systemd-containerd");
@@ -378,6 +422,7 @@ fn on_cgroup_v1_the_same_estimator_reads_the_v1_files() {
             change_threshold: 0.1,
             refresh_ms: 3_600_000,
             min_interval_ms: MIN_INTERVAL_MS,
+            budget_interval_ms: 0,
         },
         Arc::new(Metrics::new()),
     );

@@ -61,6 +61,7 @@ fuzz_target!(|data: &[u8]| {
             change_threshold: 0.1,
             refresh_ms: 3_600_000,
             min_interval_ms: 0,
+            budget_interval_ms: 0,
         },
         Arc::new(Metrics::new()),
     );

@@ -25,6 +25,10 @@
 //!   when each was due); a probe writing one node's recommendation every 250 ms and timing how
 //!   long the webhook takes to use it.
 //!
+//! * Last, the real DaemonSet controller rolls a DaemonSet out to the 1,250 nodes of two instance
+//!   types, once in a namespace the webhook is not called for and once through it (its
+//!   autoscaler's pods patched): the time until every pod is created, side by side.
+//!
 //! How many writes a node makes in steady state is the agent's publish decision over time: see
 //! `cargo run --release -p nodewarden-agent --example synthetic -- --workload daily --duration 36h`.
 
@@ -39,7 +43,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -48,7 +53,9 @@ use nodewarden_api::rightsizing::{
 };
 use nodewarden_tests::process::{free_port, write_file};
 use nodewarden_tests::webhooks::http_get;
-use nodewarden_tests::{ControlPlane, apply_crds, create_namespace};
+use nodewarden_tests::{
+    ControlPlane, Hook, LoopbackEndpoint, apply_crds, create_namespace, register_mutating_webhooks,
+};
 use nodewarden_webhook::loadgen::{Alpn, CpuClock, Load, connect, patched, process_cpu_ns, resident_bytes};
 use serde_json::{Value, json};
 
@@ -56,7 +63,14 @@ const POD_REVIEW: &str = include_str!("../fixtures/admission/daemonset-pod-creat
 const AUTOSCALERS: usize = 20;
 const GROUP_LABEL: &str = "node.kubernetes.io/instance-type";
 const TYPES: [&str; 8] = [
-    "m5.large", "m5.xlarge", "m5.2xlarge", "c5.xlarge", "c5.2xlarge", "r5.xlarge", "r5.2xlarge", "m6i.4xlarge",
+    "m5.large",
+    "m5.xlarge",
+    "m5.2xlarge",
+    "c5.xlarge",
+    "c5.2xlarge",
+    "r5.xlarge",
+    "r5.2xlarge",
+    "m6i.4xlarge",
 ];
 const CHURN: Duration = Duration::from_secs(60);
 const REVIEW_RATE: f64 = 1000.0;
@@ -70,7 +84,12 @@ fn nodes() -> usize {
 }
 
 fn node_name(i: usize) -> String {
-    format!("ip-10-{}-{}-{}.eu-west-1.compute.internal", i / 65536, (i / 256) % 256, i % 256)
+    format!(
+        "ip-10-{}-{}-{}.eu-west-1.compute.internal",
+        i / 65536,
+        (i / 256) % 256,
+        i % 256
+    )
 }
 
 fn namespace(k: usize) -> String {
@@ -126,7 +145,10 @@ fn spec(i: usize, round: usize) -> NodeRecommendationSpec {
                 },
                 container_name: c.to_string(),
                 target: Some(BTreeMap::from([
-                    ("cpu".to_string(), Quantity(format!("{}m", cpu_millis(i, k, round)))),
+                    (
+                        "cpu".to_string(),
+                        Quantity(format!("{}m", cpu_millis(i, k, round))),
+                    ),
                     ("memory".to_string(), Quantity(format!("{mem}Mi"))),
                 ])),
                 lower_bound: None,
@@ -336,7 +358,11 @@ async fn main() -> Result<()> {
         let done = list
             .items
             .iter()
-            .filter(|a| a.status.as_ref().is_some_and(|s| s.groups.len() == TYPES.len().min(n)))
+            .filter(|a| {
+                a.status
+                    .as_ref()
+                    .is_some_and(|s| s.groups.len() == TYPES.len().min(n))
+            })
             .count();
         if done == AUTOSCALERS {
             break;
@@ -503,6 +529,93 @@ async fn main() -> Result<()> {
         hist.value_at_quantile(0.99) as f64 / 1e3,
         hist.max() as f64 / 1e3
     );
+
+    // the DaemonSet controller through the webhook, and without it
+    let endpoint = LoopbackEndpoint {
+        port,
+        ca_pem: cp.ca_pem().to_string(),
+    };
+    let mut hook = Hook::new(
+        "pods.rightsizing.nodewarden.io",
+        "/mutate/pods",
+        "",
+        "v1",
+        &["pods"],
+        &["CREATE"],
+    )
+    .only_namespace(&namespace(0));
+    hook.failure_policy = "Ignore".to_string();
+    hook.timeout_seconds = 5;
+    register_mutating_webhooks(&client, "nodewarden-scale", &endpoint, &[hook]).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // the API server picks the configuration up
+    create_namespace(&cp, &client, "plain").await?;
+    let want = (0..n).filter(|i| i % TYPES.len() < 2).count();
+    println!(
+        "\n| rollout of a DaemonSet to {want} nodes (the real DaemonSet controller) | every pod created after | pods patched |"
+    );
+    println!("|---|---:|---:|");
+    for (label, ns) in [
+        ("without the webhook", "plain"),
+        ("through the webhook", namespace(0).as_str()),
+    ] {
+        let (took, patched) = rollout(&cp, &client, ns, &ds_name(0), want).await?;
+        println!("| {label} | {:.1} s | {patched} |", took.as_secs_f64());
+    }
     let _ = webhook.kill().await;
     Ok(())
+}
+
+/// Creates DaemonSet `name` in `namespace` on the nodes of the first two instance types
+/// and waits until the DaemonSet controller has created its `want` pods; returns how long that
+/// took and how many of them the webhook patched.
+async fn rollout(
+    cp: &ControlPlane,
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    want: usize,
+) -> Result<(Duration, usize)> {
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": GROUP_LABEL, "operator": "In", "values": [TYPES[0], TYPES[1]]}]}]}}},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {"name": "agent", "image": "nodewarden-e2e/pause:never-pulled",
+                         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                       "limits": {"cpu": "200m", "memory": "128Mi"}}},
+                        {"name": "sidecar", "image": "nodewarden-e2e/pause:never-pulled",
+                         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                                       "limits": {"cpu": "200m", "memory": "128Mi"}}},
+                    ],
+                },
+            },
+        },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let started = Instant::now();
+    Api::<DaemonSet>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    let list = cp
+        .poll(&format!("{want} pods of DaemonSet {namespace}/{name}"), || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&Default::default()).await?;
+                Ok((list.items.len() >= want).then_some(list.items))
+            }
+        })
+        .await?;
+    let took = started.elapsed();
+    let patched = list
+        .iter()
+        .filter(|p| p.annotations().contains_key("rightsizing.nodewarden.io/source"))
+        .count();
+    Ok((took, patched))
 }

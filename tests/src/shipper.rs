@@ -45,7 +45,12 @@ pub async fn install_chart(helm: &Helm, client: &Client, images: &TestImages) ->
     ];
     args.extend(images.helm_set_args());
     // running pods follow the node's figures within seconds, not VPA's 12 h
-    for set in ["agent.update.interval=2s", "agent.update.minAge=5s"] {
+    // (and figures are published as they move, not paced to a write per 10 minutes)
+    for set in [
+        "agent.update.interval=2s",
+        "agent.update.minAge=5s",
+        "agent.publishBudget=1s",
+    ] {
         args.extend(["--set".to_string(), set.to_string()]);
     }
     let out = helm.run(&args).await?;

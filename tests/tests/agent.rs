@@ -473,6 +473,8 @@ fn agent_config(node: &str, cgroup_root: &Path, checkpoint_dir: &Path, extra: &[
         "127.0.0.1:0",
         "--sample-interval",
         "200ms",
+        "--publish-budget",
+        "1s",
         "--log-format",
         "text",
     ];

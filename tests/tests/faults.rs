@@ -298,6 +298,8 @@ async fn api_server_killed_and_restarted_while_the_webhook_serves_and_agents_pub
                 "200ms",
                 "--min-publish-interval",
                 "1s",
+                "--publish-budget",
+                "1s",
                 "--log-format",
                 "text",
             ])?;
@@ -939,6 +941,7 @@ async fn agent_killed_during_checkpoint_writes_resumes_its_history() {
                     "--sample-interval=100ms",
                     "--checkpoint-interval=100ms",
                     "--min-publish-interval=200ms",
+                    "--publish-budget=200ms",
                     "--refresh-interval=1s",
                     "--log-format=text",
                 ]

@@ -457,6 +457,7 @@ async fn default_agent_daemonset_runs_everywhere_and_reads_cgroups_read_only() -
         ("NODEWARDEN_CHECKPOINT_DIR", "/var/lib/nodewarden"),
         ("NODEWARDEN_ADMIN_ADDR", "0.0.0.0:8080"),
         ("NODEWARDEN_SAMPLE_INTERVAL", "10s"),
+        ("NODEWARDEN_PUBLISH_BUDGET", "10m"),
         ("NODEWARDEN_LOG_FORMAT", "json"),
         ("NODEWARDEN_GATES_INTERVAL", "30s"),
     ] {

@@ -488,6 +488,8 @@ async fn start_agent(bin: &Path, node: &str, dir: &Path, kubeconfig: &Path) -> R
             format!("127.0.0.1:{}", process::free_port()?),
         )
         .env("NODEWARDEN_SAMPLE_INTERVAL", "500ms")
+        // a demo of minutes: figures go out as they move, not paced to one write per 10 minutes
+        .env("NODEWARDEN_PUBLISH_BUDGET", "1s")
         .env("NODEWARDEN_LOG_FORMAT", "text")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
