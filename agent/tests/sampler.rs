@@ -93,6 +93,17 @@ fn sampler(root: &Path, metrics: Arc<Metrics>) -> Sampler {
 }
 
 fn sampler_with_min_interval(root: &Path, metrics: Arc<Metrics>, min_interval_ms: i64) -> Sampler {
+    sampler_with_publish(root, metrics, min_interval_ms, 0)
+}
+
+/// A sampler with the default threshold and refresh, at most one write per `min_interval_ms`
+/// and on average one per `budget_interval_ms` (0: no budget).
+fn sampler_with_publish(
+    root: &Path,
+    metrics: Arc<Metrics>,
+    min_interval_ms: i64,
+    budget_interval_ms: i64,
+) -> Sampler {
     Sampler::new(
         "x".into(),
         root.to_path_buf(),
@@ -101,7 +112,7 @@ fn sampler_with_min_interval(root: &Path, metrics: Arc<Metrics>, min_interval_ms
             change_threshold: 0.1,
             refresh_ms: 3_600_000,
             min_interval_ms,
-            budget_interval_ms: 0,
+            budget_interval_ms,
         },
         metrics,
     )
@@ -335,18 +346,7 @@ fn material_changes_within_the_minimum_interval_wait_for_its_end() {
 #[test]
 fn the_write_budget_paces_a_node_whose_targets_keep_moving() {
     let (_tmp, root) = fixture_copy("systemd-containerd");
-    let mut s = Sampler::new(
-        "x".into(),
-        root.to_path_buf(),
-        EstimatorConfig::default(),
-        PublishConfig {
-            change_threshold: 0.1,
-            refresh_ms: 3_600_000,
-            min_interval_ms: 0,
-            budget_interval_ms: 600_000,
-        },
-        Arc::new(Metrics::new()),
-    );
+    let mut s = sampler_with_publish(&root, Arc::new(Metrics::new()), 0, 600_000);
     let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
     let t = targets(&p);
     let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));

@@ -334,28 +334,15 @@ fn run(case: &Case) -> Run {
     let node = case.node.as_deref().map(targets);
     let fleet = targets(&case.fleet);
     let ranges = limit_ranges(case);
-    let decision = mutate(
-        &pod,
-        &autoscaler,
-        Figures {
-            node: node.as_ref(),
-            group: None,
-            fleet: Some(&fleet),
-        },
-        &ranges,
-    );
+    let figures = Figures {
+        node: node.as_ref(),
+        group: None,
+        fleet: Some(&fleet),
+    };
+    let decision = mutate(&pod, &autoscaler, figures, &ranges);
     let mut after = before.clone();
     json_patch::patch(&mut after, &decision.patch).expect("the patch applies");
-    let sizing = sizing_on(
-        &pod,
-        &autoscaler,
-        Figures {
-            node: node.as_ref(),
-            group: None,
-            fleet: Some(&fleet),
-        },
-        &ranges,
-    );
+    let sizing = sizing_on(&pod, &autoscaler, figures, &ranges);
     Run {
         before,
         after,

@@ -34,13 +34,11 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -51,7 +49,7 @@ use kube::{Api, Client, ResourceExt};
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_tests::process::{free_port, write_file};
+use nodewarden_tests::process::free_port;
 use nodewarden_tests::webhooks::http_get;
 use nodewarden_tests::{
     ControlPlane, Hook, LoopbackEndpoint, apply_crds, create_namespace, register_mutating_webhooks,
@@ -59,7 +57,10 @@ use nodewarden_tests::{
 use nodewarden_webhook::loadgen::{Alpn, CpuClock, Load, connect, patched, process_cpu_ns, resident_bytes};
 use serde_json::{Value, json};
 
-const POD_REVIEW: &str = include_str!("../fixtures/admission/daemonset-pod-create.json");
+#[path = "common/bench.rs"]
+mod bench;
+use bench::{ds_name, namespace, node_name, review, webhook_args, webhook_build, write_serving_cert};
+
 const AUTOSCALERS: usize = 20;
 const GROUP_LABEL: &str = "node.kubernetes.io/instance-type";
 const TYPES: [&str; 8] = [
@@ -83,43 +84,8 @@ fn nodes() -> usize {
         .unwrap_or(5000)
 }
 
-fn node_name(i: usize) -> String {
-    format!(
-        "ip-10-{}-{}-{}.eu-west-1.compute.internal",
-        i / 65536,
-        (i / 256) % 256,
-        i % 256
-    )
-}
-
-fn namespace(k: usize) -> String {
-    format!("team-{k}")
-}
-
-fn ds_name(k: usize) -> String {
-    format!("agent-{k}")
-}
-
 fn cpu_millis(i: usize, k: usize, round: usize) -> usize {
     50 + (i * 7 + k * 13 + round * 101) % 900
-}
-
-/// The recorded review for node `i` and DaemonSet `k`, two containers.
-fn review(i: usize, k: usize) -> Bytes {
-    let mut r: Value = serde_json::from_str(POD_REVIEW).expect("fixture");
-    r["request"]["uid"] = json!(format!("uid-{i}-{k}"));
-    r["request"]["namespace"] = json!(namespace(k));
-    let pod = &mut r["request"]["object"];
-    pod["metadata"]["namespace"] = json!(namespace(k));
-    pod["metadata"]["ownerReferences"][0]["name"] = json!(ds_name(k));
-    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        [0]["matchFields"][0]["values"] = json!([node_name(i)]);
-    let mut sidecar = pod["spec"]["containers"][0].clone();
-    sidecar["name"] = json!("sidecar");
-    if let Some(list) = pod["spec"]["containers"].as_array_mut() {
-        list.push(sidecar);
-    }
-    Bytes::from(serde_json::to_vec(&r).expect("json"))
 }
 
 fn autoscaler(k: usize) -> Result<DaemonSetAutoscaler> {
@@ -197,16 +163,6 @@ async fn publish(recs: &Api<NodeRecommendation>, i: usize, uid: &str, round: usi
     )
     .await?;
     Ok(())
-}
-
-fn webhook_build() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("NODEWARDEN_WEBHOOK_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    use xtask::image::{self, BuildOptions, WEBHOOK};
-    let mut opts = BuildOptions::for_repo(&image::repo_root()).context("image build options")?;
-    opts.progress = true;
-    image::build_static_binary(&opts, WEBHOOK.package, WEBHOOK.package, WEBHOOK.profile)
 }
 
 /// Whether the answer patches the pod's CPU request to `millis`.
@@ -306,24 +262,18 @@ async fn main() -> Result<()> {
     );
 
     let dir = tempfile::tempdir()?;
-    let cert = cp.issue_loopback_serving_cert()?;
-    write_file(&dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
-    write_file(&dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+    write_serving_cert(&cp, dir.path())?;
     let (port, admin) = (free_port()?, free_port()?);
     let log = std::fs::File::create(dir.path().join("nodewarden.log"))?;
     let started = Instant::now();
     let mut webhook = tokio::process::Command::new(&webhook_bin)
-        .args([
-            format!("--listen-addr=127.0.0.1:{port}"),
-            format!("--admin-addr=127.0.0.1:{admin}"),
-            format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
-            format!("--tls-key-file={}", dir.path().join("tls.key").display()),
-            format!("--kubeconfig={}", cp.kubeconfig_path().display()),
-            "--namespace=nodewarden".to_string(),
-            "--pod-name=nodewarden-webhook-scale".to_string(),
-            "--log-format=json".to_string(),
-            "--log-level=info".to_string(),
-        ])
+        .args(webhook_args(
+            &cp,
+            dir.path(),
+            port,
+            admin,
+            "nodewarden-webhook-scale",
+        ))
         .stdout(log.try_clone()?)
         .stderr(log)
         .kill_on_drop(true)

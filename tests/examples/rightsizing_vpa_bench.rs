@@ -38,7 +38,7 @@ use kube::{Api, Client};
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_tests::process::{free_port, write_file};
+use nodewarden_tests::process::free_port;
 use nodewarden_tests::webhooks::http_get;
 use nodewarden_tests::{ControlPlane, apply_crds, create_namespace};
 use nodewarden_webhook::loadgen::{
@@ -46,7 +46,10 @@ use nodewarden_webhook::loadgen::{
 };
 use serde_json::{Value, json};
 
-const POD_REVIEW: &str = include_str!("../fixtures/admission/daemonset-pod-create.json");
+#[path = "common/bench.rs"]
+mod bench;
+use bench::{ds_name, namespace, node_name, review, webhook_args, webhook_build, write_serving_cert};
+
 const NODES: usize = 5000;
 const AUTOSCALERS: usize = 20;
 const CONCURRENCY: usize = 64;
@@ -54,41 +57,6 @@ const CONNECTIONS: usize = 2;
 const PHASE: Duration = Duration::from_secs(5);
 /// Both servers' certificates are for the loopback address.
 const LOOPBACK: &str = "127.0.0.1";
-
-fn node_name(i: usize) -> String {
-    format!(
-        "ip-10-{}-{}-{}.eu-west-1.compute.internal",
-        i / 65536,
-        (i / 256) % 256,
-        i % 256
-    )
-}
-fn namespace(k: usize) -> String {
-    format!("team-{k}")
-}
-fn ds_name(k: usize) -> String {
-    format!("agent-{k}")
-}
-
-/// The recorded review for node `i` and DaemonSet `k`, two containers, labelled for the
-/// DaemonSet's selector (the VPA matches pods by it).
-fn review(i: usize, k: usize) -> Bytes {
-    let mut r: Value = serde_json::from_str(POD_REVIEW).expect("fixture");
-    r["request"]["uid"] = json!(format!("uid-{i}-{k}"));
-    r["request"]["namespace"] = json!(namespace(k));
-    let pod = &mut r["request"]["object"];
-    pod["metadata"]["namespace"] = json!(namespace(k));
-    pod["metadata"]["labels"]["app"] = json!(ds_name(k));
-    pod["metadata"]["ownerReferences"][0]["name"] = json!(ds_name(k));
-    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        [0]["matchFields"][0]["values"] = json!([node_name(i)]);
-    let mut sidecar = pod["spec"]["containers"][0].clone();
-    sidecar["name"] = json!("sidecar");
-    if let Some(list) = pod["spec"]["containers"].as_array_mut() {
-        list.push(sidecar);
-    }
-    Bytes::from(serde_json::to_vec(&r).expect("json"))
-}
 
 fn vpa_build() -> Result<PathBuf> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("vpa/build.sh");
@@ -250,20 +218,6 @@ async fn nodewarden_objects(cp: &ControlPlane, client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// The webhook's binary exactly as its image holds it (built now by the image build: static,
-/// the image's profile and flags, symbols stripped), so the figures are the deployed program's.
-/// A build of its own also keeps this example's `loadgen` feature out of the binary.
-/// `NODEWARDEN_WEBHOOK_BIN` names another binary instead (a build with symbols, for profiling).
-fn webhook_build() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("NODEWARDEN_WEBHOOK_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    use xtask::image::{self, BuildOptions, WEBHOOK};
-    let mut opts = BuildOptions::for_repo(&image::repo_root()).context("image build options")?;
-    opts.progress = true;
-    image::build_static_binary(&opts, WEBHOOK.package, WEBHOOK.package, WEBHOOK.profile)
-}
-
 /// Whether the answer patches node `i`'s pod of DaemonSet `k` with that node's CPU figure.
 fn patched_for(answer: &[u8], i: usize, k: usize) -> bool {
     use base64::Engine;
@@ -311,10 +265,7 @@ async fn main() -> Result<()> {
     pin(std::process::id(), 0);
 
     let dir = tempfile::tempdir()?;
-    let cert = cp.issue_loopback_serving_cert()?;
-    write_file(&dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
-    write_file(&dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
-    write_file(&dir.path().join("ca.crt"), cp.ca_pem().as_bytes(), false)?;
+    write_serving_cert(&cp, dir.path())?;
     let port = free_port()?;
     let log = std::fs::File::create(dir.path().join("vpa.log"))?;
     // both servers start on the one core they get (`taskset`), so each sizes its own runtime
@@ -346,17 +297,13 @@ async fn main() -> Result<()> {
     let mut webhook = tokio::process::Command::new("taskset")
         .args(["-c", "1"])
         .arg(&webhook_bin)
-        .args([
-            format!("--listen-addr=127.0.0.1:{nw_port}"),
-            format!("--admin-addr=127.0.0.1:{nw_admin}"),
-            format!("--tls-cert-file={}", dir.path().join("tls.crt").display()),
-            format!("--tls-key-file={}", dir.path().join("tls.key").display()),
-            format!("--kubeconfig={}", cp.kubeconfig_path().display()),
-            "--namespace=nodewarden".to_string(),
-            "--pod-name=nodewarden-webhook-bench".to_string(),
-            "--log-format=json".to_string(),
-            "--log-level=info".to_string(),
-        ])
+        .args(webhook_args(
+            &cp,
+            dir.path(),
+            nw_port,
+            nw_admin,
+            "nodewarden-webhook-bench",
+        ))
         .stdout(nw_log.try_clone()?)
         .stderr(nw_log)
         .kill_on_drop(true)

@@ -271,12 +271,25 @@ impl RightsizingIndex {
     }
 
     fn rebuild_targets(&self) {
+        // an autoscaler that did not change keeps its figures, read once
+        let old: HashMap<*const DaemonSetAutoscaler, Arc<Prepared>> = self
+            .by_target
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flatten()
+            .map(|p| (Arc::as_ptr(&p.autoscaler), p.clone()))
+            .collect();
         let mut map: HashMap<Key, Vec<Arc<Prepared>>> = HashMap::new();
         for a in self.autoscalers.read().values() {
             let ns = a.namespace().unwrap_or_default();
+            let prepared = match old.get(&Arc::as_ptr(a)) {
+                Some(p) => p.clone(),
+                None => Prepared::of(a.clone()),
+            };
             map.entry(key(&ns, &a.spec.target_ref.name))
                 .or_default()
-                .push(Prepared::of(a.clone()));
+                .push(prepared);
         }
         for list in map.values_mut() {
             list.sort_by(|a, b| precedence(&a.autoscaler, &b.autoscaler));
