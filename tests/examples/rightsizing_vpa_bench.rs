@@ -242,6 +242,18 @@ fn pin(pid: u32, cpu: usize) {
     }
 }
 
+/// The read and write system calls process `pid` has made (`syscr`, `syscw` of `/proc/<pid>/io`).
+fn io_calls(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("syscr:"), field("syscw:"))
+}
+
 fn row(label: &str, p: &Phase) {
     println!(
         "| {label} | {:.0} | {:.0} % | {:.0} | {:.2} | {:.2} | {} |",
@@ -291,53 +303,63 @@ async fn main() -> Result<()> {
         .context("starting vpa-admission-controller")?;
     let vpa_pid = vpa.id().ok_or_else(|| anyhow!("no pid"))?;
 
-    // nodewarden with the chart's settings (its environment variables' values), logs to a file
-    let (nw_port, nw_admin) = (free_port()?, free_port()?);
-    let nw_log = std::fs::File::create(dir.path().join("nodewarden.log"))?;
-    let mut webhook = tokio::process::Command::new("taskset")
-        .args(["-c", "1"])
-        .arg(&webhook_bin)
-        .args(webhook_args(
-            &cp,
-            dir.path(),
-            nw_port,
-            nw_admin,
-            "nodewarden-webhook-bench",
-        ))
-        .stdout(nw_log.try_clone()?)
-        .stderr(nw_log)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting nodewarden-webhook")?;
-    let nw_pid = webhook.id().ok_or_else(|| anyhow!("no pid"))?;
-    let nw_addr: SocketAddr = format!("127.0.0.1:{nw_port}").parse()?;
+    // nodewarden with the chart's settings (its environment variables' values), logs to a file;
+    // a second build beside it when `NODEWARDEN_WEBHOOK_BIN_B` names one (A/B in one run)
+    let mut builds = vec![("nodewarden (image binary)".to_string(), webhook_bin)];
+    if let Some(b) = std::env::var_os("NODEWARDEN_WEBHOOK_BIN_B") {
+        builds.push(("nodewarden (B)".to_string(), PathBuf::from(b)));
+    }
     let bodies: Arc<[Bytes]> = (0..NODES).map(|i| review(i, i % AUTOSCALERS)).collect();
+    let mut webhooks = Vec::new();
+    for (n, (name, path)) in builds.into_iter().enumerate() {
+        let (nw_port, nw_admin) = (free_port()?, free_port()?);
+        let log_name = format!("nodewarden-{n}.log");
+        let nw_log = std::fs::File::create(dir.path().join(&log_name))?;
+        let mut webhook = tokio::process::Command::new("taskset")
+            .args(["-c", "1"])
+            .arg(&path)
+            .args(webhook_args(
+                &cp,
+                dir.path(),
+                nw_port,
+                nw_admin,
+                &format!("nodewarden-webhook-bench-{n}"),
+            ))
+            .stdout(nw_log.try_clone()?)
+            .stderr(nw_log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting nodewarden-webhook")?;
+        let nw_pid = webhook.id().ok_or_else(|| anyhow!("no pid"))?;
+        let nw_addr: SocketAddr = format!("127.0.0.1:{nw_port}").parse()?;
 
-    // wait until nodewarden patches the last node's pod with that node's figure (its watches
-    // have loaded every NodeRecommendation)
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let last = NODES - 1;
-    loop {
-        let ready = matches!(http_get(nw_admin, "/readyz").await, Ok((200, _)));
-        if ready
-            && let Ok(conn) = connect(nw_addr, cp.ca_pem(), LOOPBACK, Alpn::Either).await
-            && let Some(answer) = conn.send("/mutate/pods", bodies[last].clone()).await
-            && patched_for(&answer, last, last % AUTOSCALERS)
-        {
-            break;
+        // wait until nodewarden patches the last node's pod with that node's figure (its
+        // watches have loaded every NodeRecommendation)
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let last = NODES - 1;
+        loop {
+            let ready = matches!(http_get(nw_admin, "/readyz").await, Ok((200, _)));
+            if ready
+                && let Ok(conn) = connect(nw_addr, cp.ca_pem(), LOOPBACK, Alpn::Either).await
+                && let Some(answer) = conn.send("/mutate/pods", bodies[last].clone()).await
+                && patched_for(&answer, last, last % AUTOSCALERS)
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                let text = std::fs::read_to_string(dir.path().join(&log_name)).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                bail!(
+                    "nodewarden never patched the last node's pod; its log ends:\n{}",
+                    tail.join("\n")
+                );
+            }
+            if let Ok(Some(status)) = webhook.try_wait() {
+                bail!("nodewarden-webhook exited: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        if Instant::now() > deadline {
-            let text = std::fs::read_to_string(dir.path().join("nodewarden.log")).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(30).collect();
-            bail!(
-                "nodewarden never patched the last node's pod; its log ends:\n{}",
-                tail.join("\n")
-            );
-        }
-        if let Ok(Some(status)) = webhook.try_wait() {
-            bail!("nodewarden-webhook exited: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        webhooks.push((name, webhook, nw_pid, nw_addr));
     }
 
     // wait until the VPA answers with a patch (its informers have synced)
@@ -363,21 +385,24 @@ async fn main() -> Result<()> {
     let patch = first["response"]["patch"].as_str().unwrap_or_default();
     println!("VPA patch of the first review (base64): {} bytes", patch.len());
 
-    let mut targets = Vec::new();
-    for (name, addr, path, cpu) in [
-        (
-            "nodewarden (image binary)",
-            nw_addr,
+    let mut servers: Vec<(String, SocketAddr, &str, CpuClock)> = Vec::new();
+    for (name, _, pid, addr) in &webhooks {
+        let pid = *pid;
+        servers.push((
+            name.clone(),
+            *addr,
             "/mutate/pods",
-            Arc::new(move || process_cpu_ns(nw_pid)) as CpuClock,
-        ),
-        (
-            "VPA admission-controller",
-            vpa_addr,
-            "/",
-            Arc::new(move || process_cpu_ns(vpa_pid)) as CpuClock,
-        ),
-    ] {
+            Arc::new(move || process_cpu_ns(pid)) as CpuClock,
+        ));
+    }
+    servers.push((
+        "VPA admission-controller".to_string(),
+        vpa_addr,
+        "/",
+        Arc::new(move || process_cpu_ns(vpa_pid)) as CpuClock,
+    ));
+    let mut targets = Vec::new();
+    for (name, addr, path, cpu) in servers {
         let mut conns = Vec::new();
         for _ in 0..CONNECTIONS {
             conns.push(connect(addr, cp.ca_pem(), LOOPBACK, Alpn::Either).await?);
@@ -401,33 +426,56 @@ async fn main() -> Result<()> {
         "| server / phase | reviews/s | server CPU (whole process) | reviews per server core-second | p50 ms | p99 ms | fail |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
+    let vpa_at = targets.len() - 1;
+    let mut pids: Vec<u32> = webhooks.iter().map(|w| w.2).collect();
+    pids.push(vpa_pid);
     let mut max = Vec::new();
-    for (name, load) in &targets {
+    let mut syscalls = Vec::new();
+    for ((name, load), pid) in targets.iter().zip(&pids) {
         let _ = load.closed_loop(PHASE, CONCURRENCY).await; // warm-up
+        let before = io_calls(*pid);
         let p = load.closed_loop(PHASE, CONCURRENCY).await;
+        let after = io_calls(*pid);
         row(&format!("{name}, max"), &p);
+        let per = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / (p.reviews + p.failures).max(1) as f64;
+        syscalls.push(format!(
+            "{name}: {:.2} read and {:.2} write system calls per review at the maximum",
+            per(before.0, after.0),
+            per(before.1, after.1)
+        ));
         max.push(p);
     }
-    let rate = max[1].rate() / 2.0;
+    let rate = max[vpa_at].rate() / 2.0;
     let mut open = Vec::new();
     for (name, load) in &targets {
         let p = load.open_loop(PHASE, rate).await;
         row(&format!("{name}, open loop at {rate:.0}/s"), &p);
         open.push(p);
     }
-    if max[1].per_core() > 0.0 && open[0].ms(0.99) > 0.0 {
+    println!();
+    for line in &syscalls {
+        println!("{line}");
+    }
+    for (n, (name, _, pid, _)) in webhooks.iter().enumerate() {
+        if max[vpa_at].per_core() > 0.0 && open[vpa_at].ms(0.99) > 0.0 {
+            println!(
+                "{name} answers {:.1}× the VPA's reviews per core-second; at {rate:.0}/s its p99 is {:.2}× the VPA's",
+                max[n].per_core() / max[vpa_at].per_core(),
+                open[n].ms(0.99) / open[vpa_at].ms(0.99)
+            );
+        }
         println!(
-            "\nnodewarden answers {:.1}× the VPA's reviews per core-second; at {rate:.0}/s its p99 is {:.2}× the VPA's",
-            max[0].per_core() / max[1].per_core(),
-            open[0].ms(0.99) / open[1].ms(0.99)
+            "resident memory: {name} {:.1} MiB",
+            resident_bytes(Some(*pid)) as f64 / (1024.0 * 1024.0)
         );
     }
     println!(
-        "\nresident memory: nodewarden {:.1} MiB, VPA admission-controller {:.1} MiB",
-        resident_bytes(Some(nw_pid)) as f64 / (1024.0 * 1024.0),
+        "resident memory: VPA admission-controller {:.1} MiB",
         resident_bytes(Some(vpa_pid)) as f64 / (1024.0 * 1024.0)
     );
-    let _ = webhook.kill().await;
+    for (_, mut webhook, _, _) in webhooks {
+        let _ = webhook.kill().await;
+    }
     let _ = vpa.kill().await;
     Ok(())
 }

@@ -336,6 +336,7 @@ async fn default_webhook_deployment_is_hardened_and_configured_by_env() -> Resul
         ("NODEWARDEN_TLS_KEY_FILE", "/etc/nodewarden/tls/tls.key"),
         ("NODEWARDEN_LOG_FORMAT", "json"),
         ("NODEWARDEN_SHUTDOWN_DELAY", "5s"),
+        ("NODEWARDEN_WORKER_THREADS", "1"),
         ("NODEWARDEN_CERT_MODE", "managed"),
         ("NODEWARDEN_CERT_SECRET", "nodewarden-webhook-tls"),
         (

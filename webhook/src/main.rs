@@ -1,9 +1,22 @@
 use clap::Parser;
 use nodewarden_webhook::config::{Command, Config, CrdsCommand};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = Config::parse();
+    let mut runtime = match config.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if n > 1 {
+                builder.worker_threads(usize::from(n));
+            }
+            builder
+        }
+    };
+    runtime.enable_all().build()?.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
     nodewarden_runtime::telemetry::init(config.log_format, &config.log_level, "nodewarden_webhook")?;
     if let Some(Command::Crds(CrdsCommand::Apply { timeout })) = config.command {
         let client = nodewarden_runtime::client::kube_client(config.kubeconfig.as_deref()).await?;

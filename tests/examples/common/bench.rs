@@ -88,5 +88,6 @@ pub fn webhook_args(cp: &ControlPlane, dir: &Path, port: u16, admin: u16, pod_na
         format!("--pod-name={pod_name}"),
         "--log-format=json".to_string(),
         "--log-level=info".to_string(),
+        "--worker-threads=1".to_string(),
     ]
 }
