@@ -16,7 +16,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::Parser;
 use nodewarden_webhook::admission::{AdmissionRequest, AdmissionResponse, Route};
-use nodewarden_webhook::loadgen::{Alpn, BenchCerts, Load, Phase, SERVER_NAME, Server, any_answer, connect};
+use nodewarden_webhook::loadgen::{
+    Alpn, BenchCerts, Load, Phase, SERVER_NAME, Server, any_answer, connect, current_tid, pin_thread,
+};
 
 const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
 
@@ -101,10 +103,18 @@ fn main() -> anyhow::Result<()> {
     let routes = vec![Route::new("/allow", allow), Route::new("/parse", parse_pod)];
     let server = Server::start(&certs.cert_pem, &certs.key_pem, routes)?;
     let body = review_body(args.review_bytes);
+    // the server thread on one core, the client (its runtime and pacing threads, started from
+    // this thread) on the other, so neither queues behind the other
+    let pinned = pin_thread(server.tid, 1) && pin_thread(current_tid(), 0);
     println!(
-        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime; client: 1 worker thread",
+        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime{}; client: 1 worker thread",
         body.len(),
-        args.duration
+        args.duration,
+        if pinned {
+            " on CPU 1, client on CPU 0"
+        } else {
+            " (unpinned)"
+        }
     );
     println!(
         "\n| transport / handler / phase          | reviews/s | server CPU | reviews per server core-second | p50 ms | p99 ms | max ms | fail |"

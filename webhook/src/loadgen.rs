@@ -35,6 +35,33 @@ use crate::server::serve_tls;
 /// The name the benchmark server's certificate carries (the chart's Service).
 pub const SERVER_NAME: &str = "nodewarden-webhook.nodewarden.svc";
 
+/// Pins thread `tid` to `cpu` (`taskset`); the threads it starts afterwards inherit it. Says so on
+/// stderr and goes on unpinned when it cannot (one core, no `taskset`).
+pub fn pin_thread(tid: u32, cpu: usize) -> bool {
+    let pinned = std::process::Command::new("taskset")
+        .args(["-p", "-c", &cpu.to_string(), &tid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !pinned {
+        eprintln!("could not pin thread {tid} to CPU {cpu}; figures are unpinned");
+    }
+    pinned
+}
+
+/// The calling thread's id.
+pub fn current_tid() -> u32 {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|t| {
+            t.file_name()
+                .and_then(|t| t.to_str())
+                .and_then(|t| t.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// CPU time consumed so far by the server under test, in nanoseconds.
 pub type CpuClock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
@@ -83,6 +110,8 @@ impl BenchCerts {
 pub struct Server {
     /// The loopback address the server listens on.
     pub addr: SocketAddr,
+    /// The server thread's id (for [`pin_thread`]).
+    pub tid: u32,
     /// CPU time of the server's thread (`/proc/thread-self/schedstat`).
     pub cpu: CpuClock,
     stop: CancellationToken,
@@ -139,6 +168,11 @@ impl Server {
             });
         });
         let (addr, task) = rx.recv().context("the server thread ended before listening")??;
+        let tid = task
+            .file_name()
+            .and_then(|t| t.to_str())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
         let schedstat = Path::new("/proc").join(task).join("schedstat");
         let cpu: CpuClock = Arc::new(move || {
             std::fs::read_to_string(&schedstat)
@@ -148,6 +182,7 @@ impl Server {
         });
         Ok(Server {
             addr,
+            tid,
             cpu,
             stop,
             thread,
@@ -446,42 +481,55 @@ impl Load {
         }
     }
 
-    /// Open loop: request `n` is due at `n / rate` seconds after the start and is released at the
-    /// next millisecond tick, whether or not earlier ones have finished. Latency runs from when
-    /// the request was due to the last byte of its answer, not from when its task first ran: a
-    /// client (or server) that falls behind shows its queueing in the tail instead of hiding it
-    /// (no coordinated omission; the correction wrk2 and HdrHistogram make).
+    /// Open loop: request `n` is due at `n / rate` seconds after the start and is sent then,
+    /// whether or not earlier ones have finished. A pacing thread sleeps until each request is
+    /// due (the kernel's timers, tens of microseconds late at most, not the runtime's 1 ms tick,
+    /// which released each millisecond's requests in one burst) and hands it to the client's
+    /// runtime. Latency runs from when the request was due to the last byte of its answer, not
+    /// from when its task first ran: a client (or server) that falls behind shows its queueing
+    /// in the tail instead of hiding it (no coordinated omission; the correction wrk2 and
+    /// HdrHistogram make).
     pub async fn open_loop(&self, duration: Duration, rate: f64) -> Phase {
         let failed = Arc::new(AtomicU64::new(0));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
         let cpu0 = (self.cpu)();
         let started = Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let mut released: u64 = 0;
-        let mut tasks = tokio::task::JoinSet::new();
-        while started.elapsed() < duration {
-            tick.tick().await;
-            let due = (started.elapsed().as_secs_f64() * rate) as u64;
-            while released < due {
-                let conn = self.conns[released as usize % self.conns.len()].clone();
-                let body = self.bodies[released as usize % self.bodies.len()].clone();
-                let (path, accept, tx, failed) = (self.path, self.accept, tx.clone(), failed.clone());
-                let due_at = started + Duration::from_secs_f64(released as f64 / rate);
-                tasks.spawn(async move {
-                    let answer = conn.send(path, body).await;
-                    match answer.filter(|a| accept(a)) {
-                        Some(_) => {
-                            let _ = tx.send(due_at.elapsed().as_micros() as u64);
-                        }
-                        None => {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                        }
+        let total = (duration.as_secs_f64() * rate.max(0.0)) as u64;
+        let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Instant)>();
+        let pacer = std::thread::Builder::new()
+            .name("loadgen-pacer".to_string())
+            .spawn(move || {
+                for n in 0..total {
+                    let due = started + Duration::from_secs_f64(n as f64 / rate);
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
                     }
-                });
-                released += 1;
-            }
+                    if due_tx.send((n, due)).is_err() {
+                        return;
+                    }
+                }
+            });
+        let mut tasks = tokio::task::JoinSet::new();
+        while let Some((n, due_at)) = due_rx.recv().await {
+            let conn = self.conns[n as usize % self.conns.len()].clone();
+            let body = self.bodies[n as usize % self.bodies.len()].clone();
+            let (path, accept, tx, failed) = (self.path, self.accept, tx.clone(), failed.clone());
+            tasks.spawn(async move {
+                let answer = conn.send(path, body).await;
+                match answer.filter(|a| accept(a)) {
+                    Some(_) => {
+                        let _ = tx.send(due_at.elapsed().as_micros() as u64);
+                    }
+                    None => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
             while tasks.try_join_next().is_some() {}
+        }
+        if let Ok(pacer) = pacer {
+            let _ = pacer.join();
         }
         while tasks.join_next().await.is_some() {}
         let wall = started.elapsed();
