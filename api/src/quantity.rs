@@ -66,7 +66,10 @@ pub fn parse_milli(q: &str) -> Option<u128> {
     }
     let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
     // value = digits / 10^frac_len, scaled by the suffix; everything in milli-units
-    let digits: u128 = format!("{int_part}{frac_part}").parse().ok()?;
+    let mut digits: u128 = 0;
+    for b in int_part.bytes().chain(frac_part.bytes()) {
+        digits = digits.checked_mul(10)?.checked_add(u128::from(b - b'0'))?;
+    }
     let frac_len = u32::try_from(frac_part.len()).ok()?;
     // (multiplier numerator, power of ten of the multiplier) so that milli = digits * mult / 10^frac_len
     let (mult, pow10): (u128, i32) = match suffix {

@@ -62,6 +62,10 @@ struct Args {
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 2)]
     h2_connections: usize,
+    /// Only this many reviews through the pipeline (decode, decide, patch, encode) one after
+    /// another, then exit: for instruction counts under callgrind (docs/benchmarks.md).
+    #[arg(long)]
+    profile_reviews: Option<usize>,
 }
 
 fn mib(bytes: i64) -> f64 {
@@ -301,6 +305,22 @@ fn main() -> anyhow::Result<()> {
             Processed::Review(out, _, _) => assert!(out.response.patch.is_some(), "review not patched"),
             Processed::BadRequest(m) => panic!("bad request: {m}"),
         }
+    }
+
+    if let Some(n) = args.profile_reviews {
+        let started = Instant::now();
+        let mut bytes = 0;
+        for i in 0..n {
+            if let Processed::Review(out, _, _) = admission::process(&bodies[i % bodies.len()], &handler) {
+                bytes += serde_json::to_vec(&*out).map_or(0, |v| v.len());
+            }
+        }
+        println!(
+            "{n} reviews in {:.1} ms ({:.2} µs each; {bytes} bytes of answers)",
+            started.elapsed().as_secs_f64() * 1e3,
+            started.elapsed().as_secs_f64() * 1e6 / n as f64
+        );
+        return Ok(());
     }
 
     // 3. the handler alone, the autoscalers as they are and grouped, alternating

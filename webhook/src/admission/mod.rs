@@ -276,8 +276,13 @@ fn finish(
             )
         }
     };
-    // whatever the handler did, the uid must be the request's
-    let ident = Ident::of(&request);
+    // whatever the handler did, the uid must be the request's; who and what the review was
+    // about is copied only when its outcome line will be written
+    let ident = if outcome_logged(outcome) {
+        Ident::of(&request)
+    } else {
+        Ident::default()
+    };
     response.uid = request.uid;
     Processed::Review(Box::new(ReviewOut::new(response)), outcome, ident)
 }
@@ -513,8 +518,11 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
         Processed::Review(out, outcome, ident) => {
             state.metrics.observed(state.path, outcome, started.elapsed());
             log_outcome(state.path, &out, outcome, &ident);
-            match serde_json::to_vec(&*out) {
-                Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+            // the answer is the patch and some 200 bytes around it: written without growing
+            let size = 512 + out.response.patch.as_ref().map_or(0, String::len);
+            let mut bytes = Vec::with_capacity(size);
+            match serde_json::to_writer(&mut bytes, &*out) {
+                Ok(()) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
                 Err(err) => {
                     tracing::error!(%err, "encoding the AdmissionReview response failed");
                     (
@@ -532,6 +540,16 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
             warn!(reason = %clip(&message), "rejected a malformed AdmissionReview");
             (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
         }
+    }
+}
+
+/// Whether the outcome line of a review that ended with `outcome` is written ([`log_outcome`]).
+fn outcome_logged(outcome: Outcome) -> bool {
+    match outcome {
+        Outcome::Allowed | Outcome::Patched => tracing::enabled!(tracing::Level::DEBUG),
+        Outcome::Denied => tracing::enabled!(tracing::Level::INFO),
+        Outcome::Invalid => tracing::enabled!(tracing::Level::WARN),
+        Outcome::Error | Outcome::FailedOpen => tracing::enabled!(tracing::Level::ERROR),
     }
 }
 
@@ -559,13 +577,7 @@ pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
 /// request's span re-encoded the JSON of its fields five times, a tenth of the server's CPU under
 /// load (docs/benchmarks.md); and an allowed review, logged only at debug, now costs nothing here.
 fn log_outcome(route: &'static str, out: &ReviewOut, outcome: Outcome, ident: &Ident) {
-    let enabled = match outcome {
-        Outcome::Allowed | Outcome::Patched => tracing::enabled!(tracing::Level::DEBUG),
-        Outcome::Denied => tracing::enabled!(tracing::Level::INFO),
-        Outcome::Invalid => tracing::enabled!(tracing::Level::WARN),
-        Outcome::Error | Outcome::FailedOpen => tracing::enabled!(tracing::Level::ERROR),
-    };
-    if !enabled {
+    if !outcome_logged(outcome) {
         return;
     }
     // every field comes from the request: clipped, so one review cannot write a 10 MB line

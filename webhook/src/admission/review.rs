@@ -237,8 +237,12 @@ impl AdmissionResponse {
             self.patch = None;
             self.patch_type = None;
         } else {
-            let bytes = serde_json::to_vec(patch)?;
-            self.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+            // sized for a pod's patch (about 1 KB) so it is written without growing
+            let mut bytes = Vec::with_capacity(2048);
+            serde_json::to_writer(&mut bytes, patch)?;
+            let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4);
+            base64::engine::general_purpose::STANDARD.encode_string(&bytes, &mut text);
+            self.patch = Some(text);
             self.patch_type = Some("JSONPatch".to_string());
         }
         Ok(self)
