@@ -239,7 +239,7 @@ impl AdmissionResponse {
         } else {
             // sized for a pod's patch (about 1 KB) so it is written without growing
             let mut bytes = Vec::with_capacity(2048);
-            serde_json::to_writer(&mut bytes, patch)?;
+            write_patch(&mut bytes, patch)?;
             let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4);
             base64::engine::general_purpose::STANDARD.encode_string(&bytes, &mut text);
             self.patch = Some(text);
@@ -255,6 +255,30 @@ impl AdmissionResponse {
             .ok()?;
         serde_json::from_slice(&b).ok()
     }
+}
+
+/// Writes `patch` as JSON: the `add` operations (all that the handlers make) directly, any other
+/// through serde. The same text serde writes for the whole patch, at a third of the cost: serde
+/// writes each operation through its `op` tag's generic path (docs/benchmarks.md).
+fn write_patch(out: &mut Vec<u8>, patch: &json_patch::Patch) -> Result<(), serde_json::Error> {
+    out.push(b'[');
+    for (n, op) in patch.0.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        match op {
+            json_patch::PatchOperation::Add(add) => {
+                out.extend_from_slice(br#"{"op":"add","path":"#);
+                serde_json::to_writer(&mut *out, add.path.as_str())?;
+                out.extend_from_slice(br#","value":"#);
+                serde_json::to_writer(&mut *out, &add.value)?;
+                out.push(b'}');
+            }
+            other => serde_json::to_writer(&mut *out, other)?,
+        }
+    }
+    out.push(b']');
+    Ok(())
 }
 
 /// The envelope of a response.
@@ -277,5 +301,31 @@ impl ReviewOut {
             kind: KIND.to_string(),
             response,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_patch_is_written_as_serde_writes_it() {
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "add", "path": "/metadata/annotations", "value": {}},
+            {"op": "add", "path": "/metadata/annotations/nodewarden.io~1updates", "value": "agent: cpu \"request\" 120m\n"},
+            {"op": "remove", "path": "/spec/containers/0/resources/limits/cpu"},
+            {"op": "add", "path": "/spec/containers/1/resources", "value": {"requests": {"cpu": "5m"}}},
+            {"op": "replace", "path": "/a~0b", "value": [1, 2.5, null, true]},
+        ]))
+        .expect("patch");
+        let mut ours = Vec::new();
+        write_patch(&mut ours, &patch).expect("written");
+        assert_eq!(
+            String::from_utf8(ours).expect("utf-8"),
+            serde_json::to_string(&patch).expect("serde")
+        );
+        let mut empty = Vec::new();
+        write_patch(&mut empty, &json_patch::Patch(Vec::new())).expect("written");
+        assert_eq!(empty, b"[]");
     }
 }
