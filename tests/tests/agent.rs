@@ -364,7 +364,9 @@ async fn agent_binary_footprint_with_100_containers() {
         apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
         let node = env.create_nodes(1).await?.remove(0);
         let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
-        let pod_uid = autoscaled_pod_on(&env, &node, N).await?;
+        // `NODEWARDEN_BENCH_UPDATE_MODE=InPlace` has the agent also resize the running pod
+        let mode = std::env::var("NODEWARDEN_BENCH_UPDATE_MODE").unwrap_or_else(|_| "Initial".to_string());
+        let pod_uid = autoscaled_pod_with_mode(&env, &node, N, &mode).await?;
         let tmp = tempfile::tempdir()?;
         let cgroup_root = tmp.path().join("cgroup");
         synthetic_cgroup_tree(&cgroup_root, &pod_uid, N)?;
@@ -440,7 +442,7 @@ async fn agent_binary_footprint_with_100_containers() {
         let wall = started.elapsed().as_secs_f64();
         let rec = recs.get(&node).await?;
         println!(
-            "agent binary, {N} containers, 10 s samples, {wall:.0} s measured after the first publish:\n  \
+            "agent binary, {N} containers, updateMode {mode}, 10 s samples, {wall:.0} s measured after the first publish:\n  \
              cpu {:.2} s = {:.2} millicores average\n  VmRSS {} KiB (RssAnon {} KiB, RssFile {} KiB), VmHWM {} KiB\n  \
              NodeRecommendation resourceVersion {} (containers: {})",
             cpu1 - cpu0,

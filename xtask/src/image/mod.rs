@@ -46,7 +46,7 @@ pub struct Component {
 pub const WEBHOOK: Component = Component {
     package: "nodewarden-webhook",
     extra_bins: &[],
-    profile: "release",
+    profile: "webhook-release",
 };
 /// The agent's image also holds `nodewarden-agent-init`, the chart's init container for the
 /// checkpoint folder, so a node pulls one image for both.
