@@ -33,12 +33,11 @@
 //! `cargo run --release -p nodewarden-agent --example synthetic -- --workload daily --duration 36h`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -49,8 +48,6 @@ use kube::{Api, Client, ResourceExt};
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_tests::process::free_port;
-use nodewarden_tests::webhooks::http_get;
 use nodewarden_tests::{
     ControlPlane, Hook, LoopbackEndpoint, apply_crds, create_namespace, register_mutating_webhooks,
 };
@@ -59,7 +56,9 @@ use serde_json::{Value, json};
 
 #[path = "common/bench.rs"]
 mod bench;
-use bench::{ds_name, namespace, node_name, review, webhook_args, webhook_build, write_serving_cert};
+use bench::{
+    ReadyWhen, ds_name, namespace, node_name, review, start_webhook, webhook_build, write_serving_cert,
+};
 
 const AUTOSCALERS: usize = 20;
 const GROUP_LABEL: &str = "node.kubernetes.io/instance-type";
@@ -77,11 +76,19 @@ const CHURN: Duration = Duration::from_secs(60);
 const REVIEW_RATE: f64 = 1000.0;
 const LOOPBACK: &str = "127.0.0.1";
 
-fn nodes() -> usize {
-    std::env::var("NODEWARDEN_SCALE_NODES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5000)
+/// The fewest nodes the phases need: the first 2,000 take the probes and the review load, the
+/// agents' churn writes to the ones after them, and the last 100 are left quiet.
+const MIN_NODES: usize = 2200;
+
+fn nodes() -> Result<usize> {
+    let Some(text) = std::env::var_os("NODEWARDEN_SCALE_NODES") else {
+        return Ok(5000);
+    };
+    let text = text.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= MIN_NODES => Ok(n),
+        _ => bail!("NODEWARDEN_SCALE_NODES={text}: expected a whole number of nodes, at least {MIN_NODES}"),
+    }
 }
 
 fn cpu_millis(i: usize, k: usize, round: usize) -> usize {
@@ -210,7 +217,7 @@ impl Usage {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let n = nodes();
+    let n = nodes()?;
     let webhook_bin = webhook_build()?;
     let cp = ControlPlane::start().await?;
     let client: Client = cp.admin_client().await?;
@@ -263,43 +270,23 @@ async fn main() -> Result<()> {
 
     let dir = tempfile::tempdir()?;
     write_serving_cert(&cp, dir.path())?;
-    let (port, admin) = (free_port()?, free_port()?);
-    let log = std::fs::File::create(dir.path().join("nodewarden.log"))?;
     let started = Instant::now();
-    let mut webhook = tokio::process::Command::new(&webhook_bin)
-        .args(webhook_args(
-            &cp,
-            dir.path(),
-            port,
-            admin,
-            "nodewarden-webhook-scale",
-        ))
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting nodewarden-webhook")?;
-    let pid = webhook.id().ok_or_else(|| anyhow!("no pid"))?;
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-
     // ready, and patching the last node's pod with that node's figure
     let last = n - 1;
-    loop {
-        if matches!(http_get(admin, "/readyz").await, Ok((200, _)))
-            && let Ok(conn) = connect(addr, cp.ca_pem(), LOOPBACK, Alpn::H2).await
-            && let Some(answer) = conn.send("/mutate/pods", review(last, 0)).await
-            && patches_cpu(&answer, cpu_millis(last, 0, 0))
-        {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(300) {
-            bail!("the webhook never patched the last node's pod");
-        }
-        if let Ok(Some(status)) = webhook.try_wait() {
-            bail!("nodewarden-webhook exited: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let webhook = start_webhook(
+        &cp,
+        dir.path(),
+        &webhook_bin,
+        ("nodewarden-webhook-scale", None),
+        ReadyWhen {
+            review: review(last, 0),
+            patched: |answer: &[u8]| patches_cpu(answer, cpu_millis(last, 0, 0)),
+            within: Duration::from_secs(300),
+        },
+    )
+    .await?;
+    let (mut webhook, pid, addr) = (webhook.child, webhook.pid, webhook.addr);
+    let log_path = dir.path().join("nodewarden-webhook-scale.log");
     let synced = started.elapsed();
     // the leader's first status pass: every autoscaler has its 8 groups
     let autoscalers: Api<DaemonSetAutoscaler> = Api::all(client.clone());
@@ -318,7 +305,7 @@ async fn main() -> Result<()> {
             break;
         }
         if started.elapsed() > Duration::from_secs(300) {
-            let text = std::fs::read_to_string(dir.path().join("nodewarden.log")).unwrap_or_default();
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(20).collect();
             bail!(
                 "only {done} of {AUTOSCALERS} autoscalers have their groups; the webhook's log ends:\n{}",
@@ -482,7 +469,7 @@ async fn main() -> Result<()> {
 
     // the DaemonSet controller through the webhook, and without it
     let endpoint = LoopbackEndpoint {
-        port,
+        port: addr.port(),
         ca_pem: cp.ca_pem().to_string(),
     };
     let mut hook = Hook::new(

@@ -39,7 +39,6 @@ use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
 use nodewarden_tests::process::free_port;
-use nodewarden_tests::webhooks::http_get;
 use nodewarden_tests::{ControlPlane, apply_crds, create_namespace};
 use nodewarden_webhook::loadgen::{
     Alpn, CpuClock, Load, Phase, connect, patched, process_cpu_ns, resident_bytes,
@@ -48,7 +47,9 @@ use serde_json::{Value, json};
 
 #[path = "common/bench.rs"]
 mod bench;
-use bench::{ds_name, namespace, node_name, review, webhook_args, webhook_build, write_serving_cert};
+use bench::{
+    ReadyWhen, ds_name, namespace, node_name, review, start_webhook, webhook_build, write_serving_cert,
+};
 
 const NODES: usize = 5000;
 const AUTOSCALERS: usize = 20;
@@ -312,54 +313,22 @@ async fn main() -> Result<()> {
     let bodies: Arc<[Bytes]> = (0..NODES).map(|i| review(i, i % AUTOSCALERS)).collect();
     let mut webhooks = Vec::new();
     for (n, (name, path)) in builds.into_iter().enumerate() {
-        let (nw_port, nw_admin) = (free_port()?, free_port()?);
-        let log_name = format!("nodewarden-{n}.log");
-        let nw_log = std::fs::File::create(dir.path().join(&log_name))?;
-        let mut webhook = tokio::process::Command::new("taskset")
-            .args(["-c", "1"])
-            .arg(&path)
-            .args(webhook_args(
-                &cp,
-                dir.path(),
-                nw_port,
-                nw_admin,
-                &format!("nodewarden-webhook-bench-{n}"),
-            ))
-            .stdout(nw_log.try_clone()?)
-            .stderr(nw_log)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting nodewarden-webhook")?;
-        let nw_pid = webhook.id().ok_or_else(|| anyhow!("no pid"))?;
-        let nw_addr: SocketAddr = format!("127.0.0.1:{nw_port}").parse()?;
-
-        // wait until nodewarden patches the last node's pod with that node's figure (its
-        // watches have loaded every NodeRecommendation)
-        let deadline = Instant::now() + Duration::from_secs(180);
+        // ready once it patches the last node's pod with that node's figure (its watches have
+        // loaded every NodeRecommendation)
         let last = NODES - 1;
-        loop {
-            let ready = matches!(http_get(nw_admin, "/readyz").await, Ok((200, _)));
-            if ready
-                && let Ok(conn) = connect(nw_addr, cp.ca_pem(), LOOPBACK, Alpn::Either).await
-                && let Some(answer) = conn.send("/mutate/pods", bodies[last].clone()).await
-                && patched_for(&answer, last, last % AUTOSCALERS)
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                let text = std::fs::read_to_string(dir.path().join(&log_name)).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                bail!(
-                    "nodewarden never patched the last node's pod; its log ends:\n{}",
-                    tail.join("\n")
-                );
-            }
-            if let Ok(Some(status)) = webhook.try_wait() {
-                bail!("nodewarden-webhook exited: {status}");
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        webhooks.push((name, webhook, nw_pid, nw_addr));
+        let started = start_webhook(
+            &cp,
+            dir.path(),
+            &path,
+            (&format!("nodewarden-webhook-bench-{n}"), Some(1)),
+            ReadyWhen {
+                review: bodies[last].clone(),
+                patched: |answer: &[u8]| patched_for(answer, last, last % AUTOSCALERS),
+                within: Duration::from_secs(180),
+            },
+        )
+        .await?;
+        webhooks.push((name, started.child, started.pid, started.addr));
     }
 
     // wait until the VPA answers with a patch (its informers have synced)

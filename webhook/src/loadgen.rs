@@ -50,15 +50,16 @@ pub fn pin_thread(tid: u32, cpu: usize) -> bool {
     pinned
 }
 
-/// The calling thread's id.
+/// The calling thread's id (0 when `/proc` cannot say).
 pub fn current_tid() -> u32 {
-    std::fs::read_link("/proc/thread-self")
-        .ok()
-        .and_then(|t| {
-            t.file_name()
-                .and_then(|t| t.to_str())
-                .and_then(|t| t.parse().ok())
-        })
+    std::fs::read_link("/proc/thread-self").map_or(0, |task| tid_of(&task))
+}
+
+/// The thread id a `/proc/thread-self` link names (`<pid>/task/<tid>`), 0 when it names none.
+fn tid_of(task: &Path) -> u32 {
+    task.file_name()
+        .and_then(|t| t.to_str())
+        .and_then(|t| t.parse().ok())
         .unwrap_or(0)
 }
 
@@ -168,11 +169,7 @@ impl Server {
             });
         });
         let (addr, task) = rx.recv().context("the server thread ended before listening")??;
-        let tid = task
-            .file_name()
-            .and_then(|t| t.to_str())
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0);
+        let tid = tid_of(&task);
         let schedstat = Path::new("/proc").join(task).join("schedstat");
         let cpu: CpuClock = Arc::new(move || {
             std::fs::read_to_string(&schedstat)

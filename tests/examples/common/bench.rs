@@ -91,3 +91,85 @@ pub fn webhook_args(cp: &ControlPlane, dir: &Path, port: u16, admin: u16, pod_na
         "--worker-threads=1".to_string(),
     ]
 }
+
+/// A webhook started by [`start_webhook`].
+pub struct Started {
+    /// The process (killed when dropped).
+    pub child: tokio::process::Child,
+    /// Its pid, for CPU and memory.
+    pub pid: u32,
+    /// Its admission address (loopback).
+    pub addr: std::net::SocketAddr,
+}
+
+/// When a started webhook counts as ready: it answers `review` with an answer `patched` accepts
+/// (its watches have loaded what the review needs) within `within`.
+pub struct ReadyWhen<F: Fn(&[u8]) -> bool> {
+    /// The review sent.
+    pub review: Bytes,
+    /// Whether the answer is the expected patch.
+    pub patched: F,
+    /// How long to wait.
+    pub within: std::time::Duration,
+}
+
+/// Starts `bin` with the chart's flags ([`webhook_args`]), its log in `dir/<name>.log`, pinned to
+/// `cpu` when given (started on it, so it sizes itself to that core), and waits until it is
+/// ready as `ready` says. On failure, the error ends with the log's last lines.
+pub async fn start_webhook<F: Fn(&[u8]) -> bool>(
+    cp: &ControlPlane,
+    dir: &Path,
+    bin: &Path,
+    (name, cpu): (&str, Option<usize>),
+    ready: ReadyWhen<F>,
+) -> Result<Started> {
+    let ReadyWhen {
+        review,
+        patched,
+        within,
+    } = ready;
+    use nodewarden_tests::process::free_port;
+    use nodewarden_tests::webhooks::http_get;
+    use nodewarden_webhook::loadgen::{Alpn, connect};
+    let (port, admin) = (free_port()?, free_port()?);
+    let log = dir.join(format!("{name}.log"));
+    let file = std::fs::File::create(&log)?;
+    let mut command = match cpu {
+        Some(cpu) => {
+            let mut c = tokio::process::Command::new("taskset");
+            c.args(["-c", &cpu.to_string()]).arg(bin);
+            c
+        }
+        None => tokio::process::Command::new(bin),
+    };
+    let mut child = command
+        .args(webhook_args(cp, dir, port, admin, name))
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let pid = child.id().context("the webhook exited at once")?;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if matches!(http_get(admin, "/readyz").await, Ok((200, _)))
+            && let Ok(conn) = connect(addr, cp.ca_pem(), "127.0.0.1", Alpn::Either).await
+            && let Some(answer) = conn.send("/mutate/pods", review.clone()).await
+            && patched(&answer)
+        {
+            return Ok(Started { child, pid, addr });
+        }
+        let ended = child.try_wait().ok().flatten();
+        if ended.is_some() || std::time::Instant::now() > deadline {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            let what = match ended {
+                Some(status) => format!("{name} exited: {status}"),
+                None => format!("{name} never patched the review within {within:?}"),
+            };
+            anyhow::bail!("{what}; its log ends (newest first):\n{}", tail.join("\n"));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
