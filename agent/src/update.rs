@@ -26,7 +26,7 @@ use std::time::Duration;
 use clap::Args;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Container, LimitRange, Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, LimitRange, Node, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
@@ -44,6 +44,7 @@ use nodewarden_api::rightsizing::{
     AutoscalerRef, NodePods, NodeRecommendationSpec, ResourceName, RunningPods,
 };
 use nodewarden_runtime::duration::parse_interval;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -150,7 +151,7 @@ pub struct Updater {
     thresholds: Thresholds,
     metrics: Arc<Metrics>,
     recorder: Recorder,
-    templates: HashMap<(String, String), Arc<Vec<Container>>>,
+    templates: HashMap<(String, String), Arc<Vec<TemplateContainer>>>,
     last_eviction: HashMap<(String, String), tokio::time::Instant>,
     /// Evictions held back: (namespace, daemonset) → not before.
     retry_at: HashMap<(String, String), tokio::time::Instant>,
@@ -323,14 +324,7 @@ impl Updater {
                 .filter(|lr| lr.namespace().as_deref() == Some(ns.as_str()))
                 .map(|lr| lr.as_ref().clone())
                 .collect();
-            let template_pod = Pod {
-                spec: Some(PodSpec {
-                    containers: template.as_ref().clone(),
-                    ..PodSpec::default()
-                }),
-                ..Pod::default()
-            };
-            let sizing = sizing_on(&template_pod, autoscaler, figures, &ranges);
+            let sizing = sizing_on(&template_pod(&template), autoscaler, figures, &ranges);
             let facts = facts(pod, bounds, &self.thresholds);
             let action = decide(mode, &sizing, &facts, &self.thresholds);
             let count = counts.entry((ns.clone(), autoscaler_name.clone())).or_default();
@@ -385,8 +379,8 @@ impl Updater {
         out
     }
 
-    /// The pod's containers as its ControllerRevision's template has them.
-    async fn template(&mut self, ns: &str, pod: &NodePod) -> Result<Arc<Vec<Container>>, String> {
+    /// The pod's containers as its ControllerRevision's template has them (names and resources).
+    async fn template(&mut self, ns: &str, pod: &NodePod) -> Result<Arc<Vec<TemplateContainer>>, String> {
         let ds = daemonset_owner(pod).unwrap_or_default();
         let hash = pod
             .labels()
@@ -397,19 +391,18 @@ impl Updater {
         if let Some(t) = self.templates.get(&key) {
             return Ok(t.clone());
         }
-        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<TemplateRevision> = Api::namespaced(self.client.clone(), ns);
         let rev = tokio::time::timeout(CALL_TIMEOUT, api.get(&revision))
             .await
             .map_err(|_| format!("reading ControllerRevision {ns}/{revision} timed out"))?
             .map_err(|e| format!("reading ControllerRevision {ns}/{revision}: {e}"))?;
         let containers = rev
             .data
-            .as_ref()
-            .and_then(|d| d.0.pointer("/spec/template/spec/containers"))
-            .cloned()
+            .and_then(|d| d.spec)
+            .and_then(|s| s.template)
+            .and_then(|t| t.spec)
+            .map(|s| s.containers)
             .ok_or_else(|| format!("ControllerRevision {ns}/{revision} holds no pod template"))?;
-        let containers: Vec<Container> = serde_json::from_value(containers)
-            .map_err(|e| format!("ControllerRevision {ns}/{revision}: unreadable containers: {e}"))?;
         if self.templates.len() >= TEMPLATE_CACHE {
             self.templates.clear();
         }
@@ -679,6 +672,74 @@ impl Updater {
     async fn event(&self, pod: &NodePod, warning: bool, action: &str, reason: &str, note: String) {
         let reference = pod.object_ref(&());
         nodewarden_runtime::events::publish(&self.recorder, &reference, warning, action, reason, note).await;
+    }
+}
+
+/// A ControllerRevision of a DaemonSet as the updater reads it: the names and resources of its
+/// template's containers, decoded straight from the API server's answer (everything else in it
+/// is skipped, never built).
+#[derive(Resource, Clone, Debug, Default, Deserialize)]
+#[resource(inherit = "ControllerRevision")]
+pub struct TemplateRevision {
+    /// The revision's metadata (without managed fields).
+    #[serde(deserialize_with = "crate::pods::slim_metadata")]
+    pub metadata: ObjectMeta,
+    /// The DaemonSet's patch this revision records (`spec.template`).
+    #[serde(default)]
+    pub data: Option<RevisionData>,
+}
+
+/// `data` of a DaemonSet's ControllerRevision: `{"spec": {"template": {"spec": {"containers": ...}}}}`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RevisionData {
+    #[serde(default)]
+    spec: Option<RevisionSpec>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct RevisionSpec {
+    #[serde(default)]
+    template: Option<RevisionTemplate>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct RevisionTemplate {
+    #[serde(default)]
+    spec: Option<RevisionPodSpec>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct RevisionPodSpec {
+    #[serde(default)]
+    containers: Vec<TemplateContainer>,
+}
+
+/// A container of a DaemonSet's pod template as the updater keeps it: what [`sizing_on`] reads
+/// (about 100 bytes, where a full `Container` takes over 2 KB even when empty).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct TemplateContainer {
+    /// Container name.
+    pub name: String,
+    /// Requests and limits of the template.
+    #[serde(default)]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// A pod holding only `containers`, for [`sizing_on`] (built for the call, dropped after it).
+pub fn template_pod(containers: &[TemplateContainer]) -> Pod {
+    Pod {
+        spec: Some(PodSpec {
+            containers: containers
+                .iter()
+                .map(|c| Container {
+                    name: c.name.clone(),
+                    resources: c.resources.clone(),
+                    ..Container::default()
+                })
+                .collect(),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
     }
 }
 
@@ -990,6 +1051,41 @@ mod tests {
         assert!(err.contains("use e.g. 500ms"), "{err}");
         let err = parse(&["--update-running-pods", "maybe"]).unwrap_err();
         assert!(err.contains("maybe"), "{err}");
+    }
+
+    #[test]
+    fn a_revision_is_read_as_its_template_containers_names_and_resources() {
+        let rev: TemplateRevision = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {"name": "ds-5d8f", "namespace": "ns", "managedFields": [{"manager": "m"}]},
+            "revision": 1,
+            "data": {"spec": {"template": {"$patch": "replace", "metadata": {"labels": {"app": "a"}},
+                "spec": {"containers": [
+                    {"name": "app", "image": "app:1", "args": ["--x"],
+                     "resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "64Mi"}}},
+                    {"name": "side", "image": "side:1"}
+                ]}}}}
+        }))
+        .expect("revision");
+        let containers = rev
+            .data
+            .and_then(|d| d.spec)
+            .and_then(|s| s.template)
+            .and_then(|t| t.spec)
+            .map(|s| s.containers)
+            .expect("containers");
+        let pod = template_pod(&containers);
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.containers.len(), 2);
+        assert_eq!(spec.containers[0].name, "app");
+        let resources = spec.containers[0].resources.as_ref().expect("resources");
+        assert_eq!(resources.requests.as_ref().expect("requests")["cpu"].0, "100m");
+        assert_eq!(resources.limits.as_ref().expect("limits")["memory"].0, "64Mi");
+        assert_eq!(
+            spec.containers[0].image, None,
+            "only names and resources are kept"
+        );
+        assert!(spec.containers[1].resources.is_none());
     }
 
     #[test]
