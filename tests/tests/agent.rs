@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -35,6 +35,35 @@ async fn chart_agent_rules() -> Result<Vec<PolicyRule>> {
     let rendered = helm.template("nw", "nw", &[] as &[&str]).await?;
     let role = rendered.get("ClusterRole", "nw-nodewarden-agent")?;
     serde_json::from_value(role["rules"].clone()).context("the chart's agent ClusterRole rules")
+}
+
+/// The environment the chart gives the agent container besides its own flags (the variables
+/// not named `NODEWARDEN_*` that have a literal value, such as the allocator's
+/// `GLIBC_TUNABLES`): the footprint benchmark runs the binary with exactly these.
+/// `NODEWARDEN_BENCH_HELM_SET` renders the chart with that `--set-string` instead of its
+/// defaults, to compare settings, e.g.
+/// `agent.extraEnv[0].name=GLIBC_TUNABLES,agent.extraEnv[0].value=glibc.malloc.mmap_threshold=65536`.
+async fn chart_agent_process_env() -> Result<Vec<(String, String)>> {
+    let helm = Helm::locate().await?;
+    let set: Vec<String> = std::env::var("NODEWARDEN_BENCH_HELM_SET")
+        .map(|s| vec!["--set-string".to_string(), s])
+        .unwrap_or_default();
+    let rendered = helm.template("nw", "nw", &set).await?;
+    let ds = rendered.get("DaemonSet", "nw-nodewarden-agent")?;
+    let containers = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .ok_or_else(|| anyhow!("the chart's agent DaemonSet has no containers"))?;
+    let agent = containers
+        .iter()
+        .find(|c| c["name"] == "agent")
+        .ok_or_else(|| anyhow!("the chart's agent DaemonSet has no container named agent"))?;
+    Ok(agent["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .filter(|(name, _)| !name.starts_with("NODEWARDEN_"))
+        .collect())
 }
 
 /// The cgroup scope of container `i` of the pod (systemd driver, containerd).
@@ -393,8 +422,10 @@ async fn agent_binary_footprint_with_100_containers() {
             bin.display()
         );
         let port = nodewarden_tests::process::free_port()?;
+        let chart_env = chart_agent_process_env().await?;
         let mut child = tokio::process::Command::new(&bin)
             .env_clear()
+            .envs(chart_env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", &kubeconfig)
             .env("NODEWARDEN_NODE_NAME", &node)
             .env("NODEWARDEN_CGROUP_ROOT", &cgroup_root)
@@ -441,10 +472,34 @@ async fn agent_binary_footprint_with_100_containers() {
         let cpu1 = process_cpu_seconds(pid)?;
         let wall = started.elapsed().as_secs_f64();
         let rec = recs.get(&node).await?;
+        // what the agent reads: the pod as a watch event or an answer carries it, and its
+        // DaemonSet's ControllerRevision (JSON bytes, managed fields included)
+        let pod_bytes = env
+            .api::<Pod>()
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .find(|p| p.uid().as_deref() == Some(pod_uid.as_str()))
+            .map(|p| serde_json::to_vec(p).map(|v| v.len()))
+            .transpose()?
+            .unwrap_or(0);
+        let revision_bytes: usize = env
+            .api::<ControllerRevision>()
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .map(|r| serde_json::to_vec(r).map(|v| v.len()))
+            .sum::<Result<usize, _>>()?;
+        println!("  the pod: {pod_bytes} bytes of JSON; its ControllerRevisions: {revision_bytes} bytes");
+        let chart_env: Vec<String> = chart_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
             "agent binary, {N} containers, updateMode {mode}, 10 s samples, {wall:.0} s measured after the first publish:\n  \
+             environment from the chart: {}\n  \
              cpu {:.2} s = {:.2} millicores average\n  VmRSS {} KiB (RssAnon {} KiB, RssFile {} KiB), VmHWM {} KiB\n  \
              NodeRecommendation resourceVersion {} (containers: {})",
+            if chart_env.is_empty() { "none".to_string() } else { chart_env.join(" ") },
             cpu1 - cpu0,
             (cpu1 - cpu0) / wall * 1000.0,
             status_kib(pid, "VmRSS:"),
