@@ -12,9 +12,10 @@
 //! `NODEWARDEN_FUZZ_SHOW=1` prints each input's outcome (run the binary on seed files to see
 //! which paths they reach).
 //!
-//! Invariants, every route: the answer encodes; its uid is the request's; a denial carries a
+//! Invariants, every route: the answer encodes, and the webhook writes it as serde does; its uid is the request's; a denial carries a
 //! code and a message; warnings stay under 120 characters; only the pod route patches.
-//! Pod route: the patch applies to the object; it removes no field the pod had; the pod it
+//! Pod route: its one-pass answer is the one the handler gives the request decoded the usual way;
+//! the patch applies to the object; it removes no field the pod had; the pod it
 //! makes, reviewed again, gets no further change (save the `capped` annotation's cap names).
 //! Node reports: a write by someone outside the allowed groups is admitted only with a token
 //! bound to the report's node. Evictions: the agent's eviction is admitted only of a pod on its
@@ -219,15 +220,30 @@ fn answer(
         return None;
     };
     let encoded = serde_json::to_vec(&*out).expect("the answer encodes");
+    assert_eq!(
+        out.to_json().expect("the answer is written"),
+        encoded,
+        "the webhook writes the answer as serde does"
+    );
     let decoded: Value = serde_json::from_slice(&encoded).expect("the answer is JSON");
     assert_eq!(decoded["apiVersion"], "admission.k8s.io/v1");
     let response = out.response;
     if let Ok(ReviewIn {
+        api_version,
+        kind,
         request: Some(request),
-        ..
     }) = serde_json::from_slice::<ReviewIn>(body)
     {
         assert_eq!(response.uid, request.uid, "the uid is echoed");
+        // the pod route decides in one pass over the body; its answer is the one the handler
+        // gives the request decoded the usual way (raw object, then the pod's view)
+        if route == 0 && api_version == "admission.k8s.io/v1" && kind == "AdmissionReview" && !request.uid.is_empty() {
+            assert_eq!(
+                handler.review(&request),
+                response,
+                "the one-pass answer differs from the two-pass one"
+            );
+        }
     }
     assert!(!response.uid.is_empty());
     if !response.allowed {

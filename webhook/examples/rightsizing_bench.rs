@@ -312,7 +312,7 @@ fn main() -> anyhow::Result<()> {
         let mut bytes = 0;
         for i in 0..n {
             if let Processed::Review(out, _, _) = admission::process(&bodies[i % bodies.len()], &handler) {
-                bytes += serde_json::to_vec(&*out).map_or(0, |v| v.len());
+                bytes += out.to_json().map_or(0, |v| v.len());
             }
         }
         println!(
@@ -361,7 +361,7 @@ fn main() -> anyhow::Result<()> {
             let body = &bodies[n % bodies.len()];
             let t = Instant::now();
             let out = match admission::process(body, &handler) {
-                Processed::Review(out, _, _) => serde_json::to_vec(&*out).expect("encode"),
+                Processed::Review(out, _, _) => out.to_json().expect("encode"),
                 Processed::BadRequest(m) => panic!("bad request: {m}"),
             };
             std::hint::black_box(out);

@@ -1070,6 +1070,53 @@ fn handler_only_mutates_pod_creates() {
     assert!(response.allowed && response.patch.is_none());
 }
 
+/// The pipeline reads a pod review in one pass (envelope and pod view together); what it answers
+/// is what the handler answers the request decoded the usual way, for every shape of review.
+#[test]
+fn the_one_pass_pipeline_answers_as_the_handler_does() {
+    use nodewarden_webhook::admission::{Processed, process};
+    let handler = PodMutator::new(index_with("300m"));
+    let mut cases: Vec<(&str, Value)> = vec![("recorded", review())];
+    let mut edit = |name, f: &dyn Fn(&mut Value)| {
+        let mut r = review();
+        f(&mut r);
+        cases.push((name, r));
+    };
+    edit("unreadable containers", &|r| {
+        r["request"]["object"]["spec"]["containers"] = json!("not a list")
+    });
+    edit("no object", &|r| {
+        drop(r["request"].as_object_mut().map(|o| o.remove("object")))
+    });
+    edit("null object", &|r| r["request"]["object"] = Value::Null);
+    edit("update", &|r| {
+        r["request"]["operation"] = json!("UPDATE");
+        r["request"]["oldObject"] = r["request"]["object"].clone();
+    });
+    edit("subresource", &|r| r["request"]["subResource"] = json!("status"));
+    edit("another kind", &|r| {
+        r["request"]["kind"]["kind"] = json!("Secret")
+    });
+    edit("another owner", &|r| {
+        r["request"]["object"]["metadata"]["ownerReferences"][0]["name"] = json!("someone-else")
+    });
+    edit("no namespace in the request", &|r| {
+        drop(r["request"].as_object_mut().map(|o| o.remove("namespace")))
+    });
+    edit("dry run", &|r| r["request"]["dryRun"] = json!(true));
+    let mut patched = 0;
+    for (name, review) in &cases {
+        let body = serde_json::to_vec(review).expect("encodes");
+        let Processed::Review(out, _, _) = process(&body, &handler) else {
+            panic!("{name}: not answered as a review");
+        };
+        assert_eq!(out.response, handler.review(&request(review)), "{name}");
+        patched += usize::from(out.response.patch.is_some());
+    }
+    // the recorded pod, its dry run and the one the request names no namespace for
+    assert_eq!(patched, 3);
+}
+
 #[test]
 fn the_pod_mutator_fails_open_and_the_autoscaler_validator_fails_closed() {
     assert!(PodMutator::new(index_with("300m")).fails_open());

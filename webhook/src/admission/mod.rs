@@ -20,7 +20,9 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-pub use review::{AdmissionRequest, AdmissionResponse, Operation, ReviewIn, ReviewOut, UserInfo};
+pub use review::{
+    AdmissionRequest, AdmissionResponse, Operation, RequestHead, ReviewIn, ReviewOut, UserInfo,
+};
 
 /// A capability's admission decision: a pure function of the request (and whatever snapshot
 /// of the caches the handler holds), or, through [`Handler::review_async`], of the request and
@@ -42,6 +44,38 @@ pub trait Handler: Send + Sync + 'static {
     fn review_async<'a>(&'a self, request: &'a AdmissionRequest) -> BoxFuture<'a, AdmissionResponse> {
         Box::pin(async move { self.review(request) })
     }
+
+    /// The decision in one pass over the body, for handlers that read a few fields of a large
+    /// object: the envelope and the handler's view of the object decoded together ([`one_pass`]),
+    /// instead of the object being scanned raw and then parsed again. `None` (the default, and
+    /// whenever the body is not a well-formed review whose object reads as the view) sends the
+    /// body the usual way: [`decode`], then [`Handler::review_async`], which answers it as before.
+    /// The answer must be the one [`Handler::review`] gives the same request.
+    fn review_one_pass(&self, _body: &str) -> Option<OnePass> {
+        None
+    }
+}
+
+/// A request decided in one pass ([`Handler::review_one_pass`]): the request without its object,
+/// and the handler's answer, or `Err` when it panicked.
+pub type OnePass = (RequestHead, Result<AdmissionResponse, ()>);
+
+/// [`Handler::review_one_pass`] for a handler that reads the object as `V`: the review decoded
+/// with its object read as `V` and checked as [`process`] checks every review, then decided by
+/// `decide` (which may take the view out of the request), its panics caught. `None` when the
+/// body is not such a review: the usual pipeline then answers it, so a malformed body or an
+/// unreadable object costs a second decode, never a different answer.
+pub fn one_pass<V: serde::de::DeserializeOwned>(
+    body: &str,
+    decide: impl FnOnce(&mut AdmissionRequest<V>) -> AdmissionResponse,
+) -> Option<OnePass> {
+    let review: ReviewIn<V> = serde_json::from_str(body).ok()?;
+    if review.api_version != review::API_VERSION || review.kind != review::KIND {
+        return None;
+    }
+    let mut request = review.request.filter(|r| !r.uid.is_empty())?;
+    let decided = std::panic::catch_unwind(AssertUnwindSafe(|| decide(&mut request))).map_err(|_| ());
+    Some((request.into_head(), decided))
 }
 
 /// A handler whose faults admit the request unchanged ([`Handler::fails_open`]).
@@ -58,6 +92,10 @@ impl<H: Handler> Handler for FailOpen<H> {
 
     fn review_async<'a>(&'a self, request: &'a AdmissionRequest) -> BoxFuture<'a, AdmissionResponse> {
         self.0.review_async(request)
+    }
+
+    fn review_one_pass(&self, body: &str) -> Option<OnePass> {
+        self.0.review_one_pass(body)
     }
 }
 
@@ -148,7 +186,7 @@ pub struct Ident {
 }
 
 impl Ident {
-    fn of(request: &AdmissionRequest) -> Self {
+    fn of<O>(request: &AdmissionRequest<O>) -> Self {
         Ident {
             kind: request.kind.kind.clone(),
             namespace: request.namespace.clone().unwrap_or_default(),
@@ -167,8 +205,12 @@ pub enum Processed {
     BadRequest(String),
 }
 
-/// Runs the pipeline on one request body with [`Handler::review`]. Pure apart from logging.
+/// Runs the pipeline on one request body with [`Handler::review`] (or the handler's one-pass
+/// decision). Pure apart from logging.
 pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
+    if let Some((request, decided)) = one_pass_of(body, handler) {
+        return finish(request, decided, handler);
+    }
     match decode(body) {
         Ok(request) => {
             let decided =
@@ -179,8 +221,12 @@ pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
     }
 }
 
-/// Runs the pipeline on one request body with [`Handler::review_async`] (what the router does).
+/// Runs the pipeline on one request body with [`Handler::review_async`] (or the handler's
+/// one-pass decision): what the router does.
 pub async fn process_async(body: &[u8], handler: &dyn Handler) -> Processed {
+    if let Some((request, decided)) = one_pass_of(body, handler) {
+        return finish(request, decided, handler);
+    }
     match decode(body) {
         Ok(request) => {
             // a panic while the future is made is caught too, not only while it runs
@@ -192,6 +238,11 @@ pub async fn process_async(body: &[u8], handler: &dyn Handler) -> Processed {
         }
         Err(answered) => answered,
     }
+}
+
+/// The handler's one-pass decision on `body`, if it makes one.
+fn one_pass_of(body: &[u8], handler: &dyn Handler) -> Option<OnePass> {
+    handler.review_one_pass(std::str::from_utf8(body).ok()?)
 }
 
 /// The request of a well-formed review, or the answer to one that is not.
@@ -245,8 +296,8 @@ fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
 }
 
 /// The review answering `request` with the handler's answer, or `Err` when the handler panicked.
-fn finish(
-    request: AdmissionRequest,
+fn finish<O>(
+    request: AdmissionRequest<O>,
     decided: Result<AdmissionResponse, ()>,
     handler: &dyn Handler,
 ) -> Processed {
@@ -525,11 +576,8 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
         Processed::Review(out, outcome, ident) => {
             state.metrics.observed(state.path, outcome, started.elapsed());
             log_outcome(state.path, &out, outcome, &ident);
-            // the answer is the patch and some 200 bytes around it: written without growing
-            let size = 512 + out.response.patch.as_ref().map_or(0, String::len);
-            let mut bytes = Vec::with_capacity(size);
-            match serde_json::to_writer(&mut bytes, &*out) {
-                Ok(()) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+            match out.to_json() {
+                Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
                 Err(err) => {
                     tracing::error!(%err, "encoding the AdmissionReview response failed");
                     (

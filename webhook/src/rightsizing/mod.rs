@@ -25,7 +25,7 @@ use nodewarden_api::rightsizing::{DaemonSetAutoscaler, ResourceName, Scope};
 pub use index::{Prepared, RightsizingIndex};
 pub use mutate::{Decision, Reason, Source, Targets};
 
-use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{self, AdmissionRequest, AdmissionResponse, Handler, OnePass, Operation};
 
 /// Path of the pod mutation webhook.
 pub const MUTATE_ROUTE: &str = "/mutate/pods";
@@ -103,16 +103,22 @@ pub(crate) fn owner_daemonset(pod: &Pod) -> Option<&str> {
     controlling_daemonset(pod.metadata.owner_references.as_deref().unwrap_or_default())
 }
 
-impl Handler for PodMutator {
-    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+/// Whether right-sizing looks at the request: the CREATE of a pod, not of a subresource.
+fn is_pod_create<O>(request: &AdmissionRequest<O>) -> bool {
+    request.operation == Operation::Create
+        && request.kind.kind == "Pod"
+        && request.sub_resource.as_deref().is_none_or(str::is_empty)
+}
+
+impl PodMutator {
+    /// The answer to a pod CREATE whose object was read as `view`.
+    fn review_pod<O>(
+        &self,
+        request: &AdmissionRequest<O>,
+        view: Result<PodView, String>,
+    ) -> AdmissionResponse {
         let uid = request.uid.as_str();
-        if request.operation != Operation::Create
-            || request.kind.kind != "Pod"
-            || request.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
-        {
-            return AdmissionResponse::allow(uid);
-        }
-        let pod: Pod = match request.object_as::<PodView>() {
+        let pod: Pod = match view {
             Ok(view) => view.into_pod(),
             Err(err) => {
                 // right-sizing is best effort: a pod we cannot read is admitted as it is
@@ -146,6 +152,31 @@ impl Handler for PodMutator {
                 AdmissionResponse::allow(uid)
             }
         }
+    }
+}
+
+impl Handler for PodMutator {
+    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        if !is_pod_create(request) {
+            return AdmissionResponse::allow(&request.uid);
+        }
+        self.review_pod(request, request.object_as::<PodView>())
+    }
+
+    /// The envelope and the pod's view read in one pass: the pod is most of a review's bytes,
+    /// and scanning it raw, then again for the view, was a third of the pipeline's instructions
+    /// (docs/benchmarks.md). Same answers as [`Handler::review`].
+    fn review_one_pass(&self, body: &str) -> Option<OnePass> {
+        admission::one_pass::<PodView>(body, |request| {
+            if !is_pod_create(request) {
+                return AdmissionResponse::allow(&request.uid);
+            }
+            let view = request
+                .object
+                .take()
+                .ok_or_else(|| "request.object is missing".to_string());
+            self.review_pod(request, view)
+        })
     }
 
     /// The pod webhook is registered with `failurePolicy: Ignore`: a fault admits the pod unchanged.
