@@ -37,8 +37,22 @@ links() { ip -o link show | awk -F': ' '{sub(/@.*/, "", $2); print $2}' | sort -
 netns() { ls /run/netns 2>/dev/null | sort; }
 routes() { { ip route show table all; ip -6 route show table all; } 2>/dev/null | sort; }
 # iptables-save prints comment lines with a time stamp: leave them out.
-iptables_v4() { have iptables-save && iptables-save 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9]*:[0-9]*\]//'; }
-iptables_v6() { have ip6tables-save && ip6tables-save 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9]*:[0-9]*\]//'; }
+# A table that holds nothing (its built-in chains accepting, no rule, no chain of its own) is left
+# out: it is what a host without rules has, whether the table was never loaded or was emptied
+# (iptables-nft cannot unload a table, so a fresh host's empty snapshot must match an emptied one).
+nonempty_tables() {
+    awk '/^\*/ { block = $0 "\n"; keep = 0; next }
+        /^COMMIT/ { if (keep) printf "%sCOMMIT\n", block; next }
+        { block = block $0 "\n"; if ($0 !~ /^:(INPUT|FORWARD|OUTPUT|PREROUTING|POSTROUTING) ACCEPT$/) keep = 1 }'
+}
+# iptables-restore input that empties every table iptables-save shows (the tables' own chains
+# deleted, their built-in chains accepting)
+empty_tables() {
+    sed 's/ \[[0-9]*:[0-9]*\]//' | awk '/^\*/ || /^COMMIT/ { print; next }
+        /^:(INPUT|FORWARD|OUTPUT|PREROUTING|POSTROUTING) / { print $1 " ACCEPT" }'
+}
+iptables_v4() { have iptables-save && iptables-save 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9]*:[0-9]*\]//' | nonempty_tables; }
+iptables_v6() { have ip6tables-save && ip6tables-save 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9]*:[0-9]*\]//' | nonempty_tables; }
 nft_tables() { have nft && nft list tables 2>/dev/null | sort; }
 # Top-level cgroups of every hierarchy (v1 controllers and the unified one), as "hierarchy/name".
 cgroups() {
@@ -118,8 +132,16 @@ restore() {
         ip route del $r 2>/dev/null || ip -6 route del $r 2>/dev/null
     done
 
-    if have iptables-restore && [ -s "$dir/iptables-v4" ]; then iptables-restore <"$dir/iptables-v4" 2>/dev/null; fi
-    if have ip6tables-restore && [ -s "$dir/iptables-v6" ]; then ip6tables-restore <"$dir/iptables-v6" 2>/dev/null; fi
+    # every table emptied first (a table the snapshot does not list was empty then, and a fresh
+    # host's snapshot lists none), then the snapshot's rules put back
+    if have iptables-restore && have iptables-save; then
+        iptables-save 2>/dev/null | grep -v '^#' | empty_tables | iptables-restore 2>/dev/null
+        if [ -s "$dir/iptables-v4" ]; then iptables-restore <"$dir/iptables-v4" 2>/dev/null; fi
+    fi
+    if have ip6tables-restore && have ip6tables-save; then
+        ip6tables-save 2>/dev/null | grep -v '^#' | empty_tables | ip6tables-restore 2>/dev/null
+        if [ -s "$dir/iptables-v6" ]; then ip6tables-restore <"$dir/iptables-v6" 2>/dev/null; fi
+    fi
     if have nft; then
         added "$dir/nft-tables" "$(nft_tables)" | while read -r _table family name; do
             nft delete table "$family" "$name" 2>/dev/null

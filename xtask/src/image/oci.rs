@@ -392,8 +392,12 @@ pub fn write_archive(spec: &ImageSpec, archive: &Path) -> Result<BuiltImage> {
     if let Some(dir) = archive.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    // write next to it and rename: a reader never sees half an archive
-    let tmp = archive.with_extension("tar.partial");
+    // write next to it and rename: a reader never sees half an archive. The partial file's name
+    // is this writer's own: two tests of one process writing the same image at once each
+    // renamed the other's file away (the second rename found none)
+    static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = archive.with_extension(format!("tar.{}-{writer}.partial", std::process::id()));
     std::fs::write(&tmp, &out).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, archive).with_context(|| format!("renaming to {}", archive.display()))?;
     Ok(BuiltImage {
