@@ -341,7 +341,8 @@ fn run(case: &Case) -> Run {
     };
     let decision = mutate(&pod, &autoscaler, figures, &ranges);
     let mut after = before.clone();
-    json_patch::patch(&mut after, &decision.patch).expect("the patch applies");
+    json_patch::patch(&mut after, &decision.patch.to_json_patch().expect("a patch"))
+        .expect("the patch applies");
     let sizing = sizing_on(&pod, &autoscaler, figures, &ranges);
     Run {
         before,
@@ -468,7 +469,7 @@ proptest! {
         let fleet = targets(&case.fleet);
         let second = mutate(&pod, &autoscaler, Figures { node: node.as_ref(), group: None, fleet: Some(&fleet) }, &limit_ranges(&case));
         let mut twice = first.after.clone();
-        json_patch::patch(&mut twice, &second.patch).expect("the second patch applies");
+        json_patch::patch(&mut twice, &second.patch.to_json_patch().expect("a patch")).expect("the second patch applies");
         // The one exception: the capped annotation, which names the caps that bounded the
         // recommendation as the pod stood when reviewed. With `ceiling: Template` the second
         // review's template is the patched request, so `ceiling-template` may appear (the

@@ -266,6 +266,8 @@ fn answer(
 
 fn check_pod(body: &[u8], response: &nodewarden_webhook::admission::AdmissionResponse) {
     let Some(patch) = response.decoded_patch() else {
+        // the patch's text is written by hand (`AddPatch`): it must read as a JSON patch
+        assert!(response.patch.is_none(), "the answer's patch is not a JSON patch");
         return;
     };
     // serde_json checks escapes only in what it reads into values: a review the webhook read

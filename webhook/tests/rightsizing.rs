@@ -80,7 +80,16 @@ fn limit_range(limits: Value) -> LimitRange {
     .expect("limit range")
 }
 
-fn apply(pod: &Value, patch: &json_patch::Patch) -> Value {
+/// `pod` with a decision's patch applied.
+fn apply(pod: &Value, patch: &mutate::AddPatch) -> Value {
+    let ops = patch
+        .to_json_patch()
+        .unwrap_or_else(|e| panic!("not a JSON patch: {e}\npatch: {}", patch.to_json()));
+    apply_ops(pod, &ops)
+}
+
+/// `pod` with `patch` applied.
+fn apply_ops(pod: &Value, patch: &json_patch::Patch) -> Value {
     let mut out = pod.clone();
     json_patch::patch(&mut out, patch)
         .unwrap_or_else(|e| panic!("patch does not apply: {e}\npatch: {patch:?}"));
@@ -736,7 +745,7 @@ fn handler_patches_the_recorded_daemonset_pod_from_the_cache() {
     assert!(response.allowed);
     assert_eq!(response.patch_type.as_deref(), Some("JSONPatch"));
     let patch = response.decoded_patch().expect("patch");
-    let out = apply(&review["request"]["object"], &patch);
+    let out = apply_ops(&review["request"]["object"], &patch);
     assert_eq!(
         out["spec"]["containers"][0]["resources"],
         json!({"requests": {"cpu": "300m", "memory": "100Mi"}, "limits": {"cpu": "600m", "memory": "200Mi"}})
@@ -1298,7 +1307,7 @@ fn handler_gives_a_new_node_its_group_figure() {
     let resources = || {
         let review = review();
         let response = handler.review(&request(&review));
-        let out = apply(
+        let out = apply_ops(
             &review["request"]["object"],
             &response.decoded_patch().expect("patch"),
         );

@@ -12,6 +12,7 @@
 //!   [`FeatureState::as_str`](crate::features::FeatureState::as_str).
 
 pub mod names;
+pub mod patch;
 pub mod quantity;
 pub mod rightsizing;
 pub mod sizing;

@@ -15,16 +15,15 @@
 
 use std::collections::BTreeMap;
 
+pub use crate::domain::patch::AddPatch;
 pub use crate::domain::quantity::{amount, format_amount};
 use crate::domain::rightsizing::PolicyLookup;
 use crate::rightsizing::{
     Ceiling, ColdStart, ContainerMode, ContainerPolicy, ControlledValues, DaemonSetAutoscaler,
     FleetRecommendation, NodeRecommendation, ResourceName, Scope, UpdateMode,
 };
-use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, LimitRange, LimitRangeItem, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::Value;
 
 /// Prefix of every annotation the webhook sets on a pod.
 pub const ANNOTATION_PREFIX: &str = "rightsizing.nodewarden.io/";
@@ -269,7 +268,7 @@ impl Reason {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     /// Empty when the pod stays as it is (annotations included).
-    pub patch: Patch,
+    pub patch: AddPatch,
     /// The annotations the patch sets.
     pub annotations: BTreeMap<String, String>,
     /// Why the pod came out as it did.
@@ -421,47 +420,28 @@ pub fn fleet_percentile<'a>(nodes: impl IntoIterator<Item = &'a Targets>, percen
         .collect()
 }
 
-/// An `add` at the path of these (unescaped) tokens; the pointer escapes them (`~0`, `~1`).
-fn add(tokens: &[&str], value: Value) -> PatchOperation {
-    // the pointer's text written at once (`~` as `~0`, `/` as `~1`): building it token by token
-    // cost more than the rest of the decision (docs/benchmarks.md)
-    let mut text = String::with_capacity(tokens.iter().map(|t| t.len() + 1).sum::<usize>() + 8);
-    for token in tokens {
-        text.push('/');
-        for c in token.chars() {
-            match c {
-                '~' => text.push_str("~0"),
-                '/' => text.push_str("~1"),
-                c => text.push(c),
-            }
-        }
-    }
-    let path = json_patch::jsonptr::PointerBuf::parse(text)
-        .unwrap_or_else(|_| json_patch::jsonptr::PointerBuf::from_tokens(tokens.iter().copied()));
-    PatchOperation::Add(AddOperation { path, value })
-}
-
 /// Adds `<base>/<map>/<resource>` (`map` is `requests` or `limits`), first adding `<base>`
 /// (the container's `resources`) and `<base>/<map>` when the pod has neither yet; `parents`
 /// records what exists so far.
 fn add_amount(
-    ops: &mut Vec<PatchOperation>,
-    base: &[&str],
+    ops: &mut AddPatch,
+    base: &[&str; 4],
     parents: (&mut bool, &mut bool),
     map: &str,
     resource: &str,
-    amount: String,
+    amount: &str,
 ) {
     let (has_resources, has_map) = parents;
     if !*has_resources {
-        ops.push(add(base, Value::Object(Default::default())));
+        ops.add_empty_object(base);
         *has_resources = true;
     }
+    let [a, b, c, d] = *base;
     if !*has_map {
-        ops.push(add(&[base, &[map]].concat(), Value::Object(Default::default())));
+        ops.add_empty_object(&[a, b, c, d, map]);
         *has_map = true;
     }
-    ops.push(add(&[base, &[map, resource]].concat(), Value::String(amount)));
+    ops.add_str(&[a, b, c, d, map, resource], amount);
 }
 
 fn items<'a>(limit_ranges: &'a [LimitRange], kind: &'a str) -> impl Iterator<Item = &'a LimitRangeItem> + 'a {
@@ -563,7 +543,7 @@ pub fn mutate_on(
             "updateMode Off: the autoscaler only recommends; resources left as the template says".to_string(),
         );
         return Decision {
-            patch: annotation_patch(pod, &annotations),
+            patch: annotation_patch(pod, &annotations, &AddPatch::new()),
             annotations,
             reason: Reason::UpdateModeOff,
             node: None,
@@ -578,7 +558,7 @@ pub fn mutate_on(
                 format!("no single target node, resources left as the template says: {why}"),
             );
             return Decision {
-                patch: annotation_patch(pod, &annotations),
+                patch: annotation_patch(pod, &annotations, &AddPatch::new()),
                 annotations,
                 reason: Reason::NoTargetNode,
                 node: None,
@@ -598,8 +578,7 @@ pub fn mutate_on(
         .map(|(c, s)| format!("{c}={}", s.as_str()))
         .collect();
     annotations.insert(ANNOTATION_SOURCE.to_string(), source_text.join(", "));
-    let mut patch = annotation_patch(pod, &annotations);
-    patch.0.extend(ops);
+    let patch = annotation_patch(pod, &annotations, &ops);
     Decision {
         patch,
         annotations,
@@ -914,8 +893,10 @@ fn patch(
     containers: &[Container],
     ranges: &Ranges,
     annotations: &mut BTreeMap<String, String>,
-) -> (Vec<PatchOperation>, bool) {
-    let mut ops: Vec<PatchOperation> = Vec::new();
+) -> (AddPatch, bool) {
+    // room for eight operations (a container's requests and limits, and their parents) of
+    // about 70 bytes each without growing
+    let mut ops = AddPatch::with_capacity(640);
     let mut updates: Vec<String> = Vec::new();
     let mut capped: Vec<String> = Vec::new();
     let mut changed = false;
@@ -946,7 +927,7 @@ fn patch(
             text.push_str(&request_text);
             if plan.request != Some(request) {
                 let parents = (&mut has_resources, &mut has_requests);
-                add_amount(&mut ops, &base, parents, "requests", r.as_str(), request_text);
+                add_amount(&mut ops, &base, parents, "requests", r.as_str(), &request_text);
                 changed = true;
             }
             if let Some(limit) = limit {
@@ -955,7 +936,7 @@ fn patch(
                 text.push_str(&limit_text);
                 if plan.own_limit != Some(limit) {
                     let parents = (&mut has_resources, &mut has_limits);
-                    add_amount(&mut ops, &base, parents, "limits", r.as_str(), limit_text);
+                    add_amount(&mut ops, &base, parents, "limits", r.as_str(), &limit_text);
                     changed = true;
                 }
             }
@@ -1035,22 +1016,26 @@ fn scale_ceil(value: u64, num: u64, den: u64) -> u64 {
     u64::try_from((u128::from(value) * u128::from(num)).div_ceil(u128::from(den))).unwrap_or(u64::MAX)
 }
 
-/// `add` operations for the annotations (creating `metadata.annotations` when missing).
-fn annotation_patch(pod: &Pod, annotations: &BTreeMap<String, String>) -> Patch {
-    let mut ops = Vec::new();
+/// `add` operations for the annotations (creating `metadata.annotations` when missing), then
+/// those of `then`.
+fn annotation_patch(pod: &Pod, annotations: &BTreeMap<String, String>, then: &AddPatch) -> AddPatch {
+    // room for all of it, so the text is written without growing: each operation's text is its
+    // key and value and some 50 bytes around them
+    let room = annotations
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 64)
+        .sum::<usize>()
+        + then.json_len()
+        + 64;
+    let mut ops = AddPatch::with_capacity(room);
     if pod.metadata.annotations.is_none() {
-        ops.push(add(
-            &["metadata", "annotations"],
-            Value::Object(Default::default()),
-        ));
+        ops.add_empty_object(&["metadata", "annotations"]);
     }
     for (key, value) in annotations {
-        ops.push(add(
-            &["metadata", "annotations", key.as_str()],
-            Value::String(value.clone()),
-        ));
+        ops.add_str(&["metadata", "annotations", key.as_str()], value);
     }
-    Patch(ops)
+    ops.append(then);
+    ops
 }
 
 #[cfg(test)]
@@ -1059,8 +1044,9 @@ mod tests {
 
     #[test]
     fn escapes_pointer_tokens() {
-        let op = add(&["metadata", "annotations", "a~b/c"], Value::Null);
-        let text = serde_json::to_string(&op).expect("json");
+        let mut op = AddPatch::new();
+        op.add_str(&["metadata", "annotations", "a~b/c"], "");
+        let text = op.to_json();
         assert!(text.contains(r#""/metadata/annotations/a~0b~1c""#), "{text}");
     }
 
@@ -1330,7 +1316,8 @@ mod tests {
             &limit_ranges,
         );
         let mut patched = serde_json::to_value(&pod).expect("json");
-        json_patch::patch(&mut patched, &decision.patch).expect("patch applies");
+        json_patch::patch(&mut patched, &decision.patch.to_json_patch().expect("a patch"))
+            .expect("patch applies");
         let patched: Pod = serde_json::from_value(patched).expect("pod");
         for s in &want {
             let spec = patched.spec.as_ref().expect("spec");

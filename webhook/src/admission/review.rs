@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine;
+use nodewarden_api::domain::patch::AddPatch;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -266,25 +267,42 @@ impl AdmissionResponse {
     }
 
     /// Sets the JSON Patch (base64 of its JSON), or clears it when the patch is empty.
-    pub fn with_patch(mut self, patch: &json_patch::Patch) -> Result<Self, serde_json::Error> {
+    pub fn with_patch(self, patch: &json_patch::Patch) -> Result<Self, serde_json::Error> {
         if patch.0.is_empty() {
-            self.patch = None;
-            self.patch_type = None;
-        } else {
-            // sized for a pod's patch (about 1 KB) so it is written without growing
-            let mut bytes = Vec::with_capacity(2048);
-            write_patch(&mut bytes, patch)?;
-            // into a buffer of the exact size in one call: through a `String` the encoder works
-            // in chunks and cost twice as many instructions (docs/benchmarks.md)
-            let engine = &base64::engine::general_purpose::STANDARD;
-            let mut text = vec![0; base64::encoded_len(bytes.len(), true).unwrap_or(0)];
-            let written = engine
-                .encode_slice(&bytes, &mut text)
-                .map_err(serde::ser::Error::custom)?;
-            text.truncate(written);
-            self.patch = Some(String::from_utf8(text).map_err(serde::ser::Error::custom)?);
-            self.patch_type = Some("JSONPatch".to_string());
+            return Ok(self.without_patch());
         }
+        let mut bytes = Vec::with_capacity(2048);
+        serde_json::to_writer(&mut bytes, patch)?;
+        self.with_patch_json(&bytes)
+    }
+
+    /// Sets a patch of `add` operations, kept as its text ([`AddPatch`], what the right-sizing
+    /// decision makes), or clears it when the patch is empty.
+    pub fn with_add_patch(self, patch: AddPatch) -> Result<Self, serde_json::Error> {
+        if patch.is_empty() {
+            return Ok(self.without_patch());
+        }
+        self.with_patch_json(patch.into_json().as_bytes())
+    }
+
+    fn without_patch(mut self) -> Self {
+        self.patch = None;
+        self.patch_type = None;
+        self
+    }
+
+    /// Sets the patch from its JSON text: base64, into a buffer of the exact size in one call
+    /// (through a `String` the encoder works in chunks and cost twice as many instructions,
+    /// docs/benchmarks.md).
+    fn with_patch_json(mut self, json: &[u8]) -> Result<Self, serde_json::Error> {
+        let engine = &base64::engine::general_purpose::STANDARD;
+        let mut text = vec![0; base64::encoded_len(json.len(), true).unwrap_or(0)];
+        let written = engine
+            .encode_slice(json, &mut text)
+            .map_err(serde::ser::Error::custom)?;
+        text.truncate(written);
+        self.patch = Some(String::from_utf8(text).map_err(serde::ser::Error::custom)?);
+        self.patch_type = Some("JSONPatch".to_string());
         Ok(self)
     }
 
@@ -331,30 +349,6 @@ impl AdmissionResponse {
             .ok()?;
         serde_json::from_slice(&b).ok()
     }
-}
-
-/// Writes `patch` as JSON: the `add` operations (all that the handlers make) directly, any other
-/// through serde. The same text serde writes for the whole patch, at a third of the cost: serde
-/// writes each operation through its `op` tag's generic path (docs/benchmarks.md).
-fn write_patch(out: &mut Vec<u8>, patch: &json_patch::Patch) -> Result<(), serde_json::Error> {
-    out.push(b'[');
-    for (n, op) in patch.0.iter().enumerate() {
-        if n > 0 {
-            out.push(b',');
-        }
-        match op {
-            json_patch::PatchOperation::Add(add) => {
-                out.extend_from_slice(br#"{"op":"add","path":"#);
-                serde_json::to_writer(&mut *out, add.path.as_str())?;
-                out.extend_from_slice(br#","value":"#);
-                serde_json::to_writer(&mut *out, &add.value)?;
-                out.push(b'}');
-            }
-            other => serde_json::to_writer(&mut *out, other)?,
-        }
-    }
-    out.push(b']');
-    Ok(())
 }
 
 /// The envelope of a response.
@@ -425,24 +419,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_patch_is_written_as_serde_writes_it() {
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
-            {"op": "add", "path": "/metadata/annotations", "value": {}},
-            {"op": "add", "path": "/metadata/annotations/nodewarden.io~1updates", "value": "agent: cpu \"request\" 120m\n"},
-            {"op": "remove", "path": "/spec/containers/0/resources/limits/cpu"},
-            {"op": "add", "path": "/spec/containers/1/resources", "value": {"requests": {"cpu": "5m"}}},
-            {"op": "replace", "path": "/a~0b", "value": [1, 2.5, null, true]},
-        ]))
-        .expect("patch");
-        let mut ours = Vec::new();
-        write_patch(&mut ours, &patch).expect("written");
-        assert_eq!(
-            String::from_utf8(ours).expect("utf-8"),
-            serde_json::to_string(&patch).expect("serde")
+    fn a_patch_kept_as_text_is_sent_as_its_json_patch_is() {
+        let mut text = AddPatch::new();
+        text.add_empty_object(&["metadata", "annotations"]);
+        text.add_str(
+            &["metadata", "annotations", "nodewarden.io/updates"],
+            "agent: cpu \"request\" 120m\n",
         );
-        let mut empty = Vec::new();
-        write_patch(&mut empty, &json_patch::Patch(Vec::new())).expect("written");
-        assert_eq!(empty, b"[]");
+        text.add_str(&["spec", "containers", "1", "resources", "requests", "a~b"], "5m");
+        let ops = text.to_json_patch().expect("a JSON patch");
+        assert_eq!(ops.0.len(), 3);
+        let ours = AdmissionResponse::allow("u")
+            .with_add_patch(text)
+            .expect("encodes");
+        let theirs = AdmissionResponse::allow("u").with_patch(&ops).expect("encodes");
+        assert_eq!(ours.patch, theirs.patch);
+        assert_eq!(ours.patch_type.as_deref(), Some("JSONPatch"));
+        assert_eq!(ours.decoded_patch(), Some(ops));
+
+        let cleared = ours.with_add_patch(AddPatch::new()).expect("encodes");
+        assert_eq!((cleared.patch, cleared.patch_type), (None, None));
     }
 
     #[test]
