@@ -145,13 +145,7 @@ impl PodMutator {
             reason = decision.reason.as_str(),
             "right-sizing decision"
         );
-        match AdmissionResponse::allow(uid).with_add_patch(decision.patch) {
-            Ok(response) => response,
-            Err(err) => {
-                tracing::error!(uid, error = %err, "could not encode the patch; pod admitted unchanged");
-                AdmissionResponse::allow(uid)
-            }
-        }
+        AdmissionResponse::allow(uid).with_add_patch(decision.patch)
     }
 }
 
