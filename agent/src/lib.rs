@@ -227,6 +227,9 @@ pub async fn run_with_clients(
             write_checkpoint(&sampler, &config, &metrics);
             last_checkpoint = Instant::now();
         }
+        // glibc keeps the free space a round leaves below live chunks resident; give it back
+        // once a round (docs/benchmarks.md, agent: about 1 MiB with `updateMode: InPlace`)
+        nodewarden_sys::release_free_heap();
     }
     write_checkpoint(&sampler, &config, &metrics);
     stop.cancel();

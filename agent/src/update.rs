@@ -188,6 +188,8 @@ pub async fn run(
         let autoscalers = stores.autoscalers.state();
         let ranges = limit_ranges.state();
         updater.round(&pods, &autoscalers, &spec, &ranges).await;
+        // the round's transient peak (pods, patches, answers) back to the kernel, not kept
+        nodewarden_sys::release_free_heap();
     }
 }
 
