@@ -252,7 +252,11 @@ impl ControlPlane {
             Err(e) => {
                 let logs = cp.log_tails(60);
                 cp.lock_processes().kill_all();
-                Err(e.context(format!("control plane start-up failed; last log lines:\n{logs}")))
+                Err(crate::failure_with(
+                    e,
+                    "control plane start-up failed",
+                    &format!("last log lines:\n{logs}"),
+                ))
             }
         }
     }

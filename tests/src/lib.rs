@@ -37,3 +37,10 @@ pub use webhooks::{
     Hook, InProcessWebhook, LoopbackEndpoint, http_get, register_mutating_webhooks,
     register_validating_webhooks,
 };
+
+/// A failure with what helps to explain it (log tails, pod states) *after* the failure itself:
+/// test output is often cut in the middle, and a long report put first would hide the cause.
+/// The cause chain is kept as the message's first line(s), `what: outer: …: root`.
+pub fn failure_with(e: anyhow::Error, what: &str, details: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {e:#}\n\n{details}")
+}

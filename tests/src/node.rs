@@ -297,7 +297,11 @@ impl RealCluster {
         .await;
         if let Err(e) = result {
             let logs = cluster.cp.log_tails(40);
-            return Err(e.context(format!("real cluster start-up failed; last log lines:\n{logs}")));
+            return Err(crate::failure_with(
+                e,
+                "real cluster start-up failed",
+                &format!("last log lines:\n{logs}"),
+            ));
         }
         eprintln!(
             "nodewarden-tests: {} real node(s) Ready in {:.1}s",
@@ -828,12 +832,14 @@ tlsPrivateKeyFile: "{key}"
 # pods get no DNS: nothing they resolve could be reached anyway
 resolvConf: ""
 failSwapOn: false
-# a shared test machine: evict nothing, collect no images
+# a shared test machine whose disk other work fills and empties: evict nothing, collect no
+# images ("0%" switches a signal off; one left out would get its default, 10 % of a disk)
 evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  imagefs.available: "1%"
-  nodefs.inodesFree: "1%"
+  memory.available: "0%"
+  nodefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.available: "0%"
+  imagefs.inodesFree: "0%"
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false

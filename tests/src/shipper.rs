@@ -326,23 +326,67 @@ pub async fn running_pods(client: &Client, namespace: &str, selector: &str) -> R
         .collect())
 }
 
-/// A short account of the namespace's pods, for failure messages.
+/// A short account of the namespace's pods, for failure messages: a line each with its node,
+/// phase and conditions, then a line per container with its readiness, restarts, state and the
+/// reason and exit code of its last end (an OOM kill, a crash, an eviction show there).
 pub async fn describe_pods(client: &Client, namespace: &str) -> String {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     match pods.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} on {:?}: {}",
-                    p.name_any(),
-                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                    serde_json::to_string(&p.status).unwrap_or_default()
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
+        Ok(list) => list.items.iter().map(describe_pod).collect::<Vec<_>>().join("\n"),
         Err(e) => format!("(listing pods in {namespace}: {e})"),
     }
+}
+
+fn describe_pod(p: &Pod) -> String {
+    use k8s_openapi::api::core::v1::ContainerState;
+    let status = p.status.clone().unwrap_or_default();
+    let state = |s: Option<&ContainerState>| -> String {
+        let Some(s) = s else { return "-".into() };
+        if let Some(t) = &s.terminated {
+            format!(
+                "terminated({} exit {}{})",
+                t.reason.as_deref().unwrap_or("?"),
+                t.exit_code,
+                t.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+            )
+        } else if let Some(w) = &s.waiting {
+            format!("waiting({})", w.reason.as_deref().unwrap_or("?"))
+        } else if s.running.is_some() {
+            "running".into()
+        } else {
+            "-".into()
+        }
+    };
+    let conditions: Vec<String> = status
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| format!("{}={}", c.type_, c.status))
+        .collect();
+    let mut out = format!(
+        "{} on {}: {}{} [{}]",
+        p.name_any(),
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or("(unbound)"),
+        status.phase.as_deref().unwrap_or("?"),
+        status
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default(),
+        conditions.join(" ")
+    );
+    for c in status.container_statuses.iter().flatten() {
+        out.push_str(&format!(
+            "\n  {}: ready={} restarts={} now {} last {}",
+            c.name,
+            c.ready,
+            c.restart_count,
+            state(c.state.as_ref()),
+            state(c.last_state.as_ref())
+        ));
+    }
+    out
 }

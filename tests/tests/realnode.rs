@@ -31,10 +31,11 @@ use kube::{Api, ResourceExt};
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::shipper::{
-    BUSY, NAMESPACE, QUIET, RELEASE, container_limits, container_requests, create_shipper, install_chart,
-    recreate_shipper_pod, resize_in_place, running_pods, wait_for_recommendation,
+    BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER_NS, container_limits, container_requests, create_shipper,
+    describe_pods, install_chart, recreate_shipper_pod, resize_in_place, running_pods,
+    wait_for_recommendation,
 };
-use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, require_real_nodes};
+use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, failure_with, require_real_nodes};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
@@ -51,14 +52,43 @@ async fn chart_on_a_real_node() -> Result<()> {
     })
     .await?;
     let result = scenario(&cluster, &images).await;
-    let logs = match &result {
-        Err(_) => cluster.cp.log_tails(60),
+    let details = match &result {
+        Err(_) => failure_details(&cluster).await,
         Ok(()) => String::new(),
     };
     // The host is put back whatever happened; a failure to do so fails the test too.
     let restored = cluster.shutdown();
-    result.map_err(|e| e.context(format!("last log lines:\n{logs}")))?;
+    result.map_err(|e| failure_with(e, "chart_on_a_real_node", &details))?;
     restored
+}
+
+/// What explains a failure: the nodes' conditions, every nodewarden and shipper pod's state
+/// (restarts, OOM kills, evictions), then the processes' last log lines.
+async fn failure_details(cluster: &RealCluster) -> String {
+    let mut out = String::new();
+    if let Ok(client) = cluster.cp.admin_client().await {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        match nodes.list(&ListParams::default()).await {
+            Ok(list) => {
+                for n in list.items {
+                    let conditions: Vec<String> = n
+                        .status
+                        .iter()
+                        .flat_map(|s| s.conditions.iter().flatten())
+                        .map(|c| format!("{}={}", c.type_, c.status))
+                        .collect();
+                    out.push_str(&format!("node {}: {}\n", n.name_any(), conditions.join(" ")));
+                }
+            }
+            Err(e) => out.push_str(&format!("(listing nodes: {e})\n")),
+        }
+        for ns in [NAMESPACE, SHIPPER_NS] {
+            out.push_str(&format!("pods in {ns}:\n{}\n", describe_pods(&client, ns).await));
+        }
+    }
+    out.push_str("last log lines:\n");
+    out.push_str(&cluster.cp.log_tails(60));
+    out
 }
 
 async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
