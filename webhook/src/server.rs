@@ -2,8 +2,10 @@
 //! the limits that keep a client from holding the server's connections or memory
 //! ([`ServerLimits`]; what happens at each one is in docs/server.md).
 
+use std::future::{Future, poll_fn};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +20,8 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+
+mod batch;
 
 /// The admission server's limits per connection and in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,12 +201,26 @@ pub async fn serve_tls_with(
                     })
                 }
             });
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            // what the connection writes in one turn leaves in one TLS write (batch.rs)
+            let (io, write_out) = batch::batched(tls);
+            let conn = builder.serve_connection(TokioIo::new(io), service);
             tokio::pin!(conn);
             let mut asked_to_close = false;
             let ended = loop {
+                let turn = poll_fn(|cx| {
+                    let polled = conn.as_mut().poll(cx);
+                    if polled.is_pending() {
+                        // the connection did all it could: its answers leave now. An error is
+                        // kept for the connection's next read or write; poll it again to see it.
+                        if let Poll::Ready(Err(err)) = write_out.poll_write_out(cx) {
+                            tracing::debug!(%peer, %err, "writing to the connection failed");
+                            cx.waker().wake_by_ref();
+                        }
+                    }
+                    polled
+                });
                 tokio::select! {
-                    ended = conn.as_mut() => break ended,
+                    ended = turn => break ended,
                     _ = closing.cancelled() => return,
                     _ = draining.cancelled(), if !asked_to_close => {
                         asked_to_close = true;
@@ -215,8 +233,14 @@ pub async fn serve_tls_with(
                     }
                 }
             };
-            if let Err(err) = ended {
-                tracing::debug!(%peer, %err, "connection ended with an error");
+            match ended {
+                // hyper shuts the stream down (which writes out) when it closes; this is for
+                // a connection that ended without doing so
+                Ok(()) => {
+                    let last = poll_fn(|cx| write_out.poll_write_out(cx));
+                    let _ = tokio::time::timeout(limits.request_timeout, last).await;
+                }
+                Err(err) => tracing::debug!(%peer, %err, "connection ended with an error"),
             }
         });
     }
