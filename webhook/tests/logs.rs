@@ -49,10 +49,24 @@ async fn a_denial_is_logged_with_one_message_key_its_reason_and_clipped_fields()
         .header("content-type", "application/json")
         .body(Body::from(review.to_string()))
         .expect("request");
-    let response = app.oneshot(request).await.expect("infallible");
+    let response = app.clone().oneshot(request).await.expect("infallible");
     assert_eq!(response.status(), 200);
+    // a second review: the route's span is made once and entered again
+    let again = Request::post("/deny")
+        .header("content-type", "application/json")
+        .body(Body::from(POD_REVIEW))
+        .expect("request");
+    assert_eq!(app.oneshot(again).await.expect("infallible").status(), 200);
 
     let text = String::from_utf8(lines.0.lock().expect("lines").clone()).expect("UTF-8");
+    let denials: Vec<&str> = text.lines().filter(|l| l.contains("\"denied\"")).collect();
+    assert_eq!(denials.len(), 2, "{text}");
+    for line in &denials {
+        assert!(
+            line.contains("\"route\":\"/deny\""),
+            "each denial names its route: {line}"
+        );
+    }
     let line = text
         .lines()
         .find(|l| l.contains("\"denied\""))

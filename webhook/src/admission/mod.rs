@@ -404,6 +404,7 @@ pub fn router(routes: Vec<Route>, metrics: Arc<dyn AdmissionObserver>, max_body_
     for route in routes {
         let state = RouteState {
             path: route.path,
+            span: Arc::default(),
             handler: route.handler,
             metrics: metrics.clone(),
             large_turns: large_turns.clone(),
@@ -516,6 +517,8 @@ async fn read_body(
 #[derive(Clone)]
 struct RouteState {
     path: &'static str,
+    /// The route's span, made at its first request and entered by every request after it.
+    span: Arc<std::sync::OnceLock<tracing::Span>>,
     handler: Arc<dyn Handler>,
     metrics: Arc<dyn AdmissionObserver>,
     large_turns: Arc<tokio::sync::Semaphore>,
@@ -561,8 +564,13 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
             return (StatusCode::BAD_REQUEST, "could not read the request body\n").into_response();
         }
     };
-    // handlers' own lines carry the route; the outcome line adds the request's identity
-    let span = info_span!("admission", route = state.path);
+    // handlers' own lines carry the route; the outcome line adds the request's identity. One
+    // span per route, made once: a span per request cost about 5 % of the server's CPU under
+    // load, most of it the log layer formatting its one field (docs/benchmarks.md).
+    let span = state
+        .span
+        .get_or_init(|| info_span!("admission", route = state.path))
+        .clone();
     // the span is entered around each poll, never held across an await
     let processed = if body.len() >= LARGE_REVIEW_BYTES {
         process_large(&state, body, span.clone()).await
