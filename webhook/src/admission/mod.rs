@@ -566,10 +566,11 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
     };
     // handlers' own lines carry the route; the outcome line adds the request's identity. One
     // span per route, made once: a span per request cost about 5 % of the server's CPU under
-    // load, most of it the log layer formatting its one field (docs/benchmarks.md).
+    // load, most of it the log layer formatting its one field (docs/benchmarks.md). A root
+    // span: it outlives the request that made it, so it takes no parent from it.
     let span = state
         .span
-        .get_or_init(|| info_span!("admission", route = state.path))
+        .get_or_init(|| info_span!(parent: None, "admission", route = state.path))
         .clone();
     // the span is entered around each poll, never held across an await
     let processed = if body.len() >= LARGE_REVIEW_BYTES {
