@@ -236,9 +236,14 @@ pub async fn serve_tls_with(
             match ended {
                 // hyper shuts the stream down (which writes out) when it closes; this is for
                 // a connection that ended without doing so
+                // (bounded: a peer that reads nothing holds it at most --request-timeout, and
+                // never past the grace period)
                 Ok(()) => {
                     let last = poll_fn(|cx| write_out.poll_write_out(cx));
-                    let _ = tokio::time::timeout(limits.request_timeout, last).await;
+                    tokio::select! {
+                        _ = tokio::time::timeout(limits.request_timeout, last) => {}
+                        _ = closing.cancelled() => {}
+                    }
                 }
                 Err(err) => tracing::debug!(%peer, %err, "connection ended with an error"),
             }
