@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{LimitRange, Pod};
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_webhook::admission::{AdmissionRequest, Handler, ReviewIn};
+use nodewarden_webhook::admission::{AdmissionRequest, AdmissionResponse, Handler, ReviewIn};
 use nodewarden_webhook::rightsizing::mutate::{
     self, ANNOTATION_AUTOSCALER, ANNOTATION_CAPPED, ANNOTATION_NODE, ANNOTATION_SKIPPED, ANNOTATION_SOURCE,
     ANNOTATION_UPDATES, Amounts, Reason, Targets,
@@ -1124,6 +1124,124 @@ fn the_one_pass_pipeline_answers_as_the_handler_does() {
     }
     // the recorded pod, its dry run and the one the request names no namespace for
     assert_eq!(patched, 3);
+}
+
+/// The handler reads a pod's few fields straight from the review; what it decides is what it
+/// decides on the same pod read whole as the API's `Pod` type, for every shape of the fields it
+/// reads (resources, quantities, annotations, node affinity, owners).
+#[test]
+fn the_pod_is_read_as_the_api_types_read_it() {
+    let handler = PodMutator::new(index_with("300m"));
+    let mut cases: Vec<(&str, Value)> = vec![("recorded", base_pod())];
+    let mut edit = |name, f: &dyn Fn(&mut Value)| {
+        let mut pod = base_pod();
+        f(&mut pod);
+        cases.push((name, pod));
+    };
+    edit("no resources", &|p| {
+        drop(
+            p["spec"]["containers"][0]
+                .as_object_mut()
+                .map(|c| c.remove("resources")),
+        )
+    });
+    edit("null resources", &|p| {
+        p["spec"]["containers"][0]["resources"] = Value::Null
+    });
+    edit("empty resources", &|p| {
+        p["spec"]["containers"][0]["resources"] = json!({})
+    });
+    edit("requests only", &|p| {
+        p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}})
+    });
+    edit("null requests", &|p| {
+        p["spec"]["containers"][0]["resources"] = json!({"requests": null, "limits": {"cpu": "1"}})
+    });
+    edit("empty limits", &|p| {
+        p["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "64Mi"}, "limits": {}})
+    });
+    edit("odd quantities", &|p| {
+        p["spec"]["containers"][0]["resources"] = json!({
+            "requests": {"cpu": "0.25", "memory": "1e8", "nvidia.com/gpu": "1"},
+            "limits": {"cpu": "not a quantity", "memory": "128M", "ephemeral-storage": "1Gi"},
+        })
+    });
+    edit("big quantities", &|p| {
+        p["spec"]["containers"][0]["resources"] = json!({
+            "requests": {"cpu": "18446744073709551615", "memory": "16Ei"},
+            "limits": {"cpu": "99999999999999999999m", "memory": "1.5Gi"},
+        })
+    });
+    edit("no annotations", &|p| {
+        drop(p["metadata"].as_object_mut().map(|m| m.remove("annotations")))
+    });
+    edit("null annotations", &|p| {
+        p["metadata"]["annotations"] = Value::Null
+    });
+    edit("empty annotations", &|p| p["metadata"]["annotations"] = json!({}));
+    edit("node name", &|p| p["spec"]["nodeName"] = json!(NODE));
+    edit("empty node name", &|p| p["spec"]["nodeName"] = json!(""));
+    edit("no affinity", &|p| {
+        drop(p["spec"].as_object_mut().map(|s| s.remove("affinity")))
+    });
+    edit("two terms", &|p| {
+        let term = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]
+            .clone();
+        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] =
+            json!([term.clone(), term]);
+    });
+    edit("two nodes", &|p| {
+        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchFields"][0]["values"] = json!([NODE, "other"]);
+    });
+    edit("another operator", &|p| {
+        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchFields"][0]["operator"] = json!("NotIn");
+    });
+    edit("match expressions and pod affinity", &|p| {
+        p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"] =
+            json!([{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]);
+        p["spec"]["affinity"]["podAntiAffinity"] =
+            json!({"preferredDuringSchedulingIgnoredDuringExecution": []});
+    });
+    edit("an owner before the controller", &|p| {
+        let controller = p["metadata"]["ownerReferences"][0].clone();
+        let mut other = controller.clone();
+        other["controller"] = json!(false);
+        other["name"] = json!("someone-else");
+        p["metadata"]["ownerReferences"] = json!([other, controller]);
+    });
+    edit("a controller of another kind", &|p| {
+        p["metadata"]["ownerReferences"][0]["kind"] = json!("ReplicaSet")
+    });
+    edit("a DaemonSet of another group", &|p| {
+        p["metadata"]["ownerReferences"][0]["apiVersion"] = json!("extensions/v1beta1")
+    });
+    edit("no owners", &|p| {
+        drop(p["metadata"].as_object_mut().map(|m| m.remove("ownerReferences")))
+    });
+    edit("two containers", &|p| {
+        let mut second = p["spec"]["containers"][0].clone();
+        second["name"] = json!("sidecar");
+        p["spec"]["containers"] = json!([p["spec"]["containers"][0].clone(), second]);
+    });
+    let mut patched = 0;
+    for (name, pod) in &cases {
+        let mut review = review();
+        review["request"]["object"] = pod.clone();
+        let answer = handler.review(&request(&review));
+        let whole: Pod = serde_json::from_value(pod.clone()).expect(name);
+        let expected = match handler.decide(NAMESPACE, &whole) {
+            Some(decision) => AdmissionResponse::allow(&answer.uid).with_add_patch(decision.patch),
+            None => AdmissionResponse::allow(&answer.uid),
+        };
+        assert_eq!(answer, expected, "{name}");
+        patched += usize::from(answer.patch.is_some());
+    }
+    // all but the three whose owner is not the autoscaler's DaemonSet
+    assert_eq!(patched, cases.len() - 3);
 }
 
 #[test]

@@ -51,8 +51,14 @@ pub const ANY_CONTAINER: &str = "*";
 pub fn controlling_daemonset(owners: &[OwnerReference]) -> Option<&str> {
     owners
         .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
+        .find(|o| is_controlling_daemonset(o.controller, &o.kind, &o.api_version))
         .map(|o| o.name.as_str())
+}
+
+/// Whether an ownerReference with these fields is a pod's controlling DaemonSet (see
+/// [`controlling_daemonset`]).
+pub fn is_controlling_daemonset(controller: Option<bool>, kind: &str, api_version: &str) -> bool {
+    controller == Some(true) && kind == "DaemonSet" && api_version == "apps/v1"
 }
 
 /// The order in which autoscalers of one DaemonSet take precedence: the oldest first, then by

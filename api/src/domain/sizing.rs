@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 pub use crate::domain::patch::AddPatch;
-pub use crate::domain::quantity::{amount, format_amount};
+pub use crate::domain::quantity::{amount, amount_of, format_amount};
 use crate::domain::rightsizing::PolicyLookup;
 use crate::rightsizing::{
     Ceiling, ColdStart, ContainerMode, ContainerPolicy, ControlledValues, DaemonSetAutoscaler,
@@ -88,6 +88,73 @@ impl Amounts {
 
 /// Targets by container name.
 pub type Targets = BTreeMap<String, Amounts>;
+
+/// What the decision reads of a pod: whether it has annotations, and each container's name,
+/// requests and limits. The webhook reads it straight from a review, without building a `Pod`;
+/// [`PodFacts::of`] takes it from one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    /// Whether `metadata.annotations` is there (the patch creates it when it is not).
+    pub has_annotations: bool,
+    /// `spec.containers`, in pod order.
+    pub containers: Vec<ContainerFacts>,
+}
+
+/// What the decision reads of one container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerFacts {
+    /// The container's name.
+    pub name: String,
+    /// Its `resources`; `None` when the container has none.
+    pub resources: Option<ResourceFacts>,
+}
+
+/// A container's `resources`: `None` for a map it does not have. A quantity that cannot be
+/// read counts as absent, as in [`Amounts::from_list`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResourceFacts {
+    /// `resources.requests`.
+    pub requests: Option<Amounts>,
+    /// `resources.limits`.
+    pub limits: Option<Amounts>,
+}
+
+impl PodFacts {
+    /// The facts of `pod`.
+    pub fn of(pod: &Pod) -> Self {
+        PodFacts {
+            has_annotations: pod.metadata.annotations.is_some(),
+            containers: pod
+                .spec
+                .as_ref()
+                .map(|s| s.containers.iter().map(ContainerFacts::of).collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl ContainerFacts {
+    /// The facts of `container`.
+    pub fn of(container: &Container) -> Self {
+        ContainerFacts {
+            name: container.name.clone(),
+            resources: container.resources.as_ref().map(|r| ResourceFacts {
+                requests: r.requests.as_ref().map(|l| Amounts::from_list(Some(l))),
+                limits: r.limits.as_ref().map(|l| Amounts::from_list(Some(l))),
+            }),
+        }
+    }
+
+    /// Its requests (none when it has no `requests`).
+    pub fn requests(&self) -> Amounts {
+        self.resources.and_then(|r| r.requests).unwrap_or_default()
+    }
+
+    /// Its limits (none when it has no `limits`).
+    pub fn limits(&self) -> Amounts {
+        self.resources.and_then(|r| r.limits).unwrap_or_default()
+    }
+}
 
 /// The figures a pod's containers may take, by where they come from; which one a container
 /// gets is the autoscaler's `scope` and `coldStart` (see [`mutate_on`]).
@@ -282,10 +349,7 @@ pub struct Decision {
 /// The node a DaemonSet pod is for: `spec.nodeName`, else the single
 /// `matchFields metadata.name In [node]` term the DaemonSet controller sets.
 pub fn target_node(pod: &Pod) -> Result<String, String> {
-    let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
-    if let Some(name) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
-        return Ok(name.to_string());
-    }
+    let spec = pod.spec.as_ref().ok_or(NO_SPEC)?;
     let terms = spec
         .affinity
         .as_ref()
@@ -293,24 +357,50 @@ pub fn target_node(pod: &Pod) -> Result<String, String> {
         .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
         .map(|s| s.node_selector_terms.as_slice())
         .unwrap_or_default();
+    node_of(
+        spec.node_name.as_deref(),
+        terms.iter().map(|term| {
+            term.match_fields.iter().flatten().map(|f| {
+                (
+                    f.key.as_str(),
+                    f.operator.as_str(),
+                    f.values.as_deref().unwrap_or_default(),
+                )
+            })
+        }),
+    )
+}
+
+/// Why [`target_node`] finds no node in a pod without a spec.
+pub const NO_SPEC: &str = "the pod has no spec";
+
+/// [`target_node`] of a pod whose `spec.nodeName` is `node_name` and whose required node
+/// affinity has `terms`, each given as its `matchFields` (key, operator, values).
+pub fn node_of<'a, T, F>(node_name: Option<&str>, terms: T) -> Result<String, String>
+where
+    T: ExactSizeIterator<Item = F>,
+    F: Iterator<Item = (&'a str, &'a str, &'a [String])>,
+{
+    if let Some(name) = node_name.filter(|n| !n.is_empty()) {
+        return Ok(name.to_string());
+    }
+    let term_count = terms.len();
     let mut nodes = Vec::new();
-    for term in terms {
-        for field in term.match_fields.iter().flatten() {
-            if field.key == "metadata.name" && field.operator == "In" {
-                nodes.extend(field.values.iter().flatten().cloned());
+    for fields in terms {
+        for (key, operator, values) in fields {
+            if key == "metadata.name" && operator == "In" {
+                nodes.extend(values.iter().cloned());
             }
         }
     }
     match nodes.as_slice() {
-        [one] if terms.len() == 1 => Ok(one.clone()),
+        [one] if term_count == 1 => Ok(one.clone()),
         [] => Err(
             "no spec.nodeName and no matchFields metadata.name In [node] term in the required node affinity"
                 .to_string(),
         ),
         _ => Err(format!(
-            "the required node affinity does not name exactly one node ({} terms, nodes {:?})",
-            terms.len(),
-            nodes
+            "the required node affinity does not name exactly one node ({term_count} terms, nodes {nodes:?})"
         )),
     }
 }
@@ -502,7 +592,7 @@ pub fn mutate(
 ) -> Decision {
     let node = target_node(pod);
     mutate_on(
-        pod,
+        &PodFacts::of(pod),
         autoscaler,
         node.as_deref().map_err(String::as_str),
         figures,
@@ -523,7 +613,7 @@ pub fn mutate(
 /// Four steps: `plan` (which container and resource gets which target), `cap_pod`
 /// (LimitRanges of type Pod), `cap_containers` (per container caps), `patch`.
 pub fn mutate_on(
-    pod: &Pod,
+    pod: &PodFacts,
     autoscaler: &DaemonSetAutoscaler,
     node: Result<&str, &str>,
     figures: Figures,
@@ -568,7 +658,7 @@ pub fn mutate_on(
     };
     annotations.insert(ANNOTATION_NODE.to_string(), node.clone());
 
-    let containers = containers_of(pod);
+    let containers = pod.containers.as_slice();
     let ranges = Ranges::of(limit_ranges);
     let (plans, sources) = capped_plan(containers, autoscaler, figures, &ranges);
     let (ops, changed) = patch(&plans, containers, &ranges, &mut annotations);
@@ -616,7 +706,8 @@ pub fn sizing_on(
     figures: Figures,
     limit_ranges: &[LimitRange],
 ) -> Vec<ContainerSizing> {
-    let containers = containers_of(pod);
+    let pod = PodFacts::of(pod);
+    let containers = pod.containers.as_slice();
     let ranges = Ranges::of(limit_ranges);
     let (plans, _) = capped_plan(containers, autoscaler, figures, &ranges);
     let mut out = Vec::new();
@@ -652,17 +743,10 @@ fn by_container<'p, 'a>(plans: &'p [Plan<'a>], count: usize) -> Vec<Vec<&'p Plan
     out
 }
 
-fn containers_of(pod: &Pod) -> &[Container] {
-    pod.spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default()
-}
-
 /// Steps 1 to 3, shared by the patch ([`mutate_on`]) and the figures ([`sizing_on`]): the plan,
 /// capped by the LimitRanges of type Pod, then per container.
 fn capped_plan<'a>(
-    containers: &[Container],
+    containers: &[ContainerFacts],
     autoscaler: &'a DaemonSetAutoscaler,
     figures: Figures,
     ranges: &Ranges,
@@ -691,7 +775,7 @@ impl<'a> Ranges<'a> {
 /// Step 1, the raw plan: which container and resource gets which target, and where each
 /// container's figures came from (in pod order).
 fn plan<'a>(
-    containers: &[Container],
+    containers: &[ContainerFacts],
     autoscaler: &'a DaemonSetAutoscaler,
     figures: Figures,
     ranges: &Ranges,
@@ -734,9 +818,8 @@ fn plan<'a>(
         let controlled: Vec<ResourceName> = policy
             .and_then(|p| p.controlled_resources.clone())
             .unwrap_or_else(|| RESOURCES.to_vec());
-        let resources = container.resources.as_ref();
-        let requests = Amounts::from_list(resources.and_then(|r| r.requests.as_ref()));
-        let limits = Amounts::from_list(resources.and_then(|r| r.limits.as_ref()));
+        let requests = container.requests();
+        let limits = container.limits();
         for resource in RESOURCES {
             if !controlled.contains(&resource) {
                 continue;
@@ -765,7 +848,7 @@ fn plan<'a>(
 
 /// Step 2, LimitRanges of type Pod: the sum of the pod's requests stays within min and max,
 /// the planned containers scaled together.
-fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
+fn cap_pod(plans: &mut [Plan], containers: &[ContainerFacts], ranges: &Ranges) {
     for resource in RESOURCES {
         let planned: Vec<usize> = (0..plans.len())
             .filter(|&i| plans[i].resource == resource)
@@ -784,10 +867,7 @@ fn cap_pod(plans: &mut [Plan], containers: &[Container], ranges: &Ranges) {
             .iter()
             .enumerate()
             .filter(|(i, _)| !is_planned[*i])
-            .filter_map(|(_, c)| {
-                let r = c.resources.as_ref()?;
-                Amounts::from_list(r.requests.as_ref()).get(resource)
-            })
+            .filter_map(|(_, c)| c.requests().get(resource))
             .fold(0, u64::saturating_add);
         let ours: u64 = planned
             .iter()
@@ -890,7 +970,7 @@ fn scaled_limit(plan: &Plan, request: u64, ranges: &Ranges) -> Option<u64> {
 /// `updates` and `capped` annotations. Returns the operations and whether any figure changed.
 fn patch(
     plans: &[Plan],
-    containers: &[Container],
+    containers: &[ContainerFacts],
     ranges: &Ranges,
     annotations: &mut BTreeMap<String, String>,
 ) -> (AddPatch, bool) {
@@ -910,10 +990,10 @@ fn patch(
         }
         let index_token = index.to_string();
         let base = ["spec", "containers", index_token.as_str(), "resources"];
-        let resources = container.resources.as_ref();
+        let resources = container.resources;
         let mut has_resources = resources.is_some();
-        let mut has_requests = resources.and_then(|r| r.requests.as_ref()).is_some();
-        let mut has_limits = resources.and_then(|r| r.limits.as_ref()).is_some();
+        let mut has_requests = resources.and_then(|r| r.requests).is_some();
+        let mut has_limits = resources.and_then(|r| r.limits).is_some();
         let mut said = Vec::new();
         let mut caps_said = Vec::new();
         for plan in mine {
@@ -1018,7 +1098,7 @@ fn scale_ceil(value: u64, num: u64, den: u64) -> u64 {
 
 /// `add` operations for the annotations (creating `metadata.annotations` when missing), then
 /// those of `then`.
-fn annotation_patch(pod: &Pod, annotations: &BTreeMap<String, String>, then: &AddPatch) -> AddPatch {
+fn annotation_patch(pod: &PodFacts, annotations: &BTreeMap<String, String>, then: &AddPatch) -> AddPatch {
     // room for all of it, so the text is written without growing: each operation's text is its
     // key and value and some 50 bytes around them
     let room = annotations
@@ -1028,7 +1108,7 @@ fn annotation_patch(pod: &Pod, annotations: &BTreeMap<String, String>, then: &Ad
         + then.json_len()
         + 64;
     let mut ops = AddPatch::with_capacity(room);
-    if pod.metadata.annotations.is_none() {
+    if !pod.has_annotations {
         ops.add_empty_object(&["metadata", "annotations"]);
     }
     for (key, value) in annotations {
@@ -1306,7 +1386,7 @@ mod tests {
         assert_eq!(sizing, want);
 
         let decision = mutate_on(
-            &pod,
+            &PodFacts::of(&pod),
             &autoscaler,
             Ok("n1"),
             Figures {

@@ -19,7 +19,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_api::domain::names::check_label_key;
-use nodewarden_api::domain::rightsizing::{container_policies, controlling_daemonset};
+use nodewarden_api::domain::rightsizing::{
+    container_policies, controlling_daemonset, is_controlling_daemonset,
+};
+use nodewarden_api::domain::sizing::{Amounts, ContainerFacts, ResourceFacts};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, ResourceName, Scope};
 
 pub use index::{Prepared, RightsizingIndex};
@@ -67,20 +70,34 @@ impl PodMutator {
     pub fn decide(&self, namespace: &str, pod: &Pod) -> Option<Decision> {
         let daemonset = owner_daemonset(pod)?;
         let prepared = self.index.prepared_for(namespace, daemonset)?;
-        Some(decide_with(&self.index, namespace, &prepared, pod))
+        let node = mutate::target_node(pod);
+        let facts = mutate::PodFacts::of(pod);
+        Some(decide_with(&self.index, namespace, &prepared, node, &facts))
+    }
+
+    /// [`PodMutator::decide`] for a pod read as its view.
+    fn decide_view(&self, namespace: &str, metadata: &MetaView, spec: Option<SpecView>) -> Option<Decision> {
+        let daemonset = metadata.daemonset.as_deref()?;
+        let prepared = self.index.prepared_for(namespace, daemonset)?;
+        let node = target_node(spec.as_ref());
+        let facts = mutate::PodFacts {
+            has_annotations: metadata.annotations.is_some(),
+            containers: spec.map(|s| s.containers).unwrap_or_default(),
+        };
+        Some(decide_with(&self.index, namespace, &prepared, node, &facts))
     }
 }
 
-/// [`mutate::mutate`] with its inputs taken from the index.
+/// [`mutate::mutate_on`] of a pod for `node` with its inputs taken from the index.
 pub(crate) fn decide_with(
     index: &RightsizingIndex,
     namespace: &str,
     prepared: &Prepared,
-    pod: &Pod,
+    node: Result<String, String>,
+    pod: &mutate::PodFacts,
 ) -> Decision {
     let autoscaler = &prepared.autoscaler;
     let name = autoscaler.metadata.name.as_deref().unwrap_or_default();
-    let node = mutate::target_node(pod);
     let node_name = node.as_deref().ok();
     let node_targets = node_name.and_then(|node| index.node_targets(node, namespace, name));
     let group = match (node_name, autoscaler.spec.node_group_label.as_deref()) {
@@ -118,8 +135,8 @@ impl PodMutator {
         view: Result<PodView, String>,
     ) -> AdmissionResponse {
         let uid = request.uid.as_str();
-        let pod: Pod = match view {
-            Ok(view) => view.into_pod(),
+        let pod = match view {
+            Ok(view) => view,
             Err(err) => {
                 // right-sizing is best effort: a pod we cannot read is admitted as it is
                 tracing::warn!(uid, error = %err, "pod not readable; admitted unchanged");
@@ -130,12 +147,13 @@ impl PodMutator {
                 return response;
             }
         };
+        let PodView { metadata, spec } = pod;
         let namespace = request
             .namespace
             .as_deref()
-            .or(pod.metadata.namespace.as_deref())
+            .or(metadata.namespace.as_deref())
             .unwrap_or_default();
-        let Some(decision) = self.decide(namespace, &pod) else {
+        let Some(decision) = self.decide_view(namespace, &metadata, spec) else {
             return AdmissionResponse::allow(uid);
         };
         self.observer.decided(decision.reason, &decision.sources);
@@ -179,8 +197,13 @@ impl Handler for PodMutator {
     }
 }
 
-/// The fields of a pod the decision reads; everything else in the review is skipped while
-/// parsing (a whole `Pod` costs several times more to deserialize than the rest of the pipeline).
+/// The fields of a pod the decision reads, kept as the decision reads them; everything else in
+/// the review is skipped while parsing. No `Pod` is built: a container's requests and limits are
+/// read as amounts as they are parsed, and the node affinity only as far as its `matchFields`
+/// (reading `k8s_openapi`'s types, then dropping them, cost a quarter of a review's time as
+/// deployed; docs/benchmarks.md). The fields the API server's types require (a container's
+/// `name`, a node selector's `nodeSelectorTerms`, a requirement's `key` and `operator`) are
+/// required here too, and a quantity must be a string.
 #[derive(serde::Deserialize)]
 struct PodView {
     #[serde(default)]
@@ -194,10 +217,55 @@ struct PodView {
 struct MetaView {
     #[serde(default)]
     namespace: Option<String>,
+    /// Whether there are annotations (the decision reads none of them).
     #[serde(default)]
-    annotations: Option<std::collections::BTreeMap<String, String>>,
-    #[serde(default)]
-    owner_references: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+    annotations: Option<serde::de::IgnoredAny>,
+    /// The controlling DaemonSet's name, from `ownerReferences`.
+    #[serde(
+        default,
+        rename = "ownerReferences",
+        deserialize_with = "controlling_daemonset_of"
+    )]
+    daemonset: Option<String>,
+}
+
+/// The name in the first controller ownerReference of kind DaemonSet (see
+/// `controlling_daemonset`); the other references are read and dropped.
+fn controlling_daemonset_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Owner {
+        #[serde(default)]
+        api_version: String,
+        #[serde(default)]
+        kind: String,
+        #[serde(default)]
+        name: String,
+        #[serde(default)]
+        controller: Option<bool>,
+    }
+    struct First;
+    impl<'de> serde::de::Visitor<'de> for First {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of owner references")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(owner) = seq.next_element::<Owner>()? {
+                if found.is_none()
+                    && is_controlling_daemonset(owner.controller, &owner.kind, &owner.api_version)
+                {
+                    found = Some(owner.name);
+                }
+            }
+            Ok(found)
+        }
+    }
+    d.deserialize_any(First)
 }
 
 #[derive(serde::Deserialize)]
@@ -206,9 +274,68 @@ struct SpecView {
     #[serde(default)]
     node_name: Option<String>,
     #[serde(default)]
-    affinity: Option<k8s_openapi::api::core::v1::Affinity>,
+    affinity: Option<AffinityView>,
     #[serde(default, deserialize_with = "at_most_max_containers")]
-    containers: Vec<ContainerView>,
+    containers: Vec<ContainerFacts>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AffinityView {
+    #[serde(default)]
+    node_affinity: Option<NodeAffinityView>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeAffinityView {
+    #[serde(default)]
+    required_during_scheduling_ignored_during_execution: Option<NodeSelectorView>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeSelectorView {
+    node_selector_terms: Vec<TermView>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TermView {
+    #[serde(default)]
+    match_fields: Option<Vec<FieldView>>,
+}
+
+#[derive(serde::Deserialize)]
+struct FieldView {
+    key: String,
+    operator: String,
+    #[serde(default)]
+    values: Option<Vec<String>>,
+}
+
+/// The node a pod with `spec` is for ([`mutate::target_node`]).
+fn target_node(spec: Option<&SpecView>) -> Result<String, String> {
+    let spec = spec.ok_or(mutate::NO_SPEC)?;
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|s| s.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    mutate::node_of(
+        spec.node_name.as_deref(),
+        terms.iter().map(|term| {
+            term.match_fields.iter().flatten().map(|f| {
+                (
+                    f.key.as_str(),
+                    f.operator.as_str(),
+                    f.values.as_deref().unwrap_or_default(),
+                )
+            })
+        }),
+    )
 }
 
 /// Most containers of a pod right-sizing reads. Kubernetes sets no number, real pods have a
@@ -218,16 +345,16 @@ struct SpecView {
 /// (a pod of 40,000 minimal containers fits in 1.1 MB and cost 95 MB before this limit).
 pub const MAX_POD_CONTAINERS: usize = 1000;
 
-fn at_most_max_containers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ContainerView>, D::Error> {
+fn at_most_max_containers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ContainerFacts>, D::Error> {
     struct Bounded;
     impl<'de> serde::de::Visitor<'de> for Bounded {
-        type Value = Vec<ContainerView>;
+        type Value = Vec<ContainerFacts>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             write!(f, "a list of at most {MAX_POD_CONTAINERS} containers")
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
-            while let Some(c) = seq.next_element()? {
+            while let Some(ContainerView(c)) = seq.next_element()? {
                 if out.len() == MAX_POD_CONTAINERS {
                     return Err(serde::de::Error::custom(format!(
                         "more than {MAX_POD_CONTAINERS} containers"
@@ -241,39 +368,101 @@ fn at_most_max_containers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<
     d.deserialize_seq(Bounded)
 }
 
-#[derive(serde::Deserialize)]
-struct ContainerView {
-    name: String,
-    #[serde(default)]
-    resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+/// A container read as [`ContainerFacts`].
+struct ContainerView(ContainerFacts);
+
+impl<'de> serde::Deserialize<'de> for ContainerView {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Container {
+            name: String,
+            #[serde(default)]
+            resources: Option<Resources>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Resources {
+            #[serde(default)]
+            requests: Option<AmountsView>,
+            #[serde(default)]
+            limits: Option<AmountsView>,
+        }
+        let c = Container::deserialize(d)?;
+        Ok(ContainerView(ContainerFacts {
+            name: c.name,
+            resources: c.resources.map(|r| ResourceFacts {
+                requests: r.requests.map(|a| a.0),
+                limits: r.limits.map(|a| a.0),
+            }),
+        }))
+    }
 }
 
-impl PodView {
-    fn into_pod(self) -> Pod {
-        use k8s_openapi::api::core::v1::{Container, PodSpec};
-        Pod {
-            metadata: kube::api::ObjectMeta {
-                namespace: self.metadata.namespace,
-                annotations: self.metadata.annotations,
-                owner_references: self.metadata.owner_references,
-                ..Default::default()
-            },
-            spec: self.spec.map(|s| PodSpec {
-                node_name: s.node_name,
-                affinity: s.affinity,
-                containers: s
-                    .containers
-                    .into_iter()
-                    .map(|c| Container {
-                        name: c.name,
-                        resources: c.resources,
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            }),
-            status: None,
+/// A resource list read as [`Amounts`]: `cpu` and `memory` as amounts as they are parsed (a
+/// quantity that cannot be read counts as absent, as in [`Amounts::from_list`]), the other
+/// resources skipped. Of a resource named twice the last counts, as in a map.
+struct AmountsView(Amounts);
+
+impl<'de> serde::Deserialize<'de> for AmountsView {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, Visitor};
+        /// A resource's name, read without keeping it.
+        struct Key(Option<ResourceName>);
+        impl<'de> serde::Deserialize<'de> for Key {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Name;
+                impl Visitor<'_> for Name {
+                    type Value = Key;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a resource name")
+                    }
+                    fn visit_str<E>(self, name: &str) -> Result<Key, E> {
+                        Ok(Key(match name {
+                            "cpu" => Some(ResourceName::Cpu),
+                            "memory" => Some(ResourceName::Memory),
+                            _ => None,
+                        }))
+                    }
+                }
+                d.deserialize_str(Name)
+            }
         }
+        /// A quantity's text, read as the amount of `0`.
+        struct Value(ResourceName);
+        impl<'de> serde::de::DeserializeSeed<'de> for Value {
+            type Value = Option<u64>;
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<u64>, D::Error> {
+                d.deserialize_str(self)
+            }
+        }
+        impl Visitor<'_> for Value {
+            type Value = Option<u64>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a quantity")
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Option<u64>, E> {
+                Ok(mutate::amount_of(self.0, text))
+            }
+        }
+        struct List;
+        impl<'de> Visitor<'de> for List {
+            type Value = AmountsView;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of resource names to quantities")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AmountsView, A::Error> {
+                let mut out = Amounts::default();
+                while let Some(Key(resource)) = map.next_key()? {
+                    match resource {
+                        Some(resource) => out.set(resource, map.next_value_seed(Value(resource))?),
+                        None => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(AmountsView(out))
+            }
+        }
+        d.deserialize_map(List)
     }
 }
 
