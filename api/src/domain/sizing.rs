@@ -663,11 +663,16 @@ pub fn mutate_on(
     let (plans, sources) = capped_plan(containers, autoscaler, figures, &ranges);
     let (ops, changed) = patch(&plans, containers, &ranges, &mut annotations);
 
-    let source_text: Vec<String> = sources
-        .iter()
-        .map(|(c, s)| format!("{c}={}", s.as_str()))
-        .collect();
-    annotations.insert(ANNOTATION_SOURCE.to_string(), source_text.join(", "));
+    let mut source_text = String::new();
+    for (c, s) in &sources {
+        if !source_text.is_empty() {
+            source_text.push_str(", ");
+        }
+        source_text.push_str(c);
+        source_text.push('=');
+        source_text.push_str(s.as_str());
+    }
+    annotations.insert(ANNOTATION_SOURCE.to_string(), source_text);
     let patch = annotation_patch(pod, &annotations, &ops);
     Decision {
         patch,
@@ -711,36 +716,32 @@ pub fn sizing_on(
     let ranges = Ranges::of(limit_ranges);
     let (plans, _) = capped_plan(containers, autoscaler, figures, &ranges);
     let mut out = Vec::new();
-    for (container, mine) in containers.iter().zip(by_container(&plans, containers.len())) {
+    for (index, mine) in by_container(&plans) {
+        let Some(container) = containers.get(index) else {
+            continue;
+        };
         let mut sizing = ContainerSizing {
             name: container.name.clone(),
             ..ContainerSizing::default()
         };
-        let mut any = false;
         for plan in mine {
-            any = true;
             sizing.requests.set(plan.resource, Some(plan.value));
             sizing
                 .limits
                 .set(plan.resource, scaled_limit(plan, plan.value, &ranges));
         }
-        if any {
-            out.push(sizing);
-        }
+        out.push(sizing);
     }
     out
 }
 
-/// Each of `count` containers' plans, in one pass over the plans (not one scan of all plans
-/// per container: a pod of many containers costs their number, not its square).
-fn by_container<'p, 'a>(plans: &'p [Plan<'a>], count: usize) -> Vec<Vec<&'p Plan<'a>>> {
-    let mut out: Vec<Vec<&Plan>> = vec![Vec::new(); count];
-    for plan in plans {
-        if let Some(mine) = out.get_mut(plan.container) {
-            mine.push(plan);
-        }
-    }
-    out
+/// The containers that have plans, in pod order, each with its index and its plans. The plans
+/// are made in pod order ([`plan`]) and the caps keep their order, so each container's plans
+/// are next to each other: one pass, and a pod of many containers costs their number.
+fn by_container<'p, 'a>(plans: &'p [Plan<'a>]) -> impl Iterator<Item = (usize, &'p [Plan<'a>])> {
+    plans
+        .chunk_by(|a, b| a.container == b.container)
+        .map(|mine| (mine.first().map_or(0, |p| p.container), mine))
 }
 
 /// Steps 1 to 3, shared by the patch ([`mutate_on`]) and the figures ([`sizing_on`]): the plan,
@@ -815,9 +816,9 @@ fn plan<'a>(
         };
         sources.push((container.name.clone(), source));
         let Some(targets) = targets else { continue };
-        let controlled: Vec<ResourceName> = policy
-            .and_then(|p| p.controlled_resources.clone())
-            .unwrap_or_else(|| RESOURCES.to_vec());
+        let controlled: &[ResourceName] = policy
+            .and_then(|p| p.controlled_resources.as_deref())
+            .unwrap_or(&RESOURCES);
         let requests = container.requests();
         let limits = container.limits();
         for resource in RESOURCES {
@@ -849,6 +850,9 @@ fn plan<'a>(
 /// Step 2, LimitRanges of type Pod: the sum of the pod's requests stays within min and max,
 /// the planned containers scaled together.
 fn cap_pod(plans: &mut [Plan], containers: &[ContainerFacts], ranges: &Ranges) {
+    if ranges.pod.is_empty() {
+        return;
+    }
     for resource in RESOURCES {
         let planned: Vec<usize> = (0..plans.len())
             .filter(|&i| plans[i].resource == resource)
@@ -977,34 +981,39 @@ fn patch(
     // room for eight operations (a container's requests and limits, and their parents) of
     // about 70 bytes each without growing
     let mut ops = AddPatch::with_capacity(640);
-    let mut updates: Vec<String> = Vec::new();
-    let mut capped: Vec<String> = Vec::new();
+    // the two annotations' text, written in place: `<container>: <resource> request <amount>
+    // [limit <amount>], …; …` and `<container>: <resource> <cap>+<cap> (recommended <amount>),
+    // …; …`
+    let mut updates = String::new();
+    let mut capped = String::new();
     let mut changed = false;
-    for (index, (container, mine)) in containers
-        .iter()
-        .zip(by_container(plans, containers.len()))
-        .enumerate()
-    {
-        if mine.is_empty() {
+    for (index, mine) in by_container(plans) {
+        let Some(container) = containers.get(index) else {
             continue;
-        }
+        };
         let index_token = index.to_string();
         let base = ["spec", "containers", index_token.as_str(), "resources"];
         let resources = container.resources;
         let mut has_resources = resources.is_some();
         let mut has_requests = resources.and_then(|r| r.requests).is_some();
         let mut has_limits = resources.and_then(|r| r.limits).is_some();
-        let mut said = Vec::new();
-        let mut caps_said = Vec::new();
-        for plan in mine {
+        if !updates.is_empty() {
+            updates.push_str("; ");
+        }
+        updates.push_str(&container.name);
+        updates.push_str(": ");
+        let mut capped_any = false;
+        for (i, plan) in mine.iter().enumerate() {
             let r = plan.resource;
             let request = plan.value;
             let limit = scaled_limit(plan, request, ranges);
             let request_text = format_amount(r, request);
-            let mut text = String::with_capacity(48);
-            text.push_str(r.as_str());
-            text.push_str(" request ");
-            text.push_str(&request_text);
+            if i > 0 {
+                updates.push_str(", ");
+            }
+            updates.push_str(r.as_str());
+            updates.push_str(" request ");
+            updates.push_str(&request_text);
             if plan.request != Some(request) {
                 let parents = (&mut has_resources, &mut has_requests);
                 add_amount(&mut ops, &base, parents, "requests", r.as_str(), &request_text);
@@ -1012,35 +1021,44 @@ fn patch(
             }
             if let Some(limit) = limit {
                 let limit_text = format_amount(r, limit);
-                text.push_str(" limit ");
-                text.push_str(&limit_text);
+                updates.push_str(" limit ");
+                updates.push_str(&limit_text);
                 if plan.own_limit != Some(limit) {
                     let parents = (&mut has_resources, &mut has_limits);
                     add_amount(&mut ops, &base, parents, "limits", r.as_str(), &limit_text);
                     changed = true;
                 }
             }
-            said.push(text);
             if !plan.caps.is_empty() {
-                let names: Vec<&str> = plan.caps.iter().map(|c| c.as_str()).collect();
-                caps_said.push(format!(
-                    "{} {} (recommended {})",
-                    r.as_str(),
-                    names.join("+"),
-                    format_amount(r, plan.target)
-                ));
+                if capped_any {
+                    capped.push_str(", ");
+                } else {
+                    if !capped.is_empty() {
+                        capped.push_str("; ");
+                    }
+                    capped.push_str(&container.name);
+                    capped.push_str(": ");
+                    capped_any = true;
+                }
+                capped.push_str(r.as_str());
+                capped.push(' ');
+                for (j, cap) in plan.caps.iter().enumerate() {
+                    if j > 0 {
+                        capped.push('+');
+                    }
+                    capped.push_str(cap.as_str());
+                }
+                capped.push_str(" (recommended ");
+                capped.push_str(&format_amount(r, plan.target));
+                capped.push(')');
             }
-        }
-        updates.push(format!("{}: {}", container.name, said.join(", ")));
-        if !caps_said.is_empty() {
-            capped.push(format!("{}: {}", container.name, caps_said.join(", ")));
         }
     }
     if !updates.is_empty() {
-        annotations.insert(ANNOTATION_UPDATES.to_string(), updates.join("; "));
+        annotations.insert(ANNOTATION_UPDATES.to_string(), updates);
     }
     if !capped.is_empty() {
-        annotations.insert(ANNOTATION_CAPPED.to_string(), capped.join("; "));
+        annotations.insert(ANNOTATION_CAPPED.to_string(), capped);
     }
     (ops, changed)
 }
