@@ -14,6 +14,7 @@
 //!
 //! Invariants, every route: the answer encodes, and the webhook writes it as serde does; its uid is the request's; a denial carries a
 //! code and a message; warnings stay under 120 characters; only the pod route patches.
+//! A body the usual decode refuses is denied as malformed (never decided in one pass).
 //! Pod route: its one-pass answer is the one the handler gives the request decoded the usual way;
 //! the patch applies to the object; it removes no field the pod had; the pod it
 //! makes, reviewed again, gets no further change (save the `capped` annotation's cap names).
@@ -228,11 +229,17 @@ fn answer(
     let decoded: Value = serde_json::from_slice(&encoded).expect("the answer is JSON");
     assert_eq!(decoded["apiVersion"], "admission.k8s.io/v1");
     let response = out.response;
+    let usual = serde_json::from_slice::<ReviewIn>(body);
+    // a body the usual decode refuses is answered as malformed on every route: the pod route's
+    // one-pass read refuses it too, never decides it
+    if usual.is_err() {
+        assert!(!response.allowed, "a body the usual decode refuses was decided: {response:?}");
+    }
     if let Ok(ReviewIn {
         api_version,
         kind,
         request: Some(request),
-    }) = serde_json::from_slice::<ReviewIn>(body)
+    }) = usual
     {
         assert_eq!(response.uid, request.uid, "the uid is echoed");
         // the pod route decides in one pass over the body; its answer is the one the handler

@@ -1126,6 +1126,91 @@ fn the_one_pass_pipeline_answers_as_the_handler_does() {
     assert_eq!(patched, 3);
 }
 
+/// The one-pass read keeps none of `userInfo`, `requestKind`, `requestResource`,
+/// `requestSubResource`, `oldObject` and `options`, but refuses what the usual decode refuses in
+/// them: such a review is answered as malformed, as before, not decided.
+#[test]
+fn the_one_pass_read_refuses_what_the_usual_decode_refuses() {
+    use nodewarden_webhook::admission::{Processed, process};
+    let handler = PodMutator::new(index_with("300m"));
+    let fields: [(&str, &[Value]); 6] = [
+        (
+            "userInfo",
+            &[
+                json!(5),
+                Value::Null,
+                json!({"username": 5}),
+                json!({"groups": "system:masters"}),
+                json!({"groups": [1]}),
+                json!({"extra": {"a": "not a list"}}),
+                json!({"extra": {"a": [1]}}),
+                json!({"extra": []}),
+            ],
+        ),
+        ("requestKind", &[json!("Pod"), json!({"kind": 1})]),
+        ("requestResource", &[json!(7), json!({"resource": true})]),
+        ("requestSubResource", &[json!(1), json!({})]),
+        ("oldObject", &[]),
+        ("options", &[]),
+    ];
+    let mut refused = 0;
+    for (field, values) in fields {
+        for value in values {
+            let mut review = review();
+            review["request"][field] = value.clone();
+            let body = serde_json::to_vec(&review).expect("encodes");
+            let Processed::Review(out, _, _) = process(&body, &handler) else {
+                panic!("{field}: {value}: not answered as a review");
+            };
+            assert!(!out.response.allowed, "{field}: {value}: decided, not refused");
+            let message = out.response.status.map(|s| s.message).unwrap_or_default();
+            assert!(
+                message.starts_with("malformed AdmissionReview"),
+                "{field}: {value}: {message}"
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 14);
+    // and what the usual decode accepts in them, the one pass accepts and decides
+    let accepted: [(&str, Value); 9] = [
+        ("userInfo", json!({})),
+        (
+            "userInfo",
+            json!({"username": "u", "uid": "1", "groups": ["g"], "extra": {"a": ["b"], "c": []}}),
+        ),
+        ("requestKind", Value::Null),
+        (
+            "requestResource",
+            json!({"group": "", "version": "v1", "resource": "pods", "other": 1}),
+        ),
+        // a struct may be written as the list of its fields
+        ("requestResource", json!(["", "v1"])),
+        ("requestSubResource", Value::Null),
+        ("oldObject", json!({"anything": [1, {"x": null}]})),
+        ("options", json!([1, "two"])),
+        ("options", Value::Null),
+    ];
+    for (field, value) in accepted {
+        let mut review = review();
+        review["request"][field] = value.clone();
+        let body = serde_json::to_vec(&review).expect("encodes");
+        let Processed::Review(out, _, _) = process(&body, &handler) else {
+            panic!("{field}: {value}: not answered as a review");
+        };
+        assert!(
+            out.response.patch.is_some(),
+            "{field}: {value}: {:?}",
+            out.response.status
+        );
+        assert_eq!(
+            out.response,
+            handler.review(&request(&review)),
+            "{field}: {value}"
+        );
+    }
+}
+
 /// The handler reads a pod's few fields straight from the review; what it decides is what it
 /// decides on the same pod read whole as the API's `Pod` type, for every shape of the fields it
 /// reads (resources, quantities, annotations, node affinity, owners).

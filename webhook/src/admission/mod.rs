@@ -21,7 +21,8 @@ use futures::future::BoxFuture;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use review::{
-    AdmissionRequest, AdmissionResponse, Operation, RequestHead, ReviewIn, ReviewOut, UserInfo,
+    AdmissionRequest, AdmissionResponse, OnePassRequest, OnePassReview, Operation, RequestHead, ReviewIn,
+    ReviewOut, UserInfo,
 };
 
 /// A capability's admission decision: a pure function of the request (and whatever snapshot
@@ -67,9 +68,9 @@ pub type OnePass = (RequestHead, Result<AdmissionResponse, ()>);
 /// unreadable object costs a second decode, never a different answer.
 pub fn one_pass<V: serde::de::DeserializeOwned>(
     body: &str,
-    decide: impl FnOnce(&mut AdmissionRequest<V>) -> AdmissionResponse,
+    decide: impl FnOnce(&mut OnePassRequest<V>) -> AdmissionResponse,
 ) -> Option<OnePass> {
-    let review: ReviewIn<V> = serde_json::from_str(body).ok()?;
+    let review: OnePassReview<V> = serde_json::from_str(body).ok()?;
     if review.api_version != review::API_VERSION || review.kind != review::KIND {
         return None;
     }
@@ -187,12 +188,63 @@ pub struct Ident {
 
 impl Ident {
     fn of<O>(request: &AdmissionRequest<O>) -> Self {
+        Ident::from_parts(
+            &request.kind,
+            request.namespace.as_deref(),
+            request.name.as_deref(),
+            request.operation,
+        )
+    }
+
+    fn from_parts(
+        kind: &review::GroupVersionKind,
+        namespace: Option<&str>,
+        name: Option<&str>,
+        operation: Operation,
+    ) -> Self {
         Ident {
-            kind: request.kind.kind.clone(),
-            namespace: request.namespace.clone().unwrap_or_default(),
-            name: request.name.clone().unwrap_or_default(),
-            operation: request.operation.as_str(),
+            kind: kind.kind.clone(),
+            namespace: namespace.unwrap_or_default().to_string(),
+            name: name.unwrap_or_default().to_string(),
+            operation: operation.as_str(),
         }
+    }
+}
+
+/// What the pipeline needs of a decided request to answer it: its uid, and who and what it was
+/// about for the outcome line.
+trait Decided {
+    fn uid(&self) -> &str;
+    fn into_uid(self) -> String;
+    fn ident(&self) -> Ident;
+}
+
+impl<O> Decided for AdmissionRequest<O> {
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+    fn into_uid(self) -> String {
+        self.uid
+    }
+    fn ident(&self) -> Ident {
+        Ident::of(self)
+    }
+}
+
+impl<O> Decided for OnePassRequest<O> {
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+    fn into_uid(self) -> String {
+        self.uid
+    }
+    fn ident(&self) -> Ident {
+        Ident::from_parts(
+            &self.kind,
+            self.namespace.as_deref(),
+            self.name.as_deref(),
+            self.operation,
+        )
     }
 }
 
@@ -296,11 +348,7 @@ fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
 }
 
 /// The review answering `request` with the handler's answer, or `Err` when the handler panicked.
-fn finish<O>(
-    request: AdmissionRequest<O>,
-    decided: Result<AdmissionResponse, ()>,
-    handler: &dyn Handler,
-) -> Processed {
+fn finish(request: impl Decided, decided: Result<AdmissionResponse, ()>, handler: &dyn Handler) -> Processed {
     let (mut response, outcome) = match decided {
         Ok(response) => {
             let outcome = if !response.allowed {
@@ -313,8 +361,8 @@ fn finish<O>(
             (response, outcome)
         }
         Err(_) if handler.fails_open() => {
-            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; admitting unchanged (fail-open)");
-            let mut allowed = AdmissionResponse::allow(&request.uid);
+            tracing::error!(uid = %clip(request.uid()), "admission handler panicked; admitting unchanged (fail-open)");
+            let mut allowed = AdmissionResponse::allow(request.uid());
             allowed.warnings.push(FAILED_OPEN_WARNING.to_string());
             allowed
                 .audit_annotations
@@ -322,10 +370,10 @@ fn finish<O>(
             (allowed, Outcome::FailedOpen)
         }
         Err(_) => {
-            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; answering allowed=false");
+            tracing::error!(uid = %clip(request.uid()), "admission handler panicked; answering allowed=false");
             (
                 AdmissionResponse::deny(
-                    &request.uid,
+                    request.uid(),
                     500,
                     "InternalError",
                     "nodewarden could not evaluate this request; see the webhook's logs",
@@ -337,11 +385,11 @@ fn finish<O>(
     // whatever the handler did, the uid must be the request's; who and what the review was
     // about is copied only when its outcome line will be written
     let ident = if outcome_logged(outcome) {
-        Ident::of(&request)
+        request.ident()
     } else {
         Ident::default()
     };
-    response.uid = request.uid;
+    response.uid = request.into_uid();
     Processed::Review(Box::new(ReviewOut::new(response)), outcome, ident)
 }
 

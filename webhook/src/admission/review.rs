@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 use nodewarden_api::domain::patch::AddPatch;
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -155,29 +156,171 @@ fn none<O>() -> Option<O> {
     None
 }
 
-/// A request whose object is not kept: what the pipeline needs of a request after a one-pass
-/// decision ([`super::one_pass`]).
-pub type RequestHead = AdmissionRequest<serde::de::IgnoredAny>;
+/// A review read for a one-pass decision ([`super::one_pass`]).
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct OnePassReview<O> {
+    /// The review's `apiVersion`; empty when absent.
+    #[serde(default)]
+    pub api_version: String,
+    /// The review's `kind`; empty when absent.
+    #[serde(default)]
+    pub kind: String,
+    /// The request.
+    pub request: Option<OnePassRequest<O>>,
+}
 
-impl<O> AdmissionRequest<O> {
+/// What a one-pass decision ([`super::one_pass`]) keeps of a request: who and what it is
+/// about, and `object` read as the handler's view `O`. `userInfo`, `requestKind`,
+/// `requestResource`, `requestSubResource`, `oldObject` and `options` are read only as far as
+/// [`AdmissionRequest`] would accept or refuse them, and not kept: a body one of them makes
+/// malformed is refused here too (and then answered the usual way). A handler that needs them
+/// decides the usual way.
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct OnePassRequest<O> {
+    /// Identifies this request; the response must carry it back.
+    pub uid: String,
+    /// The kind of the object, as the webhook is called for it.
+    pub kind: GroupVersionKind,
+    /// The resource, as the webhook is called for it.
+    pub resource: GroupVersionResource,
+    /// The subresource, e.g. `status` or `eviction`.
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    /// The object's name; absent when the server generates it.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The object's namespace; absent for cluster-scoped objects.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The operation.
+    pub operation: Operation,
+    /// The object as the handler's view; absent for DELETE.
+    #[serde(default = "none")]
+    pub object: Option<O>,
+    /// Whether the request is a dry run (nothing is persisted).
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+    #[serde(default, rename = "requestKind")]
+    _request_kind: Option<checked::Kind>,
+    #[serde(default, rename = "requestResource")]
+    _request_resource: Option<checked::Resource>,
+    #[serde(default, rename = "requestSubResource")]
+    _request_sub_resource: Option<checked::Str>,
+    #[serde(default, rename = "userInfo")]
+    _user_info: checked::User,
+    #[serde(default, rename = "oldObject")]
+    _old_object: Option<IgnoredAny>,
+    #[serde(default, rename = "options")]
+    _options: Option<IgnoredAny>,
+}
+
+/// A one-pass request after its decision, its object dropped: what the pipeline needs to answer.
+pub type RequestHead = OnePassRequest<IgnoredAny>;
+
+impl<O> OnePassRequest<O> {
     /// The request without its object.
     pub fn into_head(self) -> RequestHead {
-        AdmissionRequest {
+        OnePassRequest {
             uid: self.uid,
             kind: self.kind,
             resource: self.resource,
             sub_resource: self.sub_resource,
-            request_kind: self.request_kind,
-            request_resource: self.request_resource,
-            request_sub_resource: self.request_sub_resource,
             name: self.name,
             namespace: self.namespace,
             operation: self.operation,
-            user_info: self.user_info,
             object: None,
-            old_object: self.old_object,
             dry_run: self.dry_run,
-            options: self.options,
+            _request_kind: None,
+            _request_resource: None,
+            _request_sub_resource: None,
+            _user_info: checked::User::default(),
+            _old_object: None,
+            _options: None,
+        }
+    }
+}
+
+/// Types that accept and refuse what [`AdmissionRequest`]'s fields of the same names do, and
+/// keep nothing (no allocation: a list of zero-sized items allocates nothing).
+mod checked {
+    use serde::Deserialize;
+    use serde::de::{Deserializer, MapAccess, Visitor};
+
+    /// A string (as `String`).
+    #[derive(Debug, Default)]
+    pub struct Str;
+
+    impl<'de> Deserialize<'de> for Str {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct AnyStr;
+            impl Visitor<'_> for AnyStr {
+                type Value = Str;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a string")
+                }
+                fn visit_str<E>(self, _: &str) -> Result<Str, E> {
+                    Ok(Str)
+                }
+            }
+            d.deserialize_str(AnyStr)
+        }
+    }
+
+    /// As [`super::GroupVersionKind`].
+    #[derive(Deserialize, Debug, Default)]
+    pub struct Kind {
+        #[serde(default, rename = "group")]
+        _group: Str,
+        #[serde(default, rename = "version")]
+        _version: Str,
+        #[serde(default, rename = "kind")]
+        _kind: Str,
+    }
+
+    /// As [`super::GroupVersionResource`].
+    #[derive(Deserialize, Debug, Default)]
+    pub struct Resource {
+        #[serde(default, rename = "group")]
+        _group: Str,
+        #[serde(default, rename = "version")]
+        _version: Str,
+        #[serde(default, rename = "resource")]
+        _resource: Str,
+    }
+
+    /// As [`super::UserInfo`].
+    #[derive(Deserialize, Debug, Default)]
+    pub struct User {
+        #[serde(default, rename = "username")]
+        _username: Str,
+        #[serde(default, rename = "uid")]
+        _uid: Str,
+        #[serde(default, rename = "groups")]
+        _groups: Vec<Str>,
+        #[serde(default, rename = "extra")]
+        _extra: Extra,
+    }
+
+    /// As `BTreeMap<String, Vec<String>>`.
+    #[derive(Debug, Default)]
+    pub struct Extra;
+
+    impl<'de> Deserialize<'de> for Extra {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Entries;
+            impl<'de> Visitor<'de> for Entries {
+                type Value = Extra;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a map")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Extra, A::Error> {
+                    while map.next_entry::<Str, Vec<Str>>()?.is_some() {}
+                    Ok(Extra)
+                }
+            }
+            d.deserialize_map(Entries)
         }
     }
 }

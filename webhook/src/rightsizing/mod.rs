@@ -121,20 +121,18 @@ pub(crate) fn owner_daemonset(pod: &Pod) -> Option<&str> {
 }
 
 /// Whether right-sizing looks at the request: the CREATE of a pod, not of a subresource.
-fn is_pod_create<O>(request: &AdmissionRequest<O>) -> bool {
-    request.operation == Operation::Create
-        && request.kind.kind == "Pod"
-        && request.sub_resource.as_deref().is_none_or(str::is_empty)
+fn is_pod_create(operation: Operation, kind: &str, sub_resource: Option<&str>) -> bool {
+    operation == Operation::Create && kind == "Pod" && sub_resource.is_none_or(str::is_empty)
 }
 
 impl PodMutator {
     /// The answer to a pod CREATE whose object was read as `view`.
-    fn review_pod<O>(
+    fn review_pod(
         &self,
-        request: &AdmissionRequest<O>,
+        uid: &str,
+        request_namespace: Option<&str>,
         view: Result<PodView, String>,
     ) -> AdmissionResponse {
-        let uid = request.uid.as_str();
         let pod = match view {
             Ok(view) => view,
             Err(err) => {
@@ -148,9 +146,7 @@ impl PodMutator {
             }
         };
         let PodView { metadata, spec } = pod;
-        let namespace = request
-            .namespace
-            .as_deref()
+        let namespace = request_namespace
             .or(metadata.namespace.as_deref())
             .unwrap_or_default();
         let Some(decision) = self.decide_view(namespace, &metadata, spec) else {
@@ -169,10 +165,18 @@ impl PodMutator {
 
 impl Handler for PodMutator {
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
-        if !is_pod_create(request) {
+        if !is_pod_create(
+            request.operation,
+            &request.kind.kind,
+            request.sub_resource.as_deref(),
+        ) {
             return AdmissionResponse::allow(&request.uid);
         }
-        self.review_pod(request, request.object_as::<PodView>())
+        self.review_pod(
+            &request.uid,
+            request.namespace.as_deref(),
+            request.object_as::<PodView>(),
+        )
     }
 
     /// The envelope and the pod's view read in one pass: the pod is most of a review's bytes,
@@ -180,14 +184,18 @@ impl Handler for PodMutator {
     /// (docs/benchmarks.md). Same answers as [`Handler::review`].
     fn review_one_pass(&self, body: &str) -> Option<OnePass> {
         admission::one_pass::<PodView>(body, |request| {
-            if !is_pod_create(request) {
+            if !is_pod_create(
+                request.operation,
+                &request.kind.kind,
+                request.sub_resource.as_deref(),
+            ) {
                 return AdmissionResponse::allow(&request.uid);
             }
             let view = request
                 .object
                 .take()
                 .ok_or_else(|| "request.object is missing".to_string());
-            self.review_pod(request, view)
+            self.review_pod(&request.uid, request.namespace.as_deref(), view)
         })
     }
 
