@@ -755,6 +755,8 @@ fn capped_plan<'a>(
     let (mut plans, sources) = plan(containers, autoscaler, figures, ranges);
     cap_pod(&mut plans, containers, ranges);
     cap_containers(&mut plans, autoscaler.spec.ceiling, ranges);
+    // `by_container` groups each container's plans by adjacency
+    debug_assert!(plans.is_sorted_by_key(|p| p.container), "plans are in pod order");
     (plans, sources)
 }
 
