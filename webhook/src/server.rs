@@ -4,9 +4,9 @@
 
 use std::future::{Future, poll_fn};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -15,8 +15,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rustls::ServerConfig;
+use tokio::io::BufReader;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -56,11 +57,31 @@ impl Default for ServerLimits {
     }
 }
 
-/// Requests in flight on one connection, and a signal each time one ends.
-#[derive(Default)]
+/// Requests in flight on one connection, and when the last one ended.
+///
+/// Nothing here wakes the connection's task: its idle check ([`idle_for`]) is one timer that
+/// looks at these when it fires, so a request costs two atomic updates and a clock read, not a
+/// timer of its own.
 struct Activity {
     in_flight: AtomicUsize,
-    ended: Notify,
+    /// When a request last ended, in nanoseconds after `since`.
+    last_end: AtomicU64,
+    since: Instant,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            last_end: AtomicU64::new(0),
+            since: Instant::now(),
+        }
+    }
+
+    /// When a request last ended (when the connection began, before the first one did).
+    fn last_end(&self) -> Instant {
+        self.since + Duration::from_nanos(self.last_end.load(Ordering::SeqCst))
+    }
 }
 
 struct InFlight(Arc<Activity>);
@@ -74,29 +95,65 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.0.ended.notify_one();
+        let activity = &self.0;
+        let since = u64::try_from(activity.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        activity.last_end.fetch_max(since, Ordering::SeqCst);
+        activity.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 /// Resolves once the connection has had no request in flight for `idle`.
+///
+/// One timer, re-armed only when it fires: to `idle` after the last request ended, or, with a
+/// request in flight, to `idle` from now. The connection therefore closes `idle` after its last
+/// request ended, give or take the timer's millisecond.
 async fn idle_for(activity: &Activity, idle: Duration) {
+    let check = tokio::time::sleep(idle);
+    tokio::pin!(check);
     loop {
-        let ended = activity.ended.notified();
-        if activity.in_flight.load(Ordering::SeqCst) == 0 {
-            tokio::select! {
-                _ = tokio::time::sleep(idle) => {
-                    if activity.in_flight.load(Ordering::SeqCst) == 0 {
-                        return;
-                    }
-                }
-                _ = ended => {}
+        check.as_mut().await;
+        let now = Instant::now();
+        let next = if activity.in_flight.load(Ordering::SeqCst) == 0 {
+            let quiet_until = later(activity.last_end(), idle);
+            if quiet_until <= now {
+                return;
             }
+            quiet_until
         } else {
-            ended.await;
-        }
+            later(now, idle)
+        };
+        check.as_mut().reset(next.into());
     }
 }
+
+/// `at + by`, or about 30 years after `at` when that cannot be represented (the flags take
+/// any duration).
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| at + Duration::from_secs(30 * 365 * 86_400))
+}
+
+/// Keeps a timer armed in the runtime for as long as the server runs, `every` apart.
+///
+/// Tokio wakes its I/O driver (a write to an eventfd, and one more `epoll_wait` to take it back)
+/// whenever a timer is armed with a deadline earlier than the driver's next wake, even while the
+/// runtime is busy polling tasks (tokio-rs/tokio#5207). A request's timeout, armed whenever the
+/// answer is not ready at the first poll, was such a timer: about one wasted system call pair for
+/// every two reviews at 10,000 reviews/s (docs/benchmarks.md). With this timer due at most `every`
+/// from now, every timer of at least `every` is due after the driver's next wake, and arming it
+/// wakes nothing. It costs one wake-up every `every`.
+async fn keep_a_timer_armed(every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Bytes read from a connection's socket at once, below TLS.
+///
+/// rustls asks for at most 4 KiB more than it holds, so a 10 KB review took three `recvfrom`
+/// calls; with this buffer it takes one, at the cost of a copy and this much memory per open
+/// connection (at most 8 MiB with the default `--max-connections`, docs/server.md).
+pub const READ_BUFFER_BYTES: usize = 16 * 1024;
 
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled; then stops accepting,
 /// lets in-flight requests finish for at most `grace`, and returns.
@@ -141,6 +198,12 @@ pub async fn serve_tls_with(
     let draining = CancellationToken::new();
     // drops the connections still open when the grace period is over
     let closing = CancellationToken::new();
+    // every timer the server arms per request or connection is at least this long
+    let shortest = limits
+        .request_timeout
+        .min(limits.header_read_timeout)
+        .min(limits.tls_handshake_timeout);
+    let armed = tokio::spawn(keep_a_timer_armed((shortest / 2).max(Duration::from_millis(1))));
 
     loop {
         // at the limit, wait for a connection to close before accepting the next one
@@ -173,7 +236,10 @@ pub async fn serve_tls_with(
             let _permit = permit;
             let tls = tokio::select! {
                 _ = draining.cancelled() => return,
-                r = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(stream)) => r,
+                r = tokio::time::timeout(
+                    limits.tls_handshake_timeout,
+                    acceptor.accept(BufReader::with_capacity(READ_BUFFER_BYTES, stream)),
+                ) => r,
             };
             let tls = match tls {
                 Ok(Ok(tls)) => tls,
@@ -186,7 +252,7 @@ pub async fn serve_tls_with(
                     return;
                 }
             };
-            let activity = Arc::new(Activity::default());
+            let activity = Arc::new(Activity::new());
             let per_request = activity.clone();
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let in_flight = InFlight::begin(&per_request);
@@ -250,6 +316,7 @@ pub async fn serve_tls_with(
         });
     }
     drop(listener);
+    armed.abort();
     draining.cancel();
     tracing::info!(grace = ?grace, "stopped accepting connections; waiting for in-flight requests");
     let all_closed = u32::try_from(max_connections).unwrap_or(u32::MAX);
@@ -269,4 +336,54 @@ fn timed_out(limit: Duration) -> Response<Body> {
     )));
     *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_past_what_an_instant_holds_is_thirty_years_out() {
+        let now = Instant::now();
+        assert!(later(now, Duration::MAX) > now + Duration::from_secs(29 * 365 * 86_400));
+        assert_eq!(later(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_idle_only_its_timeout_after_its_last_request_ended() {
+        let idle = Duration::from_millis(150);
+        let activity = Arc::new(Activity::new());
+        let request = InFlight::begin(&activity);
+        let busy = tokio::time::timeout(idle * 3, idle_for(&activity, idle)).await;
+        assert!(busy.is_err(), "idle with a request in flight");
+
+        drop(request);
+        let ended = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), idle_for(&activity, idle))
+            .await
+            .expect("idle once the request ended");
+        assert!(
+            ended.elapsed() >= idle - Duration::from_millis(5),
+            "idle too early"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_that_ends_late_pushes_the_idle_check_back() {
+        let idle = Duration::from_millis(200);
+        let activity = Arc::new(Activity::new());
+        let watch = {
+            let activity = activity.clone();
+            tokio::spawn(async move { idle_for(&activity, idle).await })
+        };
+        // a request starts and ends before the first check: the check moves to `idle` after it
+        tokio::time::sleep(idle / 2).await;
+        drop(InFlight::begin(&activity));
+        let ended = Instant::now();
+        watch.await.expect("the idle check ends");
+        assert!(
+            ended.elapsed() >= idle - Duration::from_millis(5),
+            "idle too early"
+        );
+    }
 }
