@@ -44,6 +44,18 @@ struct Args {
     /// half of the 20,000 reviews/s throughput goal. 0 skips it.
     #[arg(long, default_value_t = 10_000.0)]
     fixed_rate: f64,
+    /// Closed-loop warm-up before each handler's phases (connections, allocator, caches).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    warm_up: Duration,
+    /// Only the fixed-rate phase (after the warm-up): for comparing builds at one rate.
+    #[arg(long)]
+    fixed_only: bool,
+    /// Only this transport (`h2` or `http1`); both when not given.
+    #[arg(long, value_parser = ["h2", "http1"])]
+    transport: Option<String>,
+    /// Only this handler (`pipeline` or `parse`); both when not given.
+    #[arg(long, value_parser = ["pipeline", "parse"])]
+    handler: Option<String>,
 }
 
 /// The real DaemonSet pod review, grown to `target` bytes with realistic content: more
@@ -84,12 +96,24 @@ fn parse_pod(req: &AdmissionRequest) -> AdmissionResponse {
     }
 }
 
-fn report(label: &str, p: &Phase) {
+/// Times a thread of this process went to sleep waiting (voluntary context switches).
+fn sleeps(tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// One line of the table; `slept` is how often the server thread went to sleep in the phase.
+fn report(label: &str, p: &Phase, slept: u64) {
     println!(
-        "| {label:<34} | {:>9.0} | {:>5.0} % | {:>9.0} | {:>7.3} | {:>7.3} | {:>7.3} | {:>4} |",
+        "| {label:<34} | {:>9.0} | {:>5.0} % | {:>9.0} | {:>5.2} | {:>7.3} | {:>7.3} | {:>7.3} | {:>4} |",
         p.rate(),
         p.cpu_share() * 100.0,
         p.per_core(),
+        slept as f64 / p.reviews.max(1) as f64,
         p.ms(0.5),
         p.ms(0.99),
         p.max_ms(),
@@ -107,9 +131,10 @@ fn main() -> anyhow::Result<()> {
     // this thread) on the other, so neither queues behind the other
     let pinned = pin_thread(server.tid, 1) && pin_thread(current_tid(), 0);
     println!(
-        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime{}; client: 1 worker thread",
+        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 worker thread",
         body.len(),
         args.duration,
+        server.tid,
         if pinned {
             " on CPU 1, client on CPU 0"
         } else {
@@ -117,23 +142,32 @@ fn main() -> anyhow::Result<()> {
         }
     );
     println!(
-        "\n| transport / handler / phase          | reviews/s | server CPU | reviews per server core-second | p50 ms | p99 ms | max ms | fail |"
+        "\n| transport / handler / phase          | reviews/s | server CPU | reviews per server core-second | server sleeps per review | p50 ms | p99 ms | max ms | fail |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     client.block_on(async {
-        for (transport, alpn, n) in [
-            ("HTTP/2", Alpn::H2, args.h2_connections),
-            ("HTTP/1.1", Alpn::Http1, args.h1_connections),
+        for (transport, short, alpn, n) in [
+            ("HTTP/2", "h2", Alpn::H2, args.h2_connections),
+            ("HTTP/1.1", "http1", Alpn::Http1, args.h1_connections),
         ] {
+            if args.transport.as_deref().is_some_and(|only| only != short) {
+                continue;
+            }
             let mut conns = Vec::new();
             for _ in 0..n {
                 conns.push(connect(server.addr, &certs.ca_pem, SERVER_NAME, alpn).await?);
             }
-            for (handler, path) in [("pipeline", "/allow"), ("pipeline + Pod parse", "/parse")] {
+            for (handler, short, path) in [
+                ("pipeline", "pipeline", "/allow"),
+                ("pipeline + Pod parse", "parse", "/parse"),
+            ] {
+                if args.handler.as_deref().is_some_and(|only| only != short) {
+                    continue;
+                }
                 let load = Load {
                     conns: conns.clone(),
                     path,
@@ -142,18 +176,30 @@ fn main() -> anyhow::Result<()> {
                     cpu: server.cpu.clone(),
                 };
                 // warm up connections and allocator
-                let _ = load
-                    .closed_loop(Duration::from_millis(500), args.concurrency)
-                    .await;
-                let max = load.closed_loop(args.duration, args.concurrency).await;
-                report(&format!("{transport} {handler}, max"), &max);
-                let open = load.open_loop(args.duration, max.rate() / 2.0).await;
-                report(&format!("{transport} {handler}, at half"), &open);
+                let _ = load.closed_loop(args.warm_up, args.concurrency).await;
+                if !args.fixed_only {
+                    let slept = sleeps(server.tid);
+                    let max = load.closed_loop(args.duration, args.concurrency).await;
+                    report(
+                        &format!("{transport} {handler}, max"),
+                        &max,
+                        sleeps(server.tid) - slept,
+                    );
+                    let slept = sleeps(server.tid);
+                    let open = load.open_loop(args.duration, max.rate() / 2.0).await;
+                    report(
+                        &format!("{transport} {handler}, at half"),
+                        &open,
+                        sleeps(server.tid) - slept,
+                    );
+                }
                 if args.fixed_rate > 0.0 {
+                    let slept = sleeps(server.tid);
                     let fixed = load.open_loop(args.duration, args.fixed_rate).await;
                     report(
                         &format!("{transport} {handler}, at {:.0}/s", args.fixed_rate),
                         &fixed,
+                        sleeps(server.tid) - slept,
                     );
                 }
             }
