@@ -183,14 +183,14 @@ fn main() -> anyhow::Result<()> {
                     report(
                         &format!("{transport} {handler}, max"),
                         &max,
-                        sleeps(server.tid) - slept,
+                        sleeps(server.tid).saturating_sub(slept),
                     );
                     let slept = sleeps(server.tid);
                     let open = load.open_loop(args.duration, max.rate() / 2.0).await;
                     report(
                         &format!("{transport} {handler}, at half"),
                         &open,
-                        sleeps(server.tid) - slept,
+                        sleeps(server.tid).saturating_sub(slept),
                     );
                 }
                 if args.fixed_rate > 0.0 {
@@ -199,7 +199,7 @@ fn main() -> anyhow::Result<()> {
                     report(
                         &format!("{transport} {handler}, at {:.0}/s", args.fixed_rate),
                         &fixed,
-                        sleeps(server.tid) - slept,
+                        sleeps(server.tid).saturating_sub(slept),
                     );
                 }
             }

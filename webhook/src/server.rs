@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tower::ServiceExt;
 
 mod batch;
@@ -203,7 +204,10 @@ pub async fn serve_tls_with(
         .request_timeout
         .min(limits.header_read_timeout)
         .min(limits.tls_handshake_timeout);
-    let armed = tokio::spawn(keep_a_timer_armed((shortest / 2).max(Duration::from_millis(1))));
+    // stopped when this function returns or its future is dropped
+    let _armed = AbortOnDropHandle::new(tokio::spawn(keep_a_timer_armed(
+        (shortest / 2).max(Duration::from_millis(1)),
+    )));
 
     loop {
         // at the limit, wait for a connection to close before accepting the next one
@@ -316,7 +320,6 @@ pub async fn serve_tls_with(
         });
     }
     drop(listener);
-    armed.abort();
     draining.cancel();
     tracing::info!(grace = ?grace, "stopped accepting connections; waiting for in-flight requests");
     let all_closed = u32::try_from(max_connections).unwrap_or(u32::MAX);

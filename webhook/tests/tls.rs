@@ -729,3 +729,39 @@ async fn a_body_over_the_limit_gets_413_and_on_h2_the_connection_serves_on() {
         .expect("connect");
     assert!(again.review("default").await.expect("review").1);
 }
+
+/// Waits up to 5 s for the runtime to have no task left alive.
+async fn no_task_left() -> bool {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    for _ in 0..500 {
+        if metrics.num_alive_tasks() == 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_server_stopped_or_dropped_leaves_no_task_behind() {
+    let ca = ca("nodewarden-test-ca");
+    let resolver = resolver_with(&serving(&ca, "a.example"));
+
+    let server = start(resolver.clone()).await;
+    let client = Client::new(&ca.cert_pem);
+    let mut conn = client.connect(server.addr).await.expect("connect");
+    assert_eq!(conn.review("fast").await, Ok((http::Version::HTTP_2, true)));
+    drop(conn);
+    server.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), server.task)
+        .await
+        .expect("server stops")
+        .expect("join");
+    assert!(no_task_left().await, "a task outlived the stopped server");
+
+    // dropped without being asked to stop (its task aborted), e.g. by a select! that ended
+    let server = start(resolver).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.task.abort();
+    assert!(no_task_left().await, "a task outlived the dropped server");
+}
