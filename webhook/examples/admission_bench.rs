@@ -18,6 +18,7 @@ use clap::Parser;
 use nodewarden_webhook::admission::{AdmissionRequest, AdmissionResponse, Route};
 use nodewarden_webhook::loadgen::{
     Alpn, BenchCerts, Load, Phase, SERVER_NAME, Server, any_answer, connect, current_tid, pin_thread,
+    process_cpu_ns,
 };
 
 const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
@@ -106,13 +107,36 @@ fn sleeps(tid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// One line of the table; `slept` is how often the server thread went to sleep in the phase.
-fn report(label: &str, p: &Phase, slept: u64) {
+/// What one phase is measured by besides its [`Phase`]: the server thread's sleeps and the
+/// process's CPU time when the phase started.
+struct Marks {
+    slept: u64,
+    process_cpu_ns: u64,
+}
+
+impl Marks {
+    fn now(server_tid: u32) -> Self {
+        Marks {
+            slept: sleeps(server_tid),
+            process_cpu_ns: process_cpu_ns(std::process::id()),
+        }
+    }
+}
+
+/// One line of the table for a phase that started at `start`. The client's CPU is the whole
+/// process's less the server thread's: when it nears 100 % of its core, the latency is partly
+/// the client's own queueing, not the server's.
+fn report(label: &str, p: &Phase, start: &Marks, server_tid: u32) {
+    let slept = sleeps(server_tid).saturating_sub(start.slept);
+    let client_ns = process_cpu_ns(std::process::id())
+        .saturating_sub(start.process_cpu_ns)
+        .saturating_sub(p.server_cpu.as_nanos() as u64);
     println!(
-        "| {label:<34} | {:>9.0} | {:>5.0} % | {:>9.0} | {:>5.2} | {:>7.3} | {:>7.3} | {:>7.3} | {:>4} |",
+        "| {label:<34} | {:>9.0} | {:>5.0} % | {:>9.0} | {:>5.0} % | {:>5.2} | {:>7.3} | {:>7.3} | {:>7.3} | {:>4} |",
         p.rate(),
         p.cpu_share() * 100.0,
         p.per_core(),
+        client_ns as f64 / p.wall.as_nanos().max(1) as f64 * 100.0,
         slept as f64 / p.reviews.max(1) as f64,
         p.ms(0.5),
         p.ms(0.99),
@@ -142,9 +166,9 @@ fn main() -> anyhow::Result<()> {
         }
     );
     println!(
-        "\n| transport / handler / phase          | reviews/s | server CPU | reviews per server core-second | server sleeps per review | p50 ms | p99 ms | max ms | fail |"
+        "\n| transport / handler / phase          | reviews/s | server CPU | reviews per server core-second | client CPU | server sleeps per review | p50 ms | p99 ms | max ms | fail |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -178,28 +202,26 @@ fn main() -> anyhow::Result<()> {
                 // warm up connections and allocator
                 let _ = load.closed_loop(args.warm_up, args.concurrency).await;
                 if !args.fixed_only {
-                    let slept = sleeps(server.tid);
+                    let start = Marks::now(server.tid);
                     let max = load.closed_loop(args.duration, args.concurrency).await;
-                    report(
-                        &format!("{transport} {handler}, max"),
-                        &max,
-                        sleeps(server.tid).saturating_sub(slept),
-                    );
-                    let slept = sleeps(server.tid);
+                    report(&format!("{transport} {handler}, max"), &max, &start, server.tid);
+                    let start = Marks::now(server.tid);
                     let open = load.open_loop(args.duration, max.rate() / 2.0).await;
                     report(
                         &format!("{transport} {handler}, at half"),
                         &open,
-                        sleeps(server.tid).saturating_sub(slept),
+                        &start,
+                        server.tid,
                     );
                 }
                 if args.fixed_rate > 0.0 {
-                    let slept = sleeps(server.tid);
+                    let start = Marks::now(server.tid);
                     let fixed = load.open_loop(args.duration, args.fixed_rate).await;
                     report(
                         &format!("{transport} {handler}, at {:.0}/s", args.fixed_rate),
                         &fixed,
-                        sleeps(server.tid).saturating_sub(slept),
+                        &start,
+                        server.tid,
                     );
                 }
             }

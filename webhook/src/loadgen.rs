@@ -26,6 +26,7 @@ use nodewarden_certs::{Ca, CaConfig, ServingSpec, service_dns_names};
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::admission::{self, Route};
 use crate::certificates::{CertResolver, certified_key, server_config};
@@ -481,56 +482,61 @@ impl Load {
     /// Open loop: request `n` is due at `n / rate` seconds after the start and is sent then,
     /// whether or not earlier ones have finished. A pacing thread sleeps until each request is
     /// due (the kernel's timers, tens of microseconds late at most, not the runtime's 1 ms tick,
-    /// which released each millisecond's requests in one burst) and hands it to the client's
-    /// runtime. Latency runs from when the request was due to the last byte of its answer, not
-    /// from when its task first ran: a client (or server) that falls behind shows its queueing
-    /// in the tail instead of hiding it (no coordinated omission; the correction wrk2 and
-    /// HdrHistogram make).
+    /// which released each millisecond's requests in one burst) and spawns it on the client's
+    /// runtime itself: one thread woken per request, not first the thread awaiting this phase
+    /// and then the runtime's worker. Latency runs
+    /// from when the request was due to the last byte of its answer, not from when its task
+    /// first ran: a client (or server) that falls behind shows its queueing in the tail instead
+    /// of hiding it (no coordinated omission; the correction wrk2 and HdrHistogram make).
     pub async fn open_loop(&self, duration: Duration, rate: f64) -> Phase {
         let failed = Arc::new(AtomicU64::new(0));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
         let cpu0 = (self.cpu)();
         let started = Instant::now();
         let total = (duration.as_secs_f64() * rate.max(0.0)) as u64;
-        let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Instant)>();
-        let pacer = std::thread::Builder::new()
-            .name("loadgen-pacer".to_string())
-            .spawn(move || {
-                for n in 0..total {
-                    let due = started + Duration::from_secs_f64(n as f64 / rate);
-                    let now = Instant::now();
-                    if due > now {
-                        std::thread::sleep(due - now);
+        let tasks = TaskTracker::new();
+        let (paced_tx, paced) = tokio::sync::oneshot::channel::<()>();
+        let pacer = {
+            let (runtime, tasks, failed) = (tokio::runtime::Handle::current(), tasks.clone(), failed.clone());
+            let (conns, bodies, path, accept) =
+                (self.conns.clone(), self.bodies.clone(), self.path, self.accept);
+            std::thread::Builder::new()
+                .name("loadgen-pacer".to_string())
+                .spawn(move || {
+                    for n in 0..total {
+                        let due_at = started + Duration::from_secs_f64(n as f64 / rate);
+                        let now = Instant::now();
+                        if due_at > now {
+                            std::thread::sleep(due_at - now);
+                        }
+                        let conn = conns[n as usize % conns.len()].clone();
+                        let body = bodies[n as usize % bodies.len()].clone();
+                        let (tx, failed) = (tx.clone(), failed.clone());
+                        tasks.spawn_on(
+                            async move {
+                                let answer = conn.send(path, body).await;
+                                match answer.filter(|a| accept(a)) {
+                                    Some(_) => {
+                                        let _ = tx.send(due_at.elapsed().as_micros() as u64);
+                                    }
+                                    None => {
+                                        failed.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                }
+                            },
+                            &runtime,
+                        );
                     }
-                    if due_tx.send((n, due)).is_err() {
-                        return;
-                    }
-                }
-            });
-        let mut tasks = tokio::task::JoinSet::new();
-        while let Some((n, due_at)) = due_rx.recv().await {
-            let conn = self.conns[n as usize % self.conns.len()].clone();
-            let body = self.bodies[n as usize % self.bodies.len()].clone();
-            let (path, accept, tx, failed) = (self.path, self.accept, tx.clone(), failed.clone());
-            tasks.spawn(async move {
-                let answer = conn.send(path, body).await;
-                match answer.filter(|a| accept(a)) {
-                    Some(_) => {
-                        let _ = tx.send(due_at.elapsed().as_micros() as u64);
-                    }
-                    None => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-            while tasks.try_join_next().is_some() {}
+                    let _ = paced_tx.send(());
+                })
+        };
+        if pacer.is_ok() {
+            // the pacer ends after its last spawn, or panics (and drops its sender)
+            let _ = paced.await;
         }
-        if let Ok(pacer) = pacer {
-            let _ = pacer.join();
-        }
-        while tasks.join_next().await.is_some() {}
+        tasks.close();
+        tasks.wait().await;
         let wall = started.elapsed();
-        drop(tx);
         let mut latency = histogram();
         let mut reviews = 0;
         while let Some(us) = rx.recv().await {
