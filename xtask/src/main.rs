@@ -208,7 +208,48 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
+/// Free space a run of `cargo xtask ci` on a fresh clone needs, caches included (README, Disk).
+const CI_DISK_BYTES: u64 = 25 << 30;
+
+/// Bytes available to an unprivileged writer on the filesystem `df -Pk` describes in `out`
+/// (POSIX format: a header line, then one line whose fourth field is the available KiB).
+fn available_bytes(df_out: &str) -> Option<u64> {
+    let line = df_out.lines().nth(1)?;
+    let kib: u64 = line.split_whitespace().nth(3)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Says so when the build directory's filesystem has less free space than a fresh run needs:
+/// a full disk otherwise shows up as a linker crash in the middle of the tests. Only a warning,
+/// since a run that finds its caches warm needs much less.
+fn check_disk(root: &Path) {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let probe = if target.exists() {
+        target
+    } else {
+        root.to_path_buf()
+    };
+    let free = Command::new("df")
+        .arg("-Pk")
+        .arg(&probe)
+        .output()
+        .ok()
+        .and_then(|o| available_bytes(&String::from_utf8_lossy(&o.stdout)));
+    match free {
+        Some(free) if free < CI_DISK_BYTES => eprintln!(
+            "==> disk: warning: {:.1} GiB free for {}; a run on a fresh clone needs about {} GiB \
+             (README, Disk). A full disk ends the run with a linker error.",
+            free as f64 / f64::from(1u32 << 30),
+            probe.display(),
+            CI_DISK_BYTES >> 30
+        ),
+        Some(free) => eprintln!("==> disk: {:.1} GiB free", free as f64 / f64::from(1u32 << 30)),
+        None => eprintln!("==> disk: could not read the free space (df -Pk)"),
+    }
+}
+
 fn ci(root: &Path) -> Result<()> {
+    check_disk(root);
     let cargo = cargo();
     run(root, "format", &cargo, &["fmt", "--all", "--", "--check"])?;
     run(
@@ -262,4 +303,28 @@ fn ci(root: &Path) -> Result<()> {
         &["test", "--workspace", "--locked", "--no-fail-fast"],
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::available_bytes;
+
+    #[test]
+    fn the_free_space_is_read_from_dfs_posix_output() {
+        let out = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n\
+                   overlay          263174212  93000000   3000000      97% /\n";
+        assert_eq!(available_bytes(out), Some(3_000_000 * 1024));
+    }
+
+    #[test]
+    fn output_that_is_not_dfs_gives_nothing() {
+        assert_eq!(available_bytes(""), None);
+        assert_eq!(available_bytes("Filesystem 1024-blocks Used Available\n"), None);
+        assert_eq!(available_bytes("header\n/dev/x 1 2 lots 3% /\n"), None);
+        assert_eq!(available_bytes("header\n/dev/x 1 2\n"), None);
+        assert_eq!(
+            available_bytes(&format!("header\n/dev/x 1 2 {} 3% /\n", u64::MAX)),
+            None
+        );
+    }
 }
