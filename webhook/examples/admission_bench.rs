@@ -155,7 +155,7 @@ fn main() -> anyhow::Result<()> {
     // this thread) on the other, so neither queues behind the other
     let pinned = pin_thread(server.tid, 1) && pin_thread(current_tid(), 0);
     println!(
-        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 worker thread",
+        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 worker thread, offering TLS cipher suites in the kube-apiserver's order",
         body.len(),
         args.duration,
         server.tid,

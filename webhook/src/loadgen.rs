@@ -251,8 +251,12 @@ pub async fn connect(addr: SocketAddr, ca_pem: &str, server_name: &str, alpn: Al
     for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
         roots.add(cert.context("reading the CA bundle")?)?;
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    // The cipher suites in the order the kube-apiserver's client (Go's crypto/tls, on a CPU with
+    // AES instructions) offers them, AES-128-GCM first; rustls offers AES-256-GCM first. The
+    // server takes the client's order, so this is what it deciphers in a cluster.
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites.sort_by_key(|s| as_go_orders(s.suite()));
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
@@ -287,6 +291,24 @@ pub async fn connect(addr: SocketAddr, ca_pem: &str, server_name: &str, alpn: Al
         sender,
         authority: server_name.into(),
     })
+}
+
+/// Where Go's crypto/tls puts a cipher suite in its default order when the CPU has AES
+/// instructions (lower first); suites Go does not offer by default last.
+fn as_go_orders(suite: rustls::CipherSuite) -> u8 {
+    use rustls::CipherSuite as S;
+    match suite {
+        S::TLS13_AES_128_GCM_SHA256 => 0,
+        S::TLS13_AES_256_GCM_SHA384 => 1,
+        S::TLS13_CHACHA20_POLY1305_SHA256 => 2,
+        S::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 => 3,
+        S::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => 4,
+        S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 => 5,
+        S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => 6,
+        S::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 => 7,
+        S::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => 8,
+        _ => 9,
+    }
 }
 
 impl Conn {
