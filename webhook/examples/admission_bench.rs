@@ -155,7 +155,7 @@ fn main() -> anyhow::Result<()> {
     // this thread) on the other, so neither queues behind the other
     let pinned = pin_thread(server.tid, 1) && pin_thread(current_tid(), 0);
     println!(
-        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 worker thread, offering TLS cipher suites in the kube-apiserver's order",
+        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 current-thread runtime, offering TLS cipher suites in the kube-apiserver's order",
         body.len(),
         args.duration,
         server.tid,
@@ -169,8 +169,9 @@ fn main() -> anyhow::Result<()> {
         "\n| transport / handler / phase          | reviews/s | server CPU | reviews per server core-second | client CPU | server sleeps per review | p50 ms | p99 ms | max ms | fail |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let client = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // one thread: the open loop's timer, its requests and their connections (no thread wakes
+    // another on the client's core)
+    let client = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     client.block_on(async {
