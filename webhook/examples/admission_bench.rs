@@ -151,8 +151,8 @@ fn main() -> anyhow::Result<()> {
     let routes = vec![Route::new("/allow", allow), Route::new("/parse", parse_pod)];
     let server = Server::start(&certs.cert_pem, &certs.key_pem, routes)?;
     let body = review_body(args.review_bytes);
-    // the server thread on one core, the client (its runtime and pacing threads, started from
-    // this thread) on the other, so neither queues behind the other
+    // the server thread on one core, the client (this thread, which runs its current-thread
+    // runtime) on the other, so neither queues behind the other
     let pinned = pin_thread(server.tid, 1) && pin_thread(current_tid(), 0);
     println!(
         "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 current-thread runtime, offering TLS cipher suites in the kube-apiserver's order",
