@@ -577,13 +577,14 @@ impl PreciseTimer {
         match fd {
             Ok(fd) => PreciseTimer(Some(fd)),
             Err(err) => {
-                tracing::warn!(%err, "no timerfd: requests are released on Tokio's 1 ms timer");
+                // a bench tool's warning: on its terminal, with or without a log subscriber
+                eprintln!("loadgen: no timerfd ({err}): requests are released on Tokio's 1 ms timer");
                 PreciseTimer(None)
             }
         }
     }
 
-    /// Returns at `due` (at once when it has passed).
+    /// Returns at `due` (at once when it has passed), on Tokio's timer if the timerfd fails.
     async fn sleep_until(&self, due: Instant) {
         let Some(wait) = due
             .checked_duration_since(Instant::now())
@@ -591,24 +592,28 @@ impl PreciseTimer {
         else {
             return;
         };
-        let Some(fd) = &self.0 else {
-            tokio::time::sleep_until(due.into()).await;
-            return;
+        let on_fd = match &self.0 {
+            Some(fd) => Self::wait_on(fd, wait).await,
+            None => Err(std::io::ErrorKind::Unsupported.into()),
         };
-        if Self::fire_once_in(fd, wait).is_err() {
+        if on_fd.is_err() {
             tokio::time::sleep_until(due.into()).await;
-            return;
         }
+    }
+
+    /// Arms the timerfd to fire once after `wait` and waits until it has.
+    async fn wait_on(
+        fd: &tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+        wait: Duration,
+    ) -> std::io::Result<()> {
+        Self::fire_once_in(fd, wait)?;
         loop {
-            let Ok(mut ready) = fd.readable().await else {
-                tokio::time::sleep_until(due.into()).await;
-                return;
-            };
+            let mut ready = fd.readable().await?;
             let mut expirations = [0u8; 8];
             match ready
                 .try_io(|fd| rustix::io::read(fd.get_ref(), &mut expirations).map_err(std::io::Error::from))
             {
-                Ok(_) => return,
+                Ok(read) => return read.map(drop),
                 // woken without an expiration to read: wait again
                 Err(_would_block) => continue,
             }
