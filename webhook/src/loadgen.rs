@@ -411,6 +411,10 @@ pub struct Phase {
     pub server_cpu: Duration,
     /// Latency of each successful review, in microseconds.
     pub latency: Histogram<u64>,
+    /// How late each request's task first ran after the request was due, in microseconds: the
+    /// client's own share of the latency on the sending side (open loop; empty in the closed
+    /// loop). When its tail nears the latency's, the client, not the server, set the tail.
+    pub start_lag: Histogram<u64>,
 }
 
 impl Phase {
@@ -441,6 +445,11 @@ impl Phase {
     /// Largest latency, in milliseconds.
     pub fn max_ms(&self) -> f64 {
         self.latency.max() as f64 / 1000.0
+    }
+
+    /// Start lag ([`Phase::start_lag`]) at quantile `q`, in milliseconds (0 in the closed loop).
+    pub fn lag_ms(&self, q: f64) -> f64 {
+        self.start_lag.value_at_quantile(q) as f64 / 1000.0
     }
 }
 
@@ -497,6 +506,7 @@ impl Load {
             wall: started.elapsed(),
             server_cpu: Duration::from_nanos((self.cpu)().saturating_sub(cpu0)),
             latency,
+            start_lag: histogram(),
         }
     }
 
@@ -509,10 +519,11 @@ impl Load {
     /// request). Latency runs from when the request was due to the last byte of its answer, not
     /// from when its task first ran: a client (or server) that falls behind shows its queueing
     /// in the tail instead of hiding it (no coordinated omission; the correction wrk2 and
-    /// HdrHistogram make).
+    /// HdrHistogram make). How late each task first ran is kept apart ([`Phase::start_lag`]).
     pub async fn open_loop(&self, duration: Duration, rate: f64) -> Phase {
         let failed = Arc::new(AtomicU64::new(0));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        // per request: how late its task started, and its latency if the answer was accepted
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Option<u64>)>();
         let cpu0 = (self.cpu)();
         let timer = PreciseTimer::new();
         let started = Instant::now();
@@ -525,26 +536,29 @@ impl Load {
             let body = self.bodies[n as usize % self.bodies.len()].clone();
             let (path, accept, tx, failed) = (self.path, self.accept, tx.clone(), failed.clone());
             tasks.spawn(async move {
+                let lag = due_at.elapsed().as_micros() as u64;
                 let answer = conn.send(path, body).await;
-                match answer.filter(|a| accept(a)) {
-                    Some(_) => {
-                        let _ = tx.send(due_at.elapsed().as_micros() as u64);
-                    }
-                    None => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
+                let took = answer
+                    .filter(|a| accept(a))
+                    .map(|_| due_at.elapsed().as_micros() as u64);
+                if took.is_none() {
+                    failed.fetch_add(1, Ordering::Relaxed);
                 }
+                let _ = tx.send((lag, took));
             });
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
         drop(tx);
         let wall = started.elapsed();
-        let mut latency = histogram();
+        let (mut latency, mut start_lag) = (histogram(), histogram());
         let mut reviews = 0;
-        while let Some(us) = rx.recv().await {
-            let _ = latency.record(us);
-            reviews += 1;
+        while let Some((lag, took)) = rx.recv().await {
+            let _ = start_lag.record(lag);
+            if let Some(us) = took {
+                let _ = latency.record(us);
+                reviews += 1;
+            }
         }
         Phase {
             reviews,
@@ -552,6 +566,7 @@ impl Load {
             wall,
             server_cpu: Duration::from_nanos((self.cpu)().saturating_sub(cpu0)),
             latency,
+            start_lag,
         }
     }
 }
