@@ -57,6 +57,11 @@ struct Args {
     /// Only this handler (`pipeline` or `parse`); both when not given.
     #[arg(long, value_parser = ["pipeline", "parse"])]
     handler: Option<String>,
+    /// The server's logging: `deployed` is the webhook's default (JSON at `info`, here written
+    /// to nowhere), `none` no subscriber at all (dependencies' disabled spans then still take
+    /// the `log` crate's path).
+    #[arg(long, default_value = "deployed", value_parser = ["deployed", "none"])]
+    logging: String,
 }
 
 /// The real DaemonSet pod review, grown to `target` bytes with realistic content: more
@@ -149,6 +154,11 @@ fn report(label: &str, p: &Phase, start: &Marks, server_tid: u32) {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.logging == "deployed" {
+        let filter = tracing_subscriber::EnvFilter::new("info");
+        let logs = nodewarden_runtime::telemetry::json(filter, std::io::sink);
+        tracing::subscriber::set_global_default(logs)?;
+    }
     let certs = BenchCerts::generate()?;
     let routes = vec![Route::new("/allow", allow), Route::new("/parse", parse_pod)];
     let server = Server::start(&certs.cert_pem, &certs.key_pem, routes)?;
@@ -157,7 +167,7 @@ fn main() -> anyhow::Result<()> {
     // runtime) on the other, so neither queues behind the other
     let pinned = pin_thread(server.tid, 1) && pin_thread(current_tid(), 0);
     println!(
-        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 current-thread runtime, offering TLS cipher suites in the kube-apiserver's order",
+        "review body: {} bytes; phases of {:?}; server: 1 current-thread runtime (thread {}){}; client: 1 current-thread runtime, offering TLS cipher suites in the kube-apiserver's order; logging: {}",
         body.len(),
         args.duration,
         server.tid,
@@ -165,6 +175,11 @@ fn main() -> anyhow::Result<()> {
             " on CPU 1, client on CPU 0"
         } else {
             " (unpinned)"
+        },
+        if args.logging == "deployed" {
+            "as deployed (JSON at info, to nowhere)"
+        } else {
+            "no subscriber"
         }
     );
     println!(
