@@ -16,6 +16,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodewarden_api::{ClusterClaim, DaemonSetAutoscaler, NodeRecommendation};
@@ -661,17 +662,32 @@ async fn rightsizing_steps(
         outcome(answer)
     );
 
-    // the fleet figure the new node will get, once the status controller has it
+    // the fleet figure the new node will get, once the status controller has both nodes'
+    // figures: the 90th percentile of the node targets, at most twice their median, so that
+    // one busy node cannot set it alone. With the busy node's figure in, it is above the median.
     let dsas: Api<DaemonSetAutoscaler> = Api::namespaced(admin.clone(), NAMESPACE);
-    cp.poll("the autoscaler's fleet figure", || {
-        let dsas = dsas.clone();
-        async move {
-            Ok(dsas.get("log-shipper").await?.status.filter(|s| {
-                s.nodes_with_recommendation == Some(2) && s.fleet.iter().any(|f| fleet_cpu_millis(f) > 100)
-            }))
-        }
-    })
-    .await?;
+    let fleet = cp
+        .poll("the autoscaler's fleet figure", || {
+            let dsas = dsas.clone();
+            async move {
+                Ok(dsas
+                    .get("log-shipper")
+                    .await?
+                    .status
+                    .filter(|s| s.nodes_with_recommendation == Some(2))
+                    .and_then(|s| {
+                        s.fleet
+                            .into_iter()
+                            .find(|f| cpu_millis(f.target.as_ref()) > cpu_millis(f.median.as_ref()))
+                    }))
+            }
+        })
+        .await?;
+    step(&format!(
+        "fleet figure for a node without history: {}m CPU, the 90th percentile of the nodes' targets capped at twice their median ({}m)",
+        cpu_millis(fleet.target.as_ref()),
+        cpu_millis(fleet.median.as_ref()),
+    ));
 
     // pods are right-sized when they are created: replace them, as a rollout would
     // (no kubelet confirms a graceful deletion here, so they go at once)
@@ -710,10 +726,9 @@ async fn rightsizing_steps(
     Ok(())
 }
 
-fn fleet_cpu_millis(f: &nodewarden_api::rightsizing::FleetRecommendation) -> u128 {
-    f.target
-        .as_ref()
-        .and_then(|t| t.get("cpu"))
+/// The CPU of a fleet figure's list, in millicores (0 when it has none).
+fn cpu_millis(list: Option<&BTreeMap<String, Quantity>>) -> u128 {
+    list.and_then(|t| t.get("cpu"))
         .and_then(|q| nodewarden_api::quantity::parse_milli(&q.0))
         .unwrap_or(0)
 }
@@ -736,8 +751,7 @@ fn print_pods(title: &str, nodes: &[String], pods: &BTreeMap<String, Pod>) {
         let Some(pod) = pods.get(node) else { continue };
         let container = pod.spec.as_ref().and_then(|s| s.containers.first());
         let res = container.and_then(|c| c.resources.as_ref());
-        let get = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
-                   k: &str| {
+        let get = |m: Option<&BTreeMap<String, Quantity>>, k: &str| {
             m.and_then(|m| m.get(k))
                 .map(|q| q.0.clone())
                 .unwrap_or_else(|| "-".to_string())
