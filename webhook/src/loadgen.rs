@@ -654,3 +654,67 @@ impl PreciseTimer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::{AdmissionRequest, AdmissionResponse};
+
+    fn allow(request: &AdmissionRequest) -> AdmissionResponse {
+        AdmissionResponse::allow(&request.uid)
+    }
+
+    const REVIEW: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1","kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1","resource":"pods"},"namespace":"default","operation":"CREATE","userInfo":{"username":"loadgen"},"object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}}}"#;
+
+    /// A client that falls behind shows it. Its one thread is blocked for a while just after
+    /// the first request: the requests due meanwhile go out late, and their latency runs from
+    /// when they were due (so it holds the stall), not from when they were sent; their start
+    /// lag says the delay was the client's. Every request due is sent and answered.
+    #[tokio::test]
+    async fn the_open_loop_counts_a_stalled_client_in_the_latency() {
+        const STALL: Duration = Duration::from_millis(200);
+        let certs = BenchCerts::generate().expect("certificates");
+        let server = Server::start(&certs.cert_pem, &certs.key_pem, vec![Route::new("/allow", allow)])
+            .expect("server");
+        let conn = connect(server.addr, &certs.ca_pem, SERVER_NAME, Alpn::H2)
+            .await
+            .expect("connected");
+        let load = Load {
+            conns: vec![conn],
+            path: "/allow",
+            bodies: Arc::from([Bytes::from_static(REVIEW.as_bytes())]),
+            accept: any_answer,
+            cpu: server.cpu.clone(),
+        };
+        // runs when the open loop first waits for a request's time, 10 ms after its start
+        tokio::spawn(async { std::thread::sleep(STALL) });
+        let phase = load.open_loop(Duration::from_millis(500), 100.0).await;
+        drop(load);
+        tokio::task::spawn_blocking(move || server.shutdown())
+            .await
+            .expect("server stopped");
+
+        assert_eq!(
+            (phase.reviews, phase.failures),
+            (50, 0),
+            "every request due answered"
+        );
+        assert_eq!(phase.start_lag.len(), 50, "a start lag for every request");
+        // the request due 10 ms in could not be sent before the stall ended, 200 ms in
+        let least = (STALL - Duration::from_millis(10)).as_secs_f64() * 1000.0;
+        assert!(
+            phase.max_ms() >= least,
+            "the stall is missing from the latency: max {} ms",
+            phase.max_ms()
+        );
+        assert!(
+            phase.lag_ms(1.0) >= least,
+            "the stall is missing from the start lag: max {} ms",
+            phase.lag_ms(1.0)
+        );
+        assert!(
+            phase.max_ms() >= phase.lag_ms(1.0) - 1.0,
+            "latency includes the lag"
+        );
+    }
+}
