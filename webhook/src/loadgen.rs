@@ -686,7 +686,8 @@ mod tests {
             accept: any_answer,
             cpu: server.cpu.clone(),
         };
-        // runs when the open loop first waits for a request's time, 10 ms after its start
+        // runs at the open loop's first wait (for the request due 10 ms in), just after the first
+        // request was spawned
         tokio::spawn(async { std::thread::sleep(STALL) });
         let phase = load.open_loop(Duration::from_millis(500), 100.0).await;
         drop(load);
