@@ -529,7 +529,7 @@ async fn fake_kubelet(ca: &nodewarden_certs::Ca, token: &'static str) -> Result<
 
 #[tokio::test]
 async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
-    use nodewarden_agent::features::{GatesArgs, KUBELET, Scraper, component};
+    use nodewarden_agent::features::{GatesArgs, KUBELET, KubeletReader, component};
     let ca = nodewarden_certs::Ca::generate(&nodewarden_certs::CaConfig {
         common_name: "kubelet-ca".into(),
         validity: Duration::from_secs(600),
@@ -550,6 +550,7 @@ async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
             kubelet_url: Some(format!("https://127.0.0.1:{port}")),
             node_ip: None,
             kubelet_ca_file: file("ca.crt", ca_pem)?,
+            kubelet_serving_cert_file: None,
             kubelet_insecure_skip_verify: insecure,
             kubelet_token_file: file("token", token)?,
             kube_proxy_metrics_url: None,
@@ -561,9 +562,7 @@ async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now();
 
     // the kubelet's CA and the token: the gates
-    let scraper = Scraper::kubelet(&args(&ca.cert_pem, "node-token", false)?)
-        .await
-        .map_err(|e| anyhow!(e))?;
+    let mut scraper = KubeletReader::new(args(&ca.cert_pem, "node-token", false)?);
     let report = component(KUBELET, scraper.scrape().await, now);
     ensure!(report.error.is_none(), "{report:?}");
     let sidecars = report
@@ -574,9 +573,7 @@ async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
     assert!(sidecars.enabled && sidecars.stage == "GA");
 
     // a kubelet certificate from another CA is refused, unless verification is explicitly off
-    let scraper = Scraper::kubelet(&args(&other.cert_pem, "node-token", false)?)
-        .await
-        .map_err(|e| anyhow!(e))?;
+    let mut scraper = KubeletReader::new(args(&other.cert_pem, "node-token", false)?);
     let report = component(KUBELET, scraper.scrape().await, now);
     let error = report.error.clone().unwrap_or_default();
     assert!(
@@ -589,18 +586,14 @@ async fn agent_reads_the_kubelet_over_tls_with_its_token() -> Result<()> {
         Some(nodewarden_api::features::ReadFailure::CertificateNotVerified),
         "{report:?}"
     );
-    let scraper = Scraper::kubelet(&args(&other.cert_pem, "node-token", true)?)
-        .await
-        .map_err(|e| anyhow!(e))?;
+    let mut scraper = KubeletReader::new(args(&other.cert_pem, "node-token", true)?);
     ensure!(
         component(KUBELET, scraper.scrape().await, now).error.is_none(),
         "insecure-skip-verify"
     );
 
     // without nodes/metrics (here: a wrong token) the kubelet says 403, and that is the error
-    let scraper = Scraper::kubelet(&args(&ca.cert_pem, "stolen", false)?)
-        .await
-        .map_err(|e| anyhow!(e))?;
+    let mut scraper = KubeletReader::new(args(&ca.cert_pem, "stolen", false)?);
     let report = component(KUBELET, scraper.scrape().await, now);
     assert_eq!(
         report.error_reason,

@@ -468,8 +468,22 @@ async fn default_agent_daemonset_runs_everywhere_and_reads_cgroups_read_only() -
             env_value(c, name)
         );
     }
-    // Unset kubelet settings leave the binary's defaults: the kubelet's certificate is verified
-    // against the service account's cluster CA, and kube-proxy is not scraped.
+    // The kubelet's certificate folder, read only: where the cluster CA does not verify the
+    // kubelet, its own certificate does (kind's and kubeadm's self-signed kubelets).
+    ensure!(
+        volume(ds, "kubelet-pki")?["hostPath"]
+            == json!({"path": "/var/lib/kubelet/pki", "type": "DirectoryOrCreate"}),
+        "kubelet-pki volume: {}",
+        volume(ds, "kubelet-pki")?
+    );
+    let pki = mount(c, "kubelet-pki")?;
+    ensure!(
+        pki["mountPath"] == "/host/kubelet-pki" && pki["readOnly"] == true,
+        "{pki}"
+    );
+    ensure!(env_value(c, "NODEWARDEN_KUBELET_SERVING_CERT_FILE") == Some("/host/kubelet-pki/kubelet.crt"));
+    // Other unset kubelet settings leave the binary's defaults: the kubelet's certificate is verified
+    // against the service account's cluster CA first, and kube-proxy is not scraped.
     for name in [
         "NODEWARDEN_KUBELET_CA_FILE",
         "NODEWARDEN_KUBELET_INSECURE_SKIP_VERIFY",
@@ -1082,6 +1096,10 @@ async fn managed_certificate_timings_and_kubelet_opt_out_reach_the_env() -> Resu
     let agent = container(r.get("DaemonSet", "nodewarden-agent")?, "agent")?;
     ensure!(env_value(agent, "NODEWARDEN_KUBELET_INSECURE_SKIP_VERIFY") == Some("true"));
     ensure!(env_entry(agent, "NODEWARDEN_KUBELET_CA_FILE").is_none());
+    // nothing is verified, so the kubelet's certificate folder is not mounted either
+    ensure!(env_entry(agent, "NODEWARDEN_KUBELET_SERVING_CERT_FILE").is_none());
+    ensure!(mount(agent, "kubelet-pki").is_err());
+    ensure!(volume(r.get("DaemonSet", "nodewarden-agent")?, "kubelet-pki").is_err());
     Ok(())
 }
 

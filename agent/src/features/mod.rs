@@ -17,6 +17,7 @@
 mod parse;
 mod run;
 mod scrape;
+mod trust;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,6 +30,9 @@ pub use run::{object, run};
 #[doc(hidden)]
 pub use scrape::read_bounded;
 pub use scrape::{ScrapeError, Scraper, classify};
+pub use trust::{
+    KubeletReader, KubeletTrust, PinnedCertificate, parse_serving_certificate, read_serving_certificate,
+};
 
 /// The metric that carries feature gates.
 pub const METRIC: &str = "kubernetes_feature_enabled";
@@ -64,7 +68,14 @@ pub struct GatesArgs {
     )]
     pub kubelet_ca_file: PathBuf,
 
-    /// Do not verify the kubelet's serving certificate (for self-signed kubelet certificates).
+    /// The kubelet's own serving certificate (PEM, as a kubelet that signs its own writes it:
+    /// `<cert-dir>/kubelet.crt`). Where the CA does not verify the kubelet, this certificate does,
+    /// for this node's kubelet alone. Unset: only the CA.
+    #[arg(long, env = "NODEWARDEN_KUBELET_SERVING_CERT_FILE")]
+    pub kubelet_serving_cert_file: Option<PathBuf>,
+
+    /// Do not verify the kubelet's serving certificate (an explicit opt-out, where neither the CA
+    /// nor the kubelet's own certificate file can be had).
     #[arg(long, env = "NODEWARDEN_KUBELET_INSECURE_SKIP_VERIFY", action = ArgAction::Set, default_value_t = false)]
     pub kubelet_insecure_skip_verify: bool,
 
@@ -366,6 +377,7 @@ mod tests {
             kubelet_url: Some(format!("https://127.0.0.1:{port}")),
             node_ip: None,
             kubelet_ca_file: "/nonexistent/ca.crt".into(),
+            kubelet_serving_cert_file: None,
             kubelet_insecure_skip_verify: true,
             kubelet_token_file: token,
             kube_proxy_metrics_url: None,
@@ -373,7 +385,7 @@ mod tests {
             gates_refresh_interval: Duration::from_secs(60),
             gates: true,
         };
-        let scraper = Scraper::kubelet(&args)
+        let scraper = Scraper::kubelet(&args, &KubeletTrust::Insecure)
             .await
             .expect("a scraper is made without connecting");
         let err = scraper.scrape().await.expect_err("nothing listens");

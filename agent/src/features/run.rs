@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::parse::{agent_component, changed, component};
 use super::scrape::{ScrapeError, Scraper};
+use super::trust::KubeletReader;
 use super::{FIELD_MANAGER, GatesArgs, KUBE_PROXY, KUBELET};
 use crate::metrics::Metrics;
 
@@ -41,8 +42,8 @@ pub async fn run(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
+    let mut kubelet = KubeletReader::new(args.clone());
     // made on first use, and again while it cannot be (e.g. the token file is not there yet)
-    let mut kubelet: Option<Scraper> = None;
     let mut proxy: Option<Scraper> = None;
     let reports: Api<NodeFeatureReport> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
@@ -57,15 +58,7 @@ pub async fn run(
         }
         let now = Timestamp::now();
         let mut components = Vec::new();
-        if kubelet.is_none() {
-            kubelet = Scraper::kubelet(&args)
-                .await
-                .map_err(|why| components.push(observe(&metrics, KUBELET, Err(why.into()), now)))
-                .ok();
-        }
-        if let Some(scraper) = &kubelet {
-            components.push(observe(&metrics, KUBELET, scraper.scrape().await, now));
-        }
+        components.push(observe(&metrics, KUBELET, kubelet.scrape().await, now));
         if let Some(url) = &args.kube_proxy_metrics_url {
             if proxy.is_none() {
                 proxy = Scraper::kube_proxy(url)
@@ -129,8 +122,10 @@ pub(super) fn observe(
         if report.error_reason == Some(ReadFailure::CertificateNotVerified) {
             tracing::warn!(component = name, %why, reason,
                 "feature gates not readable: the serving certificate cannot be verified; give the agent \
-                 the CA that signs it (--kubelet-ca-file, chart value agent.kubelet.caFile) or have the \
-                 kubelet serve a certificate of the cluster CA (serverTLSBootstrap: true)");
+                 the CA that signs it (--kubelet-ca-file, chart value agent.kubelet.caFile), or the \
+                 kubelet's own certificate where it signs its own (--kubelet-serving-cert-file, chart \
+                 value agent.kubelet.servingCertificate.hostPath), or have the kubelet serve a \
+                 certificate of the cluster CA (serverTLSBootstrap: true)");
         } else {
             tracing::warn!(component = name, %why, reason, "feature gates not readable; reported as an error");
         }

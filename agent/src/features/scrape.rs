@@ -11,6 +11,7 @@ use kube::config::{
 use nodewarden_api::features::ReadFailure;
 
 use super::GatesArgs;
+use super::trust::KubeletTrust;
 
 /// Most bytes of a `/metrics` answer read (a kubelet's is 100–500 KiB); a larger one is an error.
 pub const MAX_SCRAPE_BYTES: u64 = 4 * 1024 * 1024;
@@ -81,21 +82,34 @@ pub struct Scraper {
 }
 
 impl Scraper {
-    /// The kubelet at `args.kubelet_url()` with the token and CA (or no verification).
-    pub async fn kubelet(args: &GatesArgs) -> Result<Self, String> {
+    /// The kubelet at `args.kubelet_url()` with the token, verified as `trust` says.
+    pub async fn kubelet(args: &GatesArgs, trust: &KubeletTrust) -> Result<Self, String> {
         let url = args.kubelet_url();
         let cluster = Cluster {
             server: Some(url.clone()),
-            insecure_skip_tls_verify: Some(args.kubelet_insecure_skip_verify),
-            certificate_authority: (!args.kubelet_insecure_skip_verify)
-                .then(|| args.kubelet_ca_file.display().to_string()),
+            insecure_skip_tls_verify: Some(matches!(trust, KubeletTrust::Insecure)),
+            certificate_authority: match trust {
+                KubeletTrust::Ca(path) => Some(path.display().to_string()),
+                _ => None,
+            },
             ..Default::default()
         };
         let user = AuthInfo {
             token_file: Some(args.kubelet_token_file.display().to_string()),
             ..Default::default()
         };
-        Self::build(&url, cluster, Some(user), "/metrics").await
+        let adjust = |config: &mut kube::Config| match trust {
+            KubeletTrust::Ca(_) => {}
+            // Without roots of its own, kube's client falls back to the system's trust store,
+            // and an image with none (the agent's is `FROM scratch`) fails before it connects,
+            // even though nothing is verified. An empty set of roots keeps it from looking.
+            KubeletTrust::Insecure => config.root_cert = Some(Vec::new()),
+            KubeletTrust::Pinned(pinned) => {
+                config.root_cert = Some(pinned.certificates.clone());
+                config.tls_server_name = Some(pinned.server_name.clone());
+            }
+        };
+        Self::build(&url, cluster, Some(user), "/metrics", adjust).await
     }
 
     /// kube-proxy at its full metrics URL, without credentials.
@@ -118,10 +132,16 @@ impl Scraper {
             server: Some(base.clone()),
             ..Default::default()
         };
-        Self::build(&base, cluster, None, path).await
+        Self::build(&base, cluster, None, path, |_| {}).await
     }
 
-    async fn build(url: &str, cluster: Cluster, user: Option<AuthInfo>, path: &str) -> Result<Self, String> {
+    async fn build(
+        url: &str,
+        cluster: Cluster,
+        user: Option<AuthInfo>,
+        path: &str,
+        adjust: impl FnOnce(&mut kube::Config),
+    ) -> Result<Self, String> {
         let kubeconfig = Kubeconfig {
             clusters: vec![NamedCluster {
                 name: "target".into(),
@@ -148,6 +168,7 @@ impl Scraper {
         let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .map_err(|e| format!("{url}: {e}"))?;
+        adjust(&mut config);
         config.connect_timeout = Some(Duration::from_secs(5));
         config.read_timeout = Some(Duration::from_secs(10));
         let client = Client::try_from(config).map_err(|e| format!("{url}: {e}"))?;
