@@ -44,3 +44,14 @@ pub use webhooks::{
 pub fn failure_with(e: anyhow::Error, what: &str, details: &str) -> anyhow::Error {
     anyhow::anyhow!("{what}: {e:#}\n\n{details}")
 }
+
+/// `kubectl nodewarden <args>` through the plugin's library with real flags; its output as text.
+pub async fn kubectl_nodewarden(args: &[&str]) -> Result<String, nodewarden_cli::Error> {
+    use clap::Parser as _;
+    let argv = std::iter::once("kubectl-nodewarden").chain(args.iter().copied());
+    let cli = nodewarden_cli::Cli::try_parse_from(argv)
+        .map_err(|e| nodewarden_cli::Error::Config(e.to_string()))?;
+    let mut out = Vec::new();
+    nodewarden_cli::run(&cli, &mut out).await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}

@@ -13,7 +13,6 @@ use std::io::Write as _;
 
 use anyhow::{Context, Result, ensure};
 use base64::Engine as _;
-use clap::Parser as _;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Api;
@@ -206,12 +205,8 @@ async fn api_table(env: &TestEnv, path: &str) -> Result<BTreeMap<String, String>
 
 /// `kubectl nodewarden report <args>`, its output as text.
 async fn report(args: &[&str]) -> Result<String, nodewarden_cli::Error> {
-    let cli =
-        nodewarden_cli::Cli::try_parse_from(["kubectl-nodewarden", "report"].iter().chain(args).copied())
-            .map_err(|e| nodewarden_cli::Error::Config(e.to_string()))?;
-    let mut out = Vec::new();
-    nodewarden_cli::run(&cli, &mut out).await?;
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    let argv: Vec<&str> = std::iter::once("report").chain(args.iter().copied()).collect();
+    nodewarden_tests::kubectl_nodewarden(&argv).await
 }
 
 async fn publish(

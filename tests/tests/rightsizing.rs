@@ -322,6 +322,226 @@ async fn new_nodes_get_their_group_figure_after_the_group_nodes_are_gone() {
 
 /// The agent's service account and its right to write NodeRecommendations (so that what refuses
 /// a write is the guard, not RBAC).
+/// `kubectl nodewarden report` shows, for each node, the requests the webhook gives a new pod of
+/// the DaemonSet there: one rule for both, over every scope, cold start, ceiling and cap. Four
+/// nodes in two groups (`big`, `small`); three have recommendations, the last none; a LimitRange
+/// keeps every container's CPU limit at or under 1 (so, with the template's 2:1 limit, its
+/// request at or under 500m). Six autoscalers, one per DaemonSet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_shows_what_the_webhook_gives_each_node() {
+    const TYPE: &str = "node.kubernetes.io/instance-type";
+    e2e("rightsizing-report", |env| async move {
+        apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let mut nodes = Vec::new();
+        for (i, kind) in ["big", "big", "small", "small"].into_iter().enumerate() {
+            let name = format!("{}-n{i}", env.id);
+            let mut labels = env.node_selector();
+            labels.insert("kubernetes.io/hostname".to_string(), name.clone());
+            labels.insert(TYPE.to_string(), kind.to_string());
+            create_ready_node(env.cp, &env.client, &name, labels).await?;
+            nodes.push(name);
+        }
+        env.api::<k8s_openapi::api::core::v1::LimitRange>()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "cpu-limit"},
+                    "spec": {"limits": [{"type": "Container", "max": {"cpu": "1"}}]},
+                }))?,
+            )
+            .await?;
+
+        let ports = free_ports(2)?;
+        let cert_dir = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
+        register(&env, ports[0]).await?;
+
+        let cases: [(&str, serde_json::Value); 6] = [
+            ("node-template", json!({"coldStart": "Template"})),
+            ("node-fleet", json!({"coldStart": "Fleet"})),
+            (
+                "group-scope",
+                json!({"scope": "NodeGroup", "nodeGroupLabel": TYPE, "coldStart": "Group"}),
+            ),
+            (
+                "group-cold",
+                json!({"coldStart": "Group", "nodeGroupLabel": TYPE}),
+            ),
+            ("ceiling", json!({"coldStart": "Fleet", "ceiling": "Template"})),
+            (
+                "bounded",
+                json!({"coldStart": "Fleet", "resourcePolicy": {"containerPolicies": [
+                    {"containerName": "*", "maxAllowed": {"cpu": "300m"}, "minAllowed": {"memory": "96Mi"}}
+                ]}}),
+            ),
+        ];
+        // what each node's agent published, for every autoscaler (the last node: nothing)
+        let figures = [("400m", "300Mi"), ("700m", "100Mi"), ("50m", "40Mi")];
+        for (node, (cpu, memory)) in nodes.iter().zip(figures) {
+            let entries = cases
+                .iter()
+                .map(|(name, _)| ContainerRecommendation {
+                    autoscaler: AutoscalerRef {
+                        namespace: env.namespace.clone(),
+                        name: name.to_string(),
+                    },
+                    container_name: "agent".to_string(),
+                    target: Some(BTreeMap::from([
+                        ("cpu".to_string(), Quantity(cpu.to_string())),
+                        ("memory".to_string(), Quantity(memory.to_string())),
+                    ])),
+                    lower_bound: None,
+                    upper_bound: None,
+                    uncapped_target: None,
+                    sample_count: 1440,
+                    first_sample_time: None,
+                    last_sample_time: None,
+                    oom_count: 0,
+                })
+                .collect();
+            let rec = NodeRecommendation::new(
+                node,
+                NodeRecommendationSpec {
+                    update_time: None,
+                    pods: Vec::new(),
+                    summary: None,
+                    recommendations: entries,
+                },
+            );
+            Api::<NodeRecommendation>::all(env.client.clone())
+                .create(&PostParams::default(), &rec)
+                .await?;
+        }
+        let autoscalers: Api<DaemonSetAutoscaler> = env.api();
+        for (name, extra) in &cases {
+            let mut spec = json!({"targetRef": {"kind": "DaemonSet", "name": name}});
+            if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+                spec.extend(extra.clone());
+            }
+            autoscalers
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "apiVersion": "nodewarden.io/v1alpha1",
+                        "kind": "DaemonSetAutoscaler",
+                        "metadata": {"name": name},
+                        "spec": spec,
+                    }))?,
+                )
+                .await?;
+        }
+        // every status counts the three nodes (fleet and group figures are in), then the DaemonSets
+        for (name, _) in &cases {
+            let api = autoscalers.clone();
+            env.cp
+                .poll(&format!("the status of {name}"), || {
+                    let api = api.clone();
+                    async move {
+                        let status = api.get(name).await?.status.unwrap_or_default();
+                        Ok((status.nodes_with_recommendation == Some(3)).then_some(()))
+                    }
+                })
+                .await?;
+        }
+        // the webhook's cache follows the statuses through its watch; give it a moment
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let ds = env.api::<DaemonSet>();
+        for (name, _) in &cases {
+            ds.create(
+                &PostParams::default(),
+                &simple_daemonset(name, &env.node_selector())?,
+            )
+            .await?;
+        }
+
+        let mut pods_of = BTreeMap::new();
+        for (name, _) in &cases {
+            let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, name, &nodes).await?;
+            pods_of.insert(*name, pods);
+        }
+        let report: serde_json::Value = serde_json::from_str(
+            &nodewarden_tests::kubectl_nodewarden(&[
+                "report",
+                "--kubeconfig",
+                &env.cp.kubeconfig_path().display().to_string(),
+                "-n",
+                &env.namespace,
+                "-o",
+                "json",
+            ])
+            .await?,
+        )?;
+        let mut compared = 0;
+        for (name, _) in &cases {
+            let pods = &pods_of[name];
+            let rows = report["daemonsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|d| d["autoscaler"] == *name)
+                .map(|d| d["rows"].clone())
+                .ok_or_else(|| anyhow!("no report for {name}: {report}"))?;
+            for node in &nodes {
+                let row = rows
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|r| r["node"] == *node && r["container"] == "agent")
+                    .ok_or_else(|| anyhow!("{name}: no row for {node}: {rows}"))?;
+                let pod = &pods[node];
+                let requests = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .and_then(|c| c.resources.as_ref())
+                    .and_then(|r| r.requests.clone())
+                    .unwrap_or_default();
+                let cpu = nodewarden_api::quantity::parse_milli(&requests["cpu"].0).unwrap_or(0) as i64;
+                let memory =
+                    nodewarden_api::quantity::parse_milli(&requests["memory"].0).unwrap_or(0) as i64 / 1000;
+                ensure!(
+                    row["target"] == json!({"cpuMillis": cpu, "memoryBytes": memory}),
+                    "{name} on {node}: the report says {}, the webhook gave the new pod {cpu}m / {memory} B \
+                     (source {}, annotations {:?})",
+                    row["target"],
+                    row["sourceDetail"],
+                    pod.annotations()
+                );
+                let annotated = pod
+                    .annotations()
+                    .get("rightsizing.nodewarden.io/source")
+                    .cloned()
+                    .unwrap_or_default();
+                ensure!(
+                    Some(annotated.as_str())
+                        == row["sourceDetail"]
+                            .as_str()
+                            .map(|s| format!("agent={s}"))
+                            .as_deref(),
+                    "{name} on {node}: the report's source {} is not the pod's {annotated}",
+                    row["sourceDetail"]
+                );
+                compared += 1;
+            }
+        }
+        ensure!(compared == cases.len() * nodes.len(), "compared {compared} rows");
+        // the rule's outcomes differ across the cases, so the comparison covered them
+        let targets: std::collections::BTreeSet<String> = report["daemonsets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["rows"].as_array().cloned().unwrap_or_default())
+            .map(|r| format!("{}/{}", r["source"], r["target"]))
+            .collect();
+        ensure!(targets.len() >= 8, "too few distinct outcomes: {targets:?}");
+        webhook.stop().await
+    })
+    .await;
+}
+
 async fn grant_agent_writes(env: &TestEnv) -> Result<()> {
     let pp = PostParams::default();
     Api::<ServiceAccount>::namespaced(env.client.clone(), &env.namespace)

@@ -711,10 +711,22 @@ pub fn sizing_on(
     figures: Figures,
     limit_ranges: &[LimitRange],
 ) -> Vec<ContainerSizing> {
+    sizing_and_sources_on(pod, autoscaler, figures, limit_ranges).0
+}
+
+/// [`sizing_on`], and where each container's figures came from (every container of the pod, in
+/// pod order, also those that keep the template's figures): what `kubectl nodewarden report`
+/// shows for a new pod on a node.
+pub fn sizing_and_sources_on(
+    pod: &Pod,
+    autoscaler: &DaemonSetAutoscaler,
+    figures: Figures,
+    limit_ranges: &[LimitRange],
+) -> (Vec<ContainerSizing>, Vec<(String, Source)>) {
     let pod = PodFacts::of(pod);
     let containers = pod.containers.as_slice();
     let ranges = Ranges::of(limit_ranges);
-    let (plans, _) = capped_plan(containers, autoscaler, figures, &ranges);
+    let (plans, sources) = capped_plan(containers, autoscaler, figures, &ranges);
     let mut out = Vec::new();
     for (index, mine) in by_container(&plans) {
         let Some(container) = containers.get(index) else {
@@ -732,7 +744,7 @@ pub fn sizing_on(
         }
         out.push(sizing);
     }
-    out
+    (out, sources)
 }
 
 /// The containers that have plans, in pod order, each with its index and its plans. The plans

@@ -1,9 +1,9 @@
 //! Reads what the report needs; nothing else is done here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::{DaemonSetAutoscaler, NodeRecommendation};
@@ -11,8 +11,9 @@ use nodewarden_api::{DaemonSetAutoscaler, NodeRecommendation};
 use super::Snapshot;
 use crate::error::{Error, classify};
 
-/// Lists the autoscalers (in `namespace`, or all), their DaemonSets and pods, and every
-/// `NodeRecommendation`.
+/// Lists the autoscalers (in `namespace`, or all), their DaemonSets and pods, every
+/// `NodeRecommendation`, the LimitRanges of the autoscalers' namespaces, and the nodes' labels
+/// when an autoscaler uses node groups: what the webhook reads to size a new pod.
 pub async fn snapshot(client: &Client, namespace: Option<&str>) -> Result<Snapshot, Error> {
     let autoscalers: Api<DaemonSetAutoscaler> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -33,6 +34,34 @@ pub async fn snapshot(client: &Client, namespace: Option<&str>) -> Result<Snapsh
         .iter()
         .map(|a| (a.namespace().unwrap_or_default(), a.spec.target_ref.name.clone()))
         .collect();
+    let namespaces: BTreeSet<String> = targets.iter().map(|(ns, _)| ns.clone()).collect();
+    let mut limit_ranges = Vec::new();
+    for ns in namespaces {
+        let listed = Api::<LimitRange>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| classify("limitranges", e))?;
+        limit_ranges.extend(listed.items);
+    }
+    let mut node_labels = BTreeMap::new();
+    if autoscalers.iter().any(|a| a.spec.uses_groups()) {
+        // labels only: metadata, in pages
+        let nodes: Api<Node> = Api::all(client.clone());
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = nodes
+                .list_metadata(&params)
+                .await
+                .map_err(|e| classify("nodes", e))?;
+            for node in &page.items {
+                node_labels.insert(node.name_any(), node.labels().clone());
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+    }
     let mut daemonsets = Vec::new();
     let mut pods = Vec::new();
     for (ns, name) in targets {
@@ -72,5 +101,7 @@ pub async fn snapshot(client: &Client, namespace: Option<&str>) -> Result<Snapsh
         daemonsets,
         pods,
         recommendations,
+        node_labels,
+        limit_ranges,
     })
 }

@@ -8,12 +8,14 @@
 //! - *template*: the DaemonSet's pod template requests (`spec.containers` only, as the webhook);
 //! - *current*: the requests of the newest pod of the DaemonSet bound to (or aimed at) the node,
 //!   the template's when no pod is there;
-//! - *target*, *lower*, *upper*: the node's `NodeRecommendation` entry for the autoscaler and
-//!   container (already within the autoscaler's `minAllowed`/`maxAllowed`, as the agent
-//!   publishes it), with `ceiling: Template` applied; with `coldStart: Fleet` a node without an
-//!   entry shows the autoscaler's fleet figure (source `fleet`). Containers with policy
-//!   `mode: Off` and resources outside `controlledResources` keep their current requests.
-//!   LimitRanges are not applied.
+//! - *target*: the requests the webhook would give a new pod of the DaemonSet on the node, by
+//!   the rule the webhook and the agent share (`nodewarden_api::domain::sizing`): the node's
+//!   `NodeRecommendation`, its group's or the fleet's figure as the autoscaler's `scope` and
+//!   `coldStart` say, within `ceiling`, the container policy's bounds and the namespace's
+//!   LimitRanges. Resources the rule leaves alone (not controlled, policy `mode: Off`, no figure
+//!   yet) keep the current requests. *source* says where the figure came from (and
+//!   *sourceDetail* in the words of the pod's `nodewarden.io/source` annotation).
+//! - *lower*, *upper*: the node recommendation's bounds, where the figure is the node's own.
 //! - *delta* = target − current; what the fleet would *free* is the sum of the negative deltas,
 //!   what it *needs on top* the sum of the positive ones, per node and overall.
 
@@ -23,12 +25,11 @@ pub mod render;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{LimitRange, Pod, PodSpec, ResourceRequirements};
 use kube::ResourceExt;
+use nodewarden_api::domain::sizing::{self, Amounts, Targets};
 use nodewarden_api::quantity::{ResourceList, parse_milli};
-use nodewarden_api::rightsizing::{
-    Ceiling, ColdStart, ContainerMode, ContainerPolicy, ResourceName, UpdateMode,
-};
+use nodewarden_api::rightsizing::{ResourceName, UpdateMode};
 use nodewarden_api::{DaemonSetAutoscaler, NodeRecommendation};
 use serde::Serialize;
 
@@ -43,6 +44,10 @@ pub struct Snapshot {
     pub pods: Vec<Pod>,
     /// Every node's `NodeRecommendation`.
     pub recommendations: Vec<NodeRecommendation>,
+    /// The labels of every node, by node name (read only when an autoscaler uses node groups).
+    pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// The LimitRanges of the autoscalers' namespaces.
+    pub limit_ranges: Vec<LimitRange>,
 }
 
 /// CPU in millicores and memory in bytes; `None` where not set.
@@ -74,33 +79,59 @@ impl Resources {
         Self::from_list(resources.and_then(|r| r.requests.as_ref()))
     }
 
-    fn is_empty(&self) -> bool {
-        self.cpu_millis.is_none() && self.memory_bytes.is_none()
+    /// `self`, with the resources `amounts` has replaced by its figures.
+    fn overlaid(mut self, amounts: &Amounts) -> Self {
+        let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        if let Some(cpu) = amounts.get(ResourceName::Cpu) {
+            self.cpu_millis = Some(signed(cpu));
+        }
+        if let Some(memory) = amounts.get(ResourceName::Memory) {
+            self.memory_bytes = Some(signed(memory));
+        }
+        self
     }
 }
 
-/// Where a row's target comes from.
+/// Where a row's target comes from, in short: the shared rule's source
+/// ([`sizing::Source`]) grouped by what the reader needs to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Source {
     /// The node's own recommendation.
     Node,
-    /// No history on the node; the autoscaler's fleet figure (`coldStart: Fleet`).
+    /// The figure of the node's group (`scope: NodeGroup`, or `coldStart: Group`).
+    Group,
+    /// The autoscaler's fleet figure (`coldStart: Fleet`, or `Group` without a group figure).
     Fleet,
-    /// No history on the node; the pod keeps the template (`coldStart: Template`).
+    /// No figure: the requests stay as they are (no history yet, or none for the container).
     None,
     /// The container's policy is `mode: Off`.
     Off,
 }
 
 impl Source {
-    /// The source's name as the table and CSV show it: `node`, `fleet`, `none` or `off`.
+    /// The source's name as the table and CSV show it: `node`, `group`, `fleet`, `none` or `off`.
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Node => "node",
+            Source::Group => "group",
             Source::Fleet => "fleet",
             Source::None => "none",
             Source::Off => "off",
+        }
+    }
+}
+
+impl From<sizing::Source> for Source {
+    fn from(source: sizing::Source) -> Self {
+        match source {
+            sizing::Source::Node => Source::Node,
+            sizing::Source::Group => Source::Group,
+            sizing::Source::Fleet => Source::Fleet,
+            sizing::Source::ColdStartTemplate
+            | sizing::Source::NoFleetFigure
+            | sizing::Source::ContainerNotMeasured => Source::None,
+            sizing::Source::PolicyOff => Source::Off,
         }
     }
 }
@@ -121,7 +152,12 @@ pub struct Row {
     pub has_pod: bool,
     /// Where `target` comes from.
     pub source: Source,
-    /// The requests the container would get on the node: after `ceiling: Template`; the current requests for resources nodewarden does not control.
+    /// Where `target` comes from, as the pod's `nodewarden.io/source` annotation says it (e.g.
+    /// `node-recommendation`, `cold-start-template`).
+    pub source_detail: String,
+    /// The requests a new pod's container gets on the node (the webhook's rule: figures within
+    /// `ceiling`, the policy's bounds and LimitRanges); the current requests for resources the
+    /// rule leaves alone.
     pub target: Resources,
     /// The node recommendation's lower bound (only with source `node`).
     pub lower_bound: Resources,
@@ -260,32 +296,12 @@ fn owned_by(pod: &Pod, ds: &DaemonSet) -> bool {
         })
 }
 
-fn policy_for<'a>(dsa: &'a DaemonSetAutoscaler, container: &str) -> Option<&'a ContainerPolicy> {
-    let policies = dsa
-        .spec
-        .resource_policy
-        .as_ref()
-        .map(|p| p.container_policies.as_slice())
-        .unwrap_or(&[]);
-    policies
-        .iter()
-        .find(|p| p.container_name == container)
-        .or_else(|| policies.iter().find(|p| p.container_name == "*"))
-}
-
 fn mode_of(dsa: &DaemonSetAutoscaler) -> UpdateMode {
     dsa.spec
         .update_policy
         .as_ref()
         .map(|p| p.update_mode)
         .unwrap_or_default()
-}
-
-fn cap(value: Option<i64>, ceiling: Option<i64>) -> Option<i64> {
-    match (value, ceiling) {
-        (Some(v), Some(c)) => Some(v.min(c)),
-        (v, _) => v,
-    }
 }
 
 fn diff(target: Option<i64>, current: Option<i64>) -> i64 {
@@ -322,10 +338,8 @@ pub fn compute(snapshot: &Snapshot) -> Report {
             daemonsets.push(report);
             continue;
         };
-        let containers: Vec<(String, Resources)> = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
+        let template_spec: Option<&PodSpec> = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let containers: Vec<(String, Resources)> = template_spec
             .map(|s| {
                 s.containers
                     .iter()
@@ -333,6 +347,23 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                     .collect()
             })
             .unwrap_or_default();
+        // a new pod of the DaemonSet, as the webhook sees it (its containers are the template's)
+        let new_pod = Pod {
+            spec: template_spec.cloned(),
+            ..Pod::default()
+        };
+        let limit_ranges: Vec<LimitRange> = snapshot
+            .limit_ranges
+            .iter()
+            .filter(|lr| lr.namespace().as_deref() == Some(namespace.as_str()))
+            .cloned()
+            .collect();
+        let status = sizing::status_figures(dsa);
+        let group_label = dsa
+            .spec
+            .node_group_label
+            .as_deref()
+            .filter(|_| dsa.spec.uses_groups());
 
         // the newest pod per node
         let mut pods: BTreeMap<String, &Pod> = BTreeMap::new();
@@ -345,11 +376,12 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                 pods.insert(node, pod);
             }
         }
-        // the node's entries for this autoscaler, by container
+        // the node's entries for this autoscaler, by container, and its targets as the rule reads them
         let mut recs: BTreeMap<
             String,
             BTreeMap<&str, &nodewarden_api::rightsizing::ContainerRecommendation>,
         > = BTreeMap::new();
+        let mut node_targets: BTreeMap<String, Targets> = BTreeMap::new();
         for rec in &snapshot.recommendations {
             for entry in &rec.spec.recommendations {
                 if entry.autoscaler.namespace == namespace && entry.autoscaler.name == dsa.name_any() {
@@ -358,21 +390,19 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                         .insert(entry.container_name.as_str(), entry);
                 }
             }
+            let targets = sizing::node_targets(rec, &namespace, &dsa.name_any());
+            if !targets.is_empty() {
+                node_targets.insert(rec.name_any(), targets);
+            }
         }
         let nodes: BTreeSet<String> = pods.keys().chain(recs.keys()).cloned().collect();
-        let fleet: BTreeMap<&str, Resources> = dsa
-            .status
-            .as_ref()
-            .map(|s| {
-                s.fleet
-                    .iter()
-                    .map(|f| (f.container_name.as_str(), Resources::from_list(f.target.as_ref())))
-                    .collect()
-            })
-            .unwrap_or_default();
 
         for node in nodes {
             let pod = pods.get(&node).copied();
+            let group =
+                group_label.and_then(|label| snapshot.node_labels.get(&node)?.get(label).map(String::as_str));
+            let figures = status.for_node(node_targets.get(&node), group);
+            let (sized, sources) = sizing::sizing_and_sources_on(&new_pod, dsa, figures, &limit_ranges);
             let node_totals = by_node.entry(node.clone()).or_insert_with(|| NodeTotals {
                 node: node.clone(),
                 current: Delta::default(),
@@ -386,52 +416,23 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                     .map(|c| Resources::requests_of(c.resources.as_ref()))
                     .unwrap_or(*template);
                 let entry = recs.get(&node).and_then(|m| m.get(container.as_str())).copied();
-                let policy = policy_for(dsa, container);
-                let controlled = |r: ResourceName| {
-                    policy
-                        .and_then(|p| p.controlled_resources.as_ref())
-                        .is_none_or(|list| list.contains(&r))
+                let rule_source = sources
+                    .iter()
+                    .find(|(name, _)| name == container)
+                    .map(|(_, s)| *s)
+                    .unwrap_or(sizing::Source::ContainerNotMeasured);
+                let source = Source::from(rule_source);
+                let target = match sized.iter().find(|c| &c.name == container) {
+                    Some(c) => current.overlaid(&c.requests),
+                    None => current,
                 };
-                let (source, mut target, lower, upper, oom) =
-                    if policy.is_some_and(|p| p.mode == ContainerMode::Off) {
-                        (
-                            Source::Off,
-                            current,
-                            Resources::default(),
-                            Resources::default(),
-                            0,
-                        )
-                    } else if let Some(e) = entry {
-                        (
-                            Source::Node,
-                            Resources::from_list(e.target.as_ref()),
-                            Resources::from_list(e.lower_bound.as_ref()),
-                            Resources::from_list(e.upper_bound.as_ref()),
-                            e.oom_count,
-                        )
-                    } else if dsa.spec.cold_start == ColdStart::Fleet
-                        && let Some(f) = fleet.get(container.as_str()).filter(|f| !f.is_empty())
-                    {
-                        (Source::Fleet, *f, Resources::default(), Resources::default(), 0)
-                    } else {
-                        (
-                            Source::None,
-                            current,
-                            Resources::default(),
-                            Resources::default(),
-                            0,
-                        )
-                    };
-                if dsa.spec.ceiling == Ceiling::Template {
-                    target.cpu_millis = cap(target.cpu_millis, template.cpu_millis);
-                    target.memory_bytes = cap(target.memory_bytes, template.memory_bytes);
-                }
-                if !controlled(ResourceName::Cpu) {
-                    target.cpu_millis = current.cpu_millis;
-                }
-                if !controlled(ResourceName::Memory) {
-                    target.memory_bytes = current.memory_bytes;
-                }
+                let (lower, upper) = match entry {
+                    Some(e) if source == Source::Node => (
+                        Resources::from_list(e.lower_bound.as_ref()),
+                        Resources::from_list(e.upper_bound.as_ref()),
+                    ),
+                    _ => (Resources::default(), Resources::default()),
+                };
                 let delta = Delta {
                     cpu_millis: diff(target.cpu_millis, current.cpu_millis),
                     memory_bytes: diff(target.memory_bytes, current.memory_bytes),
@@ -443,10 +444,12 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                     current,
                     has_pod: pod.is_some(),
                     source,
+                    source_detail: rule_source.as_str().to_string(),
                     target,
                     lower_bound: lower,
                     upper_bound: upper,
-                    oom_kills: oom,
+                    // the node's agent saw them, whichever figure the pod gets
+                    oom_kills: entry.map_or(0, |e| e.oom_count),
                     delta,
                 };
                 report.totals.add_row(&row);

@@ -255,6 +255,7 @@ fn shipper_on_node_a_per_case() {
             daemonsets: vec![daemonset()],
             pods,
             recommendations,
+            ..Snapshot::default()
         });
         let row = shipper_row(&report, "a");
         assert_eq!(row.source, want.source, "{name}: source");
@@ -309,6 +310,7 @@ fn totals_add_up_by_node_and_overall() {
             pod("c", "2026-01-01T00:00:00Z", ("200m", "256Mi")),
         ],
         recommendations: vec![hot, quiet],
+        ..Snapshot::default()
     });
     let ds = &report.daemonsets[0];
     assert_eq!(ds.rows.len(), 6, "3 nodes × 2 containers");
@@ -373,6 +375,7 @@ fn missing_daemonset_and_other_autoscalers_entries() {
         daemonsets: vec![],
         pods: vec![],
         recommendations: vec![other.clone()],
+        ..Snapshot::default()
     });
     assert_eq!(
         report.daemonsets[0].problem.as_deref(),
@@ -383,6 +386,7 @@ fn missing_daemonset_and_other_autoscalers_entries() {
         daemonsets: vec![daemonset()],
         pods: vec![],
         recommendations: vec![other],
+        ..Snapshot::default()
     });
     assert!(
         report.daemonsets[0].rows.is_empty(),
@@ -431,6 +435,7 @@ fn every_format_renders_the_figures() {
             ("800m", "1Gi"),
             2,
         )],
+        ..Snapshot::default()
     });
     let text = |f: fn(&Report, &mut dyn std::io::Write) -> std::io::Result<()>| {
         let mut out = Vec::new();
@@ -474,5 +479,69 @@ fn every_format_renders_the_figures() {
     assert!(
         !html.contains("<script") && !html.contains("<link") && !html.contains("src="),
         "no external assets"
+    );
+}
+
+/// The report takes each node's figure by the rule the webhook applies: with `scope:
+/// NodeGroup` a node gets its group's figure, not its own, and the namespace's LimitRanges cap
+/// it (here: no container above 300m CPU).
+#[test]
+fn group_figures_and_limit_ranges_are_applied_as_the_webhook_applies_them() {
+    let autoscaler = dsa(
+        json!({"scope": "NodeGroup", "nodeGroupLabel": "pool", "coldStart": "Group"}),
+        json!({"nodeGroupLabel": "pool", "groups": [{"value": "big", "nodes": 2, "containers": [
+            {"containerName": "shipper", "target": {"cpu": "400m", "memory": "300Mi"},
+             "median": {"cpu": "400m", "memory": "300Mi"}}
+        ]}]}),
+    );
+    let limit_range: LimitRange = serde_json::from_value(json!({
+        "metadata": {"name": "cap", "namespace": "obs"},
+        "spec": {"limits": [{"type": "Container", "max": {"cpu": "300m"}}]},
+    }))
+    .expect("limit range");
+    let snapshot = Snapshot {
+        autoscalers: vec![autoscaler],
+        daemonsets: vec![daemonset()],
+        pods: vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+        recommendations: vec![rec(
+            "a",
+            "shipper",
+            ("20m", "100Mi"),
+            ("10m", "80Mi"),
+            ("40m", "150Mi"),
+            1,
+        )],
+        node_labels: BTreeMap::from([(
+            "a".to_string(),
+            BTreeMap::from([("pool".to_string(), "big".to_string())]),
+        )]),
+        limit_ranges: vec![],
+    };
+    let row = shipper_row(&compute(&snapshot), "a").clone();
+    assert_eq!(row.source, Source::Group);
+    assert_eq!(row.source_detail, "group");
+    assert_eq!(
+        row.target,
+        res(400, 300 * MI),
+        "the group's figure, not the node's 20m"
+    );
+    assert_eq!(
+        row.oom_kills, 1,
+        "the node's OOM kills are shown whatever the figure"
+    );
+    assert_eq!(
+        row.lower_bound,
+        Resources::default(),
+        "bounds only with the node's own figure"
+    );
+
+    let capped = compute(&Snapshot {
+        limit_ranges: vec![limit_range],
+        ..snapshot
+    });
+    assert_eq!(
+        shipper_row(&capped, "a").target.cpu_millis,
+        Some(300),
+        "the LimitRange's max"
     );
 }
