@@ -80,6 +80,7 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
         };
         let want_a = json!({
             "node": a, "container": "agent", "hasPod": true, "source": "node", "oomKills": 2,
+            "sourceDetail": "node-recommendation",
             "template": {"cpuMillis": 100, "memoryBytes": 64 * MI},
             "current": {"cpuMillis": 100, "memoryBytes": 64 * MI},
             "target": {"cpuMillis": 300, "memoryBytes": 200 * MI},
