@@ -25,6 +25,11 @@ pub fn client_without_retries(mut config: kube::Config) -> anyhow::Result<kube::
 pub async fn kube_config(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
     let config = match kubeconfig {
         Some(path) => {
+            // the file's own error first, in one line: kube's error names the path quoted twice
+            // and then repeats the system's message
+            std::fs::File::open(path)
+                .map_err(|e| anyhow::anyhow!("reading kubeconfig {}: {e}", path.display()))?;
+            // read_from also resolves relative file names against the kubeconfig's folder
             let file = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())

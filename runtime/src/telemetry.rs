@@ -25,6 +25,8 @@ pub fn init(format: LogFormat, filter: &str, binary: &str) -> anyhow::Result<()>
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            // colours only for a person at a terminal, not in a file or a pipe
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init()
             .map_err(|e| e.to_string()),
     };

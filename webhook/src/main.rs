@@ -1,8 +1,17 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 use nodewarden_webhook::config::{Command, Config, CrdsCommand};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let config = Config::parse();
+    if let Err(err) =
+        nodewarden_runtime::telemetry::init(config.log_format, &config.log_level, "nodewarden_webhook")
+    {
+        // no logger yet: said once, on stderr
+        eprintln!("nodewarden-webhook: {err:#}");
+        return ExitCode::FAILURE;
+    }
     let mut runtime = match config.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -13,23 +22,32 @@ fn main() -> anyhow::Result<()> {
             builder
         }
     };
-    runtime.enable_all().build()?.block_on(serve(config))
+    let crds_apply = matches!(config.command, Some(Command::Crds(CrdsCommand::Apply { .. })));
+    let result = match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(serve(config)),
+        Err(err) => Err(anyhow::Error::from(err).context("starting the Tokio runtime")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // logged once, in the log's format; not printed again on the way out
+            let what = if crds_apply {
+                "nodewarden-webhook crds apply failed"
+            } else {
+                "nodewarden-webhook failed"
+            };
+            tracing::error!(error = format!("{err:#}"), "{what}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    nodewarden_runtime::telemetry::init(config.log_format, &config.log_level, "nodewarden_webhook")?;
     if let Some(Command::Crds(CrdsCommand::Apply { timeout })) = config.command {
         let client = nodewarden_runtime::client::kube_client(config.kubeconfig.as_deref()).await?;
-        if let Err(err) = nodewarden_webhook::crds::apply(&client, timeout).await {
-            tracing::error!(error = %err, "nodewarden-webhook crds apply failed");
-            return Err(err.into());
-        }
+        nodewarden_webhook::crds::apply(&client, timeout).await?;
         return Ok(());
     }
     let shutdown = nodewarden_runtime::signals::shutdown_on_signals()?;
-    if let Err(err) = nodewarden_webhook::run(config, shutdown).await {
-        tracing::error!(error = format!("{err:#}"), "nodewarden-webhook failed");
-        return Err(err);
-    }
-    Ok(())
+    nodewarden_webhook::run(config, shutdown).await
 }
