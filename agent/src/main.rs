@@ -15,7 +15,7 @@ async fn main() -> ExitCode {
     }
     let result = match nodewarden_runtime::signals::shutdown_on_signals() {
         Ok(shutdown) => nodewarden_agent::run(config, shutdown).await,
-        Err(err) => Err(err.into()),
+        Err(err) => Err(err),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
