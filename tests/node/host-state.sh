@@ -19,8 +19,9 @@ set -u
 
 # sysctls a node may change (kubelet, the bridge CNI plugin, kube-proxy), as key prefixes.
 SYSCTL_KEYS='^(kernel\.panic|kernel\.panic_on_oops|kernel\.keys\.root_max|vm\.overcommit_memory|vm\.panic_on_oom|net\.ipv4\.ip_forward|net\.ipv4\.conf\.|net\.ipv6\.conf\.(all|default)\.(forwarding|accept_ra|disable_ipv6)|net\.bridge\.|net\.netfilter\.nf_conntrack_(max|tcp_timeout_established|tcp_timeout_close_wait|udp_timeout)|net\.core\.(somaxconn|netdev_max_backlog)) '
-# Folders the kubelet, containerd and the CNI plugins use at fixed places, whatever their flags.
-FIXED_DIRS='/var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /run/containerd /opt/containerd /run/nri /var/lib/containerd /etc/cni /opt/cni /run/netns'
+# Folders the kubelet, containerd and the CNI plugins use at fixed places, whatever their flags,
+# and the chart's default checkpoint folder (a hostPath the kubelet creates when missing).
+FIXED_DIRS='/var/lib/kubelet /var/lib/nodewarden /var/log/containers /var/log/pods /var/lib/cni /run/containerd /opt/containerd /run/nri /var/lib/containerd /etc/cni /opt/cni /run/netns'
 
 cmd="${1:-}"
 dir="${2:-}"

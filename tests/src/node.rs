@@ -87,7 +87,15 @@ pub struct RealClusterConfig {
     pub images: Vec<PathBuf>,
     /// The sandbox ("pause") image every pod starts with; must be among `images`.
     pub sandbox_image: String,
+    /// Nodes (by index) whose kubelet signs its own serving certificate, as kubeadm's and kind's
+    /// do, into the default certificate folder [`KUBELET_DEFAULT_CERT_DIR`] (one node at most: the
+    /// folder is the host's). The others serve a certificate of the cluster CA.
+    pub self_signed_kubelets: Vec<usize>,
 }
+
+/// Where a kubelet keeps its certificates unless told otherwise (`--cert-dir`), and where the
+/// chart's agent looks for the kubelet's own serving certificate.
+pub const KUBELET_DEFAULT_CERT_DIR: &str = "/var/lib/kubelet/pki";
 
 /// One real node.
 #[derive(Debug, Clone)]
@@ -236,6 +244,15 @@ impl RealCluster {
         }
         if config.nodes == 0 || config.nodes > 8 {
             bail!("a real cluster has 1 to 8 nodes, not {}", config.nodes);
+        }
+        if config.self_signed_kubelets.len() > 1
+            || config.self_signed_kubelets.iter().any(|i| *i >= config.nodes)
+        {
+            bail!(
+                "at most one of the {} nodes can have a self-signed kubelet (they share {KUBELET_DEFAULT_CERT_DIR}), not {:?}",
+                config.nodes,
+                config.self_signed_kubelets
+            );
         }
         install_packages(NODE_PACKAGES).await?;
         let host_lock = if std::env::var_os(HOST_LOCK_HELD_ENV).is_some() {
@@ -391,8 +408,11 @@ impl RealCluster {
         })?;
         let certs = dir.join("certs");
         write_file(&certs.join("ca.crt"), cp.ca_pem().as_bytes(), false)?;
-        write_file(&certs.join("kubelet.crt"), serving.cert_pem.as_bytes(), false)?;
-        write_file(&certs.join("kubelet.key"), serving.key_pem.as_bytes(), true)?;
+        let self_signed = config.self_signed_kubelets.contains(&index);
+        if !self_signed {
+            write_file(&certs.join("kubelet.crt"), serving.cert_pem.as_bytes(), false)?;
+            write_file(&certs.join("kubelet.key"), serving.key_pem.as_bytes(), true)?;
+        }
         write_file(
             &dir.join("kubelet.kubeconfig"),
             cp.kubeconfig_for(&client)?.as_bytes(),
@@ -403,20 +423,26 @@ impl RealCluster {
             .map_err(|_| anyhow!("expected one port"))?;
         write_file(
             &dir.join("kubelet.yaml"),
-            kubelet_config(node, &socket, &certs, healthz).as_bytes(),
+            kubelet_config(node, &socket, &certs, healthz, self_signed).as_bytes(),
             false,
         )?;
+        let mut args = vec![
+            format!("--config={}", dir.join("kubelet.yaml").display()),
+            format!("--kubeconfig={}", dir.join("kubelet.kubeconfig").display()),
+            format!("--root-dir={}", dir.join("kubelet").display()),
+            format!("--hostname-override={}", node.name),
+            format!("--node-ip={}", node.ip),
+            "--v=1".to_string(),
+        ];
+        if self_signed {
+            // no tlsCertFile: the kubelet signs its own certificate (for its host name) and writes
+            // it where kubeadm's kubelets keep theirs; the host snapshot removes the folder after
+            args.push(format!("--cert-dir={KUBELET_DEFAULT_CERT_DIR}"));
+        }
         cp.spawn_program(
             &format!("kubelet-{}", node.name),
             &cp.binaries().path("kubelet"),
-            &[
-                format!("--config={}", dir.join("kubelet.yaml").display()),
-                format!("--kubeconfig={}", dir.join("kubelet.kubeconfig").display()),
-                format!("--root-dir={}", dir.join("kubelet").display()),
-                format!("--hostname-override={}", node.name),
-                format!("--node-ip={}", node.ip),
-                "--v=1".to_string(),
-            ],
+            &args,
         )?;
         Ok(())
     }
@@ -462,6 +488,18 @@ impl RealCluster {
             }
             pause().await;
         }
+    }
+
+    /// A new, empty folder for the agents' checkpoints (the chart's `agent.checkpoint.hostPath`),
+    /// inside the cluster's folder, so it goes with the cluster and no run starts from an
+    /// earlier run's histograms.
+    pub fn fresh_checkpoint_dir(&self) -> Result<PathBuf> {
+        let dir = self.cp.dir().join("checkpoints");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("emptying {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(dir)
     }
 
     /// Waits until the Node reports Ready.
@@ -803,8 +841,23 @@ fn cni_conflist(index: usize, dir: &Path) -> String {
     .to_string()
 }
 
-fn kubelet_config(node: &RealNode, socket: &Path, certs: &Path, healthz_port: u16) -> String {
+fn kubelet_config(
+    node: &RealNode,
+    socket: &Path,
+    certs: &Path,
+    healthz_port: u16,
+    self_signed: bool,
+) -> String {
     let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let serving = if self_signed {
+        "# no serving certificate: the kubelet signs its own (kubeadm's and kind's default)\n".to_string()
+    } else {
+        format!(
+            "tlsCertFile: \"{}\"\ntlsPrivateKeyFile: \"{}\"\n",
+            certs.join("kubelet.crt").display(),
+            certs.join("kubelet.key").display()
+        )
+    };
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -827,9 +880,7 @@ authentication:
     clientCAFile: "{ca}"
 authorization:
   mode: Webhook
-tlsCertFile: "{crt}"
-tlsPrivateKeyFile: "{key}"
-# pods get no DNS: nothing they resolve could be reached anyway
+{serving}# pods get no DNS: nothing they resolve could be reached anyway
 resolvConf: ""
 failSwapOn: false
 # a shared test machine whose disk other work fills and empties: evict nothing, collect no
@@ -850,7 +901,5 @@ staticPodPath: ""
         fail_v1 = if v2 { "true" } else { "false" },
         socket = socket.display(),
         ca = certs.join("ca.crt").display(),
-        crt = certs.join("kubelet.crt").display(),
-        key = certs.join("kubelet.key").display(),
     )
 }

@@ -4,6 +4,7 @@
 //! the pod re-created with the webhook's figures).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -29,8 +30,15 @@ pub const SHIPPER_NS: &str = "logging";
 pub const SHIPPER: &str = "shipper";
 
 /// `helm install --wait` of the chart with default values but for the images (the test images,
-/// `pullPolicy: Never`); fails with the pods' states when it does not become ready.
-pub async fn install_chart(helm: &Helm, client: &Client, images: &TestImages) -> Result<Duration> {
+/// `pullPolicy: Never`) and the agents' checkpoint folder (`checkpoints`, which the caller makes
+/// new and empty, so no agent starts from an earlier run's histograms); fails with the pods'
+/// states when it does not become ready.
+pub async fn install_chart(
+    helm: &Helm,
+    client: &Client,
+    images: &TestImages,
+    checkpoints: &Path,
+) -> Result<Duration> {
     let began = Instant::now();
     let mut args: Vec<String> = vec![
         "install".into(),
@@ -53,6 +61,16 @@ pub async fn install_chart(helm: &Helm, client: &Client, images: &TestImages) ->
     ] {
         args.extend(["--set".to_string(), set.to_string()]);
     }
+    if std::fs::read_dir(checkpoints)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+    {
+        bail!("the checkpoint folder {} is not empty", checkpoints.display());
+    }
+    args.extend([
+        "--set".to_string(),
+        format!("agent.checkpoint.hostPath={}", checkpoints.display()),
+    ]);
     let out = helm.run(&args).await?;
     if !out.success {
         bail!(

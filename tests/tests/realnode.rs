@@ -5,8 +5,11 @@
 //! What a user would notice, in order:
 //! 1. `helm install --wait` succeeds: the webhook Deployment passes its probes with managed
 //!    certificates and an injected caBundle, the agent DaemonSet runs on the node.
+//!    Each agent starts from an empty checkpoint folder.
 //! 2. kube-apiserver calls the installed webhook through its Service: a bad `id.k8s.io` claim is
-//!    denied with the webhook's reason.
+//!    denied with the webhook's reason. Each node's agent reports its kubelet's feature gates:
+//!    node a's kubelet serves a certificate of the cluster CA, node b's signed its own (as
+//!    kubeadm's and kind's do) and is verified against that certificate, with default values.
 //! 3. A log-shipper-like DaemonSet (the test image burning a known CPU rate and holding a known
 //!    amount of memory: more on the busy node, less on the quiet one) gets a DaemonSetAutoscaler;
 //!    each node's agent measures it from that node's real cgroups and publishes
@@ -49,6 +52,8 @@ async fn chart_on_a_real_node() -> Result<()> {
         nodes: 2,
         images: images.archives(),
         sandbox_image: images.testbox_ref(),
+        // node b's kubelet signs its own serving certificate, as kubeadm's do
+        self_signed_kubelets: vec![1],
     })
     .await?;
     let result = scenario(&cluster, &images).await;
@@ -60,6 +65,26 @@ async fn chart_on_a_real_node() -> Result<()> {
     let restored = cluster.shutdown();
     result.map_err(|e| failure_with(e, "chart_on_a_real_node", &details))?;
     restored
+}
+
+/// Waits until `NodeFeatureReport/<node>` holds the kubelet's gates without an error; returns how
+/// many gates it lists. Fails with the report's error (e.g. a certificate not verified).
+async fn wait_for_kubelet_gates(client: &kube::Client, node: &str) -> Result<usize> {
+    let reports: Api<nodewarden_api::features::NodeFeatureReport> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let kubelet = reports
+            .get_opt(node)
+            .await?
+            .and_then(|r| r.spec.components.into_iter().find(|c| c.name == "kubelet"));
+        match &kubelet {
+            Some(c) if c.error.is_none() && !c.gates.is_empty() => return Ok(c.gates.len()),
+            _ if Instant::now() > deadline => {
+                bail!("the agent on {node} did not report its kubelet's gates within 90 s: {kubelet:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
 }
 
 /// What explains a failure: the nodes' conditions, every nodewarden and shipper pod's state
@@ -98,7 +123,7 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
 
     // 1. helm install with the project's images
     let helm = Helm::for_control_plane(cp)?;
-    let took = install_chart(&helm, &client, images).await?;
+    let took = install_chart(&helm, &client, images, &cluster.fresh_checkpoint_dir()?).await?;
     eprintln!("realnode: helm install --wait took {:.1}s", took.as_secs_f64());
 
     let webhook_pods = running_pods(&client, NAMESPACE, "app.kubernetes.io/component=webhook").await?;
@@ -140,6 +165,15 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         denial.contains("id-format") && denial.contains("Cluster_A"),
         "the denial names the rule and the value: {denial}"
     );
+
+    // …and each node's agent reads its kubelet's feature gates, node b's self-signed kubelet too
+    for node in &cluster.nodes {
+        let gates = wait_for_kubelet_gates(&client, &node.name).await?;
+        eprintln!(
+            "realnode: NodeFeatureReport/{}: kubelet read, {gates} gates",
+            node.name
+        );
+    }
 
     // 3. a real log shipper, measured by each node's agent from that node's cgroups
     create_shipper(&client, &images.testbox_ref(), &nodes).await?;
@@ -353,6 +387,7 @@ async fn child_holds_a_real_node() -> Result<()> {
         nodes: 1,
         images: vec![testbox.archive.clone()],
         sandbox_image: testbox.reference.clone(),
+        self_signed_kubelets: vec![],
     })
     .await?;
     let client = cluster.cp.admin_client().await?;

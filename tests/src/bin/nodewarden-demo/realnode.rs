@@ -33,6 +33,7 @@ pub async fn real_nodes() -> Result<()> {
         nodes: 2,
         images: images.archives(),
         sandbox_image: images.testbox_ref(),
+        self_signed_kubelets: vec![],
     })
     .await
     .context("starting the real nodes")?;
@@ -48,7 +49,7 @@ pub async fn real_nodes() -> Result<()> {
 async fn show(cluster: &RealCluster, images: &images::TestImages) -> Result<()> {
     let client = cluster.cp.admin_client().await?;
     let helm = Helm::for_control_plane(&cluster.cp)?;
-    let took = install_chart(&helm, &client, images).await?;
+    let took = install_chart(&helm, &client, images, &cluster.fresh_checkpoint_dir()?).await?;
     step(&format!(
         "helm install --wait of charts/nodewarden (default values, local images): ready in {:.0}s",
         took.as_secs_f64()
