@@ -36,11 +36,35 @@ pub async fn kube_config(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Conf
                 .await
                 .with_context(|| format!("using kubeconfig {}", path.display()))?
         }
-        None => kube::Config::infer().await.context(
-            "finding API server credentials (in-cluster service account, $KUBECONFIG or ~/.kube/config)",
-        )?,
+        None => {
+            if let Some(why) = no_credentials_anywhere() {
+                anyhow::bail!("{why}");
+            }
+            kube::Config::infer().await.context(
+                "finding API server credentials (in-cluster service account, $KUBECONFIG or ~/.kube/config)",
+            )?
+        }
     };
     Ok(config)
+}
+
+/// Why no credentials can be found, in one line, when none of the places `Config::infer` looks
+/// at is there: not in a pod (no `KUBERNETES_SERVICE_HOST`), no `$KUBECONFIG`, no
+/// `~/.kube/config`. `None` when one of them is (then infer's own error says what is wrong).
+fn no_credentials_anywhere() -> Option<String> {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    if set("KUBERNETES_SERVICE_HOST") || set("KUBECONFIG") {
+        return None;
+    }
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    if home.as_ref().is_some_and(|h| h.join(".kube/config").exists()) {
+        return None;
+    }
+    Some(
+        "no API server credentials: not running in a pod (KUBERNETES_SERVICE_HOST is not set), \
+         $KUBECONFIG is not set and there is no ~/.kube/config; pass --kubeconfig <file>"
+            .to_string(),
+    )
 }
 
 /// Delays between retries of API server calls: exponential from 500 ms to 30 s, with jitter,
