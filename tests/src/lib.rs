@@ -23,6 +23,7 @@ pub mod node;
 pub mod process;
 pub mod recorder;
 pub mod shipper;
+pub mod vm;
 pub mod webhooks;
 
 pub use cgroupfs::{container_scope, write_container};
