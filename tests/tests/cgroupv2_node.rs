@@ -1,0 +1,202 @@
+//! A cgroup v2 node with the systemd cgroup driver, as users run them, beside a real cluster on a
+//! host whose own cgroups are v1: a virtual machine (QEMU, software emulation) booting Debian with
+//! systemd on the unified hierarchy, containerd 2.x with `SystemdCgroup = true`, and a kubelet with
+//! `cgroupDriver: systemd` and default settings otherwise (it would refuse cgroup v1; it signs its
+//! own serving certificate). See `tests/README.md`, "cgroup v2 node (virtual machine)".
+//!
+//! What a user would see:
+//! 1. The node joins and is Ready, running containerd 2.x, on cgroup v2 (`cgroup2fs`, with the
+//!    cpu and memory controllers).
+//! 2. A pod with requests and a memory limit runs there; its container's cgroup is
+//!    `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`,
+//!    with `cpu.weight` and `memory.max` as the kubelet derives them from the pod's resources.
+//! 3. The VM is gone afterwards, and the host is as before.
+//!
+//! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::PostParams;
+use nodewarden_tests::images;
+use nodewarden_tests::shipper::describe_pods;
+use nodewarden_tests::vm::{VM_TAINT_KEY, VmConfig, VmNode};
+use nodewarden_tests::{RealCluster, RealClusterConfig, create_namespace, failure_with, require_real_nodes};
+use serde_json::json;
+
+const NAMESPACE: &str = "cgroupv2";
+const VM_NODE: &str = "nodewarden-vm-a";
+const POD_RUNNING_TIMEOUT: Duration = Duration::from_secs(240);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
+    if !require_real_nodes("pod_on_a_cgroup_v2_systemd_node")? {
+        return Ok(());
+    }
+    let began = Instant::now();
+    let testbox = images::build_testbox().await?;
+    let cluster = RealCluster::start(&RealClusterConfig {
+        nodes: 1,
+        images: vec![testbox.archive.clone()],
+        sandbox_image: testbox.reference.clone(),
+        self_signed_kubelets: vec![],
+    })
+    .await?;
+    let config = VmConfig::new(VM_NODE, vec![testbox.archive.clone()], &testbox.reference);
+    let vm = match VmNode::start(&cluster, &config).await {
+        Ok(vm) => vm,
+        Err(e) => {
+            if let Err(r) = cluster.shutdown() {
+                eprintln!("cgroupv2_node: {r:#}");
+            }
+            return Err(e);
+        }
+    };
+    let result = scenario(&cluster, &vm, &testbox.reference).await;
+    let details = match &result {
+        Err(_) => failure_details(&cluster, &vm).await,
+        Ok(()) => String::new(),
+    };
+    let stopped = vm.shutdown(&cluster);
+    let restored = cluster.shutdown();
+    result.map_err(|e| failure_with(e, "pod_on_a_cgroup_v2_systemd_node", &details))?;
+    stopped?;
+    restored?;
+    eprintln!("cgroupv2_node: done in {:.0}s", began.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn scenario(cluster: &RealCluster, vm: &VmNode, image: &str) -> Result<()> {
+    let client = cluster.cp.admin_client().await?;
+
+    // 1. a Ready node on cgroup v2 with containerd 2.x
+    let node = Api::<Node>::all(client.clone()).get(VM_NODE).await?;
+    let info = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .context("the VM node has no nodeInfo")?;
+    ensure!(
+        info.container_runtime_version.starts_with("containerd://2."),
+        "the VM node runs containerd 2.x: {}",
+        info.container_runtime_version
+    );
+    let fs = vm.checked(&["stat", "-fc", "%T", "/sys/fs/cgroup"]).await?;
+    ensure!(fs.trim() == "cgroup2fs", "/sys/fs/cgroup in the guest is {fs:?}");
+    let controllers = vm.read_file("/sys/fs/cgroup/cgroup.controllers").await?;
+    let controllers: Vec<&str> = controllers.split_whitespace().collect();
+    ensure!(
+        controllers.contains(&"cpu") && controllers.contains(&"memory"),
+        "the guest's root cgroup offers cpu and memory: {controllers:?}"
+    );
+    // no tlsCertFile: the kubelet signed its own serving certificate
+    vm.checked(&["test", "-s", "/var/lib/kubelet/pki/kubelet.crt"])
+        .await
+        .context("the guest kubelet's self-signed certificate")?;
+
+    // 2. a pod with requests and a memory limit; its container's cgroup in the guest
+    create_namespace(&cluster.cp, &client, NAMESPACE).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "sized"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": VM_NODE},
+            "tolerations": [{"key": VM_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "args": ["pause"],
+                "resources": {
+                    "requests": {"cpu": "250m", "memory": "64Mi"},
+                    "limits": {"memory": "96Mi"},
+                },
+            }],
+        },
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let started = Instant::now();
+    let pod = loop {
+        let pod = pods.get("sized").await?;
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        match phase.as_deref() {
+            Some("Running") => break pod,
+            Some("Failed") | Some("Succeeded") => bail!("the pod ended: {:?}", pod.status),
+            _ if started.elapsed() > POD_RUNNING_TIMEOUT => {
+                bail!(
+                    "the pod is not running after {POD_RUNNING_TIMEOUT:?}: {:?}",
+                    pod.status
+                )
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    };
+    eprintln!(
+        "cgroupv2_node: pod Running on {VM_NODE} {:.1}s after it was created",
+        started.elapsed().as_secs_f64()
+    );
+    let (path, cgroup) = vm.container_cgroup(&pod).await?;
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default().replace('-', "_");
+    ensure!(
+        path.starts_with(&format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-"
+        )) && path.ends_with(".scope"),
+        "the container's cgroup is the systemd driver's: {path}"
+    );
+    ensure!(
+        cgroup.cpu_matches_request(250),
+        "cpu.weight for a 250m request: {cgroup:?} ({path})"
+    );
+    ensure!(
+        cgroup.memory_matches_limit(96 * 1024 * 1024),
+        "memory.max for a 96Mi limit: {cgroup:?} ({path})"
+    );
+    eprintln!("cgroupv2_node: /sys/fs/cgroup/{path}: {cgroup:?}");
+    Ok(())
+}
+
+/// The VM node's conditions, the test's pods, the guest's journal for its node services and the
+/// cluster's last log lines.
+async fn failure_details(cluster: &RealCluster, vm: &VmNode) -> String {
+    let mut out = String::new();
+    if let Ok(client) = cluster.cp.admin_client().await {
+        match Api::<Node>::all(client.clone()).get(VM_NODE).await {
+            Ok(n) => {
+                let conditions: Vec<String> = n
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter().flatten())
+                    .map(|c| {
+                        format!(
+                            "{}={} ({})",
+                            c.type_,
+                            c.status,
+                            c.message.as_deref().unwrap_or("")
+                        )
+                    })
+                    .collect();
+                out.push_str(&format!("node {VM_NODE}: {}\n", conditions.join("; ")));
+            }
+            Err(e) => out.push_str(&format!("(node {VM_NODE}: {e})\n")),
+        }
+        out.push_str(&format!(
+            "pods in {NAMESPACE}:\n{}\n",
+            describe_pods(&client, NAMESPACE).await
+        ));
+    }
+    match vm
+        .sh("journalctl -b --no-pager -n 60 -u containerd -u kubelet -u kube-proxy")
+        .await
+    {
+        Ok(o) => out.push_str(&format!("guest journal:\n{}\n", o.stdout)),
+        Err(e) => out.push_str(&format!("(guest journal: {e:#})\n")),
+    }
+    out.push_str("last log lines:\n");
+    out.push_str(&cluster.cp.log_tails(40));
+    out
+}
