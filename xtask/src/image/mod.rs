@@ -1,7 +1,8 @@
 //! nodewarden's container images, built without a container daemon: static binaries (glibc,
 //! `+crt-static`), `/etc/passwd` and `/etc/group` from `images/etc/`, FROM scratch, one
-//! uncompressed layer, written as OCI image-layout archives that `ctr images import`,
-//! `kind load image-archive`, `skopeo` and `podman load` take.
+//! uncompressed layer, for linux/amd64 and linux/arm64 (cross-compiled: [`target`]), written
+//! as one OCI image-layout archive per image with an image index over both platforms, which
+//! `ctr images import`, `kind load image-archive`, `skopeo copy --all` and `podman load` take.
 //!
 //! Why static glibc rather than the shared libraries beside the binary: the image then holds
 //! the binary and two text files, the `Containerfile` can copy exactly the same files, and no
@@ -15,6 +16,7 @@
 
 pub mod oci;
 pub mod tar;
+pub mod target;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,9 +25,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 pub use oci::{
-    BuiltImage, ContainerConfig, File, FsEntry, ImageContents, ImageSpec, Source, extract_rootfs,
-    full_reference, read_archive, write_archive,
+    BuiltImage, BuiltManifest, ContainerConfig, File, FsEntry, ImageContents, ImageSpec, Platform, Source,
+    archive_platforms, extract_rootfs, extract_rootfs_for, full_reference, read_archive, read_archive_for,
+    write_archive, write_multi_platform_archive,
 };
+pub use target::{AMD64, ARM64, TARGETS, Target};
 
 /// UID and GID the images run as (the chart's `runAsUser`/`runAsGroup` default too).
 pub const USER: &str = "65532:65532";
@@ -101,6 +105,8 @@ pub struct BuildOptions {
     pub epoch: u64,
     /// Print progress lines on stderr.
     pub progress: bool,
+    /// The platforms of nodewarden's images (default: [`TARGETS`], amd64 and arm64).
+    pub targets: Vec<Target>,
 }
 
 impl BuildOptions {
@@ -134,6 +140,7 @@ impl BuildOptions {
             revision: git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".to_string()),
             epoch,
             progress: true,
+            targets: TARGETS.to_vec(),
             root: root.to_path_buf(),
         })
     }
@@ -183,37 +190,99 @@ pub fn host_triple() -> Result<String> {
         .context("rustc -vV printed no host triple")
 }
 
-/// Builds `bin` of `package` with `profile` as a static executable and returns its path:
-/// `<target>/<host triple>/<profile dir>/<bin>`. See [`build_static_binaries`].
+/// Builds `bin` of `package` with `profile` as a static executable for this machine and returns
+/// its path: `<target>/<host triple>/<profile dir>/<bin>`. See [`build_static_binaries_for`].
 pub fn build_static_binary(opts: &BuildOptions, package: &str, bin: &str, profile: &str) -> Result<PathBuf> {
     let mut built = build_static_binaries(opts, package, &[bin], profile)?;
     built.pop().context("cargo built nothing")
 }
 
-/// Builds `bins` of `package` with `profile` as static executables in one cargo run and returns
-/// their paths, in the order given: `<target>/<host triple>/<profile dir>/<bin>`.
-///
-/// `--target <host>` keeps these builds (which have their own RUSTFLAGS) apart from the
-/// ordinary `target/release` ones, and leaves build scripts and proc macros alone. The release
-/// profile's debug info is turned off and symbols stripped (as agent-release does already):
-/// an image has no use for them. Paths of registry sources are remapped so the binary does
-/// not depend on where cargo keeps them.
+/// [`build_static_binaries_for`] this machine's architecture.
 pub fn build_static_binaries(
     opts: &BuildOptions,
     package: &str,
     bins: &[&str],
     profile: &str,
 ) -> Result<Vec<PathBuf>> {
-    let triple = host_triple()?;
+    build_static_binaries_for(opts, Target::host()?, package, bins, profile)
+}
+
+/// Builds `bins` of `package` with `profile` as static executables for `target` in one cargo
+/// run and returns their paths, in the order given: `<target>/<triple>/<profile dir>/<bin>`.
+/// Call [`Target::ensure_toolchain`] first (a missing standard library or cross linker fails
+/// here with cargo's words).
+///
+/// `--target <triple>` keeps these builds (which have their own RUSTFLAGS) apart from the
+/// ordinary `target/release` ones, and leaves build scripts and proc macros alone. The release
+/// profile's debug info is turned off and symbols stripped (as agent-release does already):
+/// an image has no use for them. Paths of registry sources are remapped so the binary does
+/// not depend on where cargo keeps them. A cross build gets its linker and C compiler from
+/// the environment of this cargo run only ([`Target::cargo_env`]).
+pub fn build_static_binaries_for(
+    opts: &BuildOptions,
+    target: Target,
+    package: &str,
+    bins: &[&str],
+    profile: &str,
+) -> Result<Vec<PathBuf>> {
+    let triple = target.triple;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut cmd = Command::new(&cargo);
+    clean_cargo_env(&mut cmd);
+    cmd.current_dir(&opts.root)
+        .args(["build", "--locked", "--profile", profile, "-p", package])
+        .args(bins.iter().flat_map(|b| ["--bin", b]))
+        .args(["--target", triple])
+        .env("CARGO_TARGET_DIR", &opts.target_dir)
+        .env("CARGO_ENCODED_RUSTFLAGS", static_rustflags())
+        .env_remove("RUSTFLAGS")
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .envs(target.cargo_env());
+    if !opts.progress {
+        cmd.arg("--quiet");
+    }
+    let names = bins.join(", ");
+    opts.say(format_args!(
+        "building {names} for {} (cargo build --profile {profile} -p {package} --target {triple}, \
+         static; a cold release build takes minutes)",
+        target.platform()
+    ));
+    let started = Instant::now();
+    let status = cmd.status().with_context(|| format!("starting {cargo}"))?;
+    if !status.success() {
+        bail!("building {names} for {} failed ({status})", target.platform());
+    }
+    let dir = if profile == "dev" { "debug" } else { profile };
+    let mut paths = Vec::new();
+    for bin in bins {
+        let path = opts.target_dir.join(triple).join(dir).join(bin);
+        opts.say(format_args!(
+            "{} built in {:.0?}: {:.1} MiB",
+            path.display(),
+            started.elapsed(),
+            std::fs::metadata(&path)?.len() as f64 / 1048576.0
+        ));
+        ensure_static(&path, target)?;
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
+/// RUSTFLAGS of the static builds, as `CARGO_ENCODED_RUSTFLAGS`: glibc linked in
+/// (`+crt-static`), cargo's registry folder remapped.
+pub fn static_rustflags() -> String {
     let mut flags = vec!["-Ctarget-feature=+crt-static".to_string()];
     if let Some(home) = cargo_home() {
         flags.push(format!("--remap-path-prefix={}=/cargo", home.display()));
     }
-    let mut cmd = Command::new(&cargo);
-    // Variables cargo sets for the program running this (a test binary, `cargo run` of xtask):
-    // build scripts such as ring's watch some of them, so leaving them in would rebuild
-    // everything each time this is called from somewhere else.
+    flags.join("\x1f")
+}
+
+/// Removes the variables cargo sets for the program running this (a test binary, `cargo run` of
+/// xtask) from `cmd`: build scripts such as ring's watch some of them, so leaving them in would
+/// rebuild everything each time this is called from somewhere else.
+pub fn clean_cargo_env(cmd: &mut Command) {
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
         if key == "OUT_DIR"
@@ -232,42 +301,6 @@ pub fn build_static_binaries(
             cmd.env_remove(key.as_ref());
         }
     }
-    cmd.current_dir(&opts.root)
-        .args(["build", "--locked", "--profile", profile, "-p", package])
-        .args(bins.iter().flat_map(|b| ["--bin", b]))
-        .args(["--target", &triple])
-        .env("CARGO_TARGET_DIR", &opts.target_dir)
-        .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
-        .env_remove("RUSTFLAGS")
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
-    if !opts.progress {
-        cmd.arg("--quiet");
-    }
-    let names = bins.join(", ");
-    opts.say(format_args!(
-        "building {names} (cargo build --profile {profile} -p {package} --target {triple}, static; \
-         a cold release build takes minutes)"
-    ));
-    let started = Instant::now();
-    let status = cmd.status().with_context(|| format!("starting {cargo}"))?;
-    if !status.success() {
-        bail!("building {names} failed ({status})");
-    }
-    let dir = if profile == "dev" { "debug" } else { profile };
-    let mut paths = Vec::new();
-    for bin in bins {
-        let path = opts.target_dir.join(&triple).join(dir).join(bin);
-        opts.say(format_args!(
-            "{} built in {:.0?}: {:.1} MiB",
-            path.display(),
-            started.elapsed(),
-            std::fs::metadata(&path)?.len() as f64 / 1048576.0
-        ));
-        ensure_static(&path)?;
-        paths.push(path);
-    }
-    Ok(paths)
 }
 
 fn cargo_home() -> Option<PathBuf> {
@@ -276,15 +309,25 @@ fn cargo_home() -> Option<PathBuf> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
 }
 
-/// Fails unless `path` is an ELF executable without a program interpreter (`PT_INTERP`), i.e.
-/// one the kernel starts without a dynamic loader from the image.
-pub fn ensure_static(path: &Path) -> Result<()> {
+/// Fails unless `path` is an ELF executable of `target`'s architecture without a program
+/// interpreter (`PT_INTERP`), i.e. one the kernel of such a node starts without a dynamic
+/// loader from the image.
+pub fn ensure_static(path: &Path, target: Target) -> Result<()> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 || data[5] != 1 {
         bail!("{} is not a 64-bit little-endian ELF file", path.display());
     }
     let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]);
     let u32_at = |o: usize| u32::from_le_bytes([data[o], data[o + 1], data[o + 2], data[o + 3]]);
+    let machine = u16_at(0x12);
+    if machine != target.elf_machine {
+        bail!(
+            "{} is built for ELF machine {machine}, not {} ({})",
+            path.display(),
+            target.elf_machine,
+            target.platform()
+        );
+    }
     let phoff = u64::from(u32_at(0x20)) | (u64::from(u32_at(0x24)) << 32);
     let (phentsize, phnum) = (usize::from(u16_at(0x36)), usize::from(u16_at(0x38)));
     for i in 0..phnum {
@@ -348,19 +391,51 @@ pub fn nodewarden_spec(opts: &BuildOptions, component: Component, binaries: &[Pa
     spec
 }
 
-/// Builds both binaries and writes both archives (webhook first, then agent) into
-/// `opts.out_dir`, plus `images.txt` there: one `reference digest archive` line per image.
+/// Builds both programs for every platform of `opts.targets` and writes both archives (webhook
+/// first, then agent) into `opts.out_dir`, each an image index over those platforms, plus
+/// `images.txt` there: one `reference digest archive` line per image (the index's digest).
+/// Missing Rust targets and cross linkers are installed first (see [`Target::ensure_toolchain`]),
+/// so a machine that lacks one fails before minutes of building.
 pub fn build_nodewarden_images(opts: &BuildOptions) -> Result<Vec<BuiltImage>> {
     let started = Instant::now();
+    anyhow::ensure!(!opts.targets.is_empty(), "no platform to build for");
+    for target in &opts.targets {
+        target.ensure_toolchain(&opts.root)?;
+    }
     let mut built = Vec::new();
     for component in COMPONENTS {
-        let binaries = build_static_binaries(opts, component.package, &component.bins(), component.profile)?;
-        let spec = nodewarden_spec(opts, component, &binaries);
-        let image = write_archive(&spec, &opts.archive(component))?;
+        let mut specs = Vec::new();
+        for &target in &opts.targets {
+            let platform_started = Instant::now();
+            let binaries = build_static_binaries_for(
+                opts,
+                target,
+                component.package,
+                &component.bins(),
+                component.profile,
+            )?;
+            opts.say(format_args!(
+                "{} for {}: {:.0?}",
+                component.package,
+                target.platform(),
+                platform_started.elapsed()
+            ));
+            specs.push((target.platform(), nodewarden_spec(opts, component, &binaries)));
+        }
+        let image = write_multi_platform_archive(&specs, &opts.archive(component))?;
+        for manifest in &image.manifests {
+            opts.say(format_args!(
+                "{} {}: manifest {}, layer {:.1} MiB",
+                image.reference,
+                manifest.platform,
+                manifest.manifest_digest,
+                manifest.layer_size as f64 / 1048576.0
+            ));
+        }
         opts.say(format_args!(
             "{} {} → {} ({:.1} MiB)",
             image.reference,
-            image.manifest_digest,
+            image.digest,
             image.archive.display(),
             std::fs::metadata(&image.archive)?.len() as f64 / 1048576.0
         ));
@@ -368,7 +443,7 @@ pub fn build_nodewarden_images(opts: &BuildOptions) -> Result<Vec<BuiltImage>> {
     }
     let list: String = built
         .iter()
-        .map(|i| format!("{} {} {}\n", i.reference, i.manifest_digest, i.archive.display()))
+        .map(|i| format!("{} {} {}\n", i.reference, i.digest, i.archive.display()))
         .collect();
     std::fs::write(opts.out_dir.join("images.txt"), list)?;
     opts.say(format_args!("done in {:.0?}", started.elapsed()));
@@ -404,17 +479,14 @@ mod tests {
         let mut reordered = spec(1_700_000_000);
         reordered.files.reverse();
         let b = write_archive(&reordered, &dir.path().join("b.tar")).unwrap();
-        assert_eq!(a.manifest_digest, b.manifest_digest);
+        assert_eq!(a.digest, b.digest);
         assert_eq!(
             std::fs::read(&a.archive).unwrap(),
             std::fs::read(&b.archive).unwrap()
         );
         assert_eq!(a.reference, "docker.io/nodewarden/test:1");
         let c = write_archive(&spec(1_700_000_001), &dir.path().join("c.tar")).unwrap();
-        assert_ne!(
-            a.manifest_digest, c.manifest_digest,
-            "the epoch is part of the image"
-        );
+        assert_ne!(a.digest, c.digest, "the epoch is part of the image");
 
         let contents = read_archive(&a.archive).unwrap();
         let paths: Vec<&str> = contents.rootfs.keys().map(String::as_str).collect();
@@ -441,6 +513,176 @@ mod tests {
         let root = dir.path().join("rootfs");
         extract_rootfs(&a.archive, &root).unwrap();
         assert_eq!(std::fs::read(root.join("usr/local/bin/b")).unwrap(), b"binary");
+    }
+
+    /// `path`'s bytes in an archive.
+    fn archive_file(archive: &Path, path: &str) -> Vec<u8> {
+        let data = std::fs::read(archive).unwrap();
+        tar::entries(&data)
+            .unwrap()
+            .into_iter()
+            .find(|e| e.name == path)
+            .map(|e| e.data.to_vec())
+            .unwrap_or_else(|| panic!("{path} is not in {}", archive.display()))
+    }
+
+    fn blob_json(archive: &Path, digest: &str) -> serde_json::Value {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        serde_json::from_slice(&archive_file(archive, &format!("blobs/sha256/{hex}"))).unwrap()
+    }
+
+    /// The spec of one platform's image: the binary differs by platform, as a real one does.
+    fn platform_spec(arch: &str, epoch: u64) -> (Platform, ImageSpec) {
+        let mut s = spec(epoch);
+        s.files[0].source = Source::Bytes(format!("binary for {arch}").into_bytes());
+        (Platform::linux(arch), s)
+    }
+
+    #[test]
+    fn an_index_over_two_platforms_is_reproducible_and_reads_back_per_platform() {
+        let dir = tempfile::tempdir().unwrap();
+        let both = [
+            platform_spec("amd64", 1_700_000_000),
+            platform_spec("arm64", 1_700_000_000),
+        ];
+        let a = write_multi_platform_archive(&both, &dir.path().join("a.tar")).unwrap();
+        // the platforms in the other order, each spec's files in the other order
+        let mut reordered = [both[1].clone(), both[0].clone()];
+        for (_, s) in &mut reordered {
+            s.files.reverse();
+        }
+        let b = write_multi_platform_archive(&reordered, &dir.path().join("b.tar")).unwrap();
+        assert_eq!(a.digest, b.digest);
+        assert_eq!(a.manifests, b.manifests);
+        assert_eq!(
+            std::fs::read(&a.archive).unwrap(),
+            std::fs::read(&b.archive).unwrap()
+        );
+        assert_eq!(a.reference, "docker.io/nodewarden/test:1");
+        let platforms: Vec<String> = a.manifests.iter().map(|m| m.platform.to_string()).collect();
+        assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
+        assert_ne!(a.manifests[0].manifest_digest, a.manifests[1].manifest_digest);
+        let c = write_multi_platform_archive(
+            &[
+                platform_spec("amd64", 1_700_000_000),
+                platform_spec("arm64", 1_700_000_001),
+            ],
+            &dir.path().join("c.tar"),
+        );
+        assert!(c.is_err(), "one index, one epoch");
+        let later = [
+            platform_spec("amd64", 1_700_000_001),
+            platform_spec("arm64", 1_700_000_001),
+        ];
+        let c = write_multi_platform_archive(&later, &dir.path().join("c.tar")).unwrap();
+        assert_ne!(a.digest, c.digest, "the epoch is part of the image");
+
+        // index.json names one image index (containerd gives every named entry of index.json a
+        // record before it filters by platform); that index lists each manifest with its platform
+        let top: serde_json::Value = serde_json::from_slice(&archive_file(&a.archive, "index.json")).unwrap();
+        let entries = top["manifests"].as_array().unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0]["mediaType"], oci::MEDIA_INDEX);
+        assert_eq!(entries[0]["digest"], a.digest.as_str());
+        assert_eq!(
+            entries[0]["annotations"][oci::ANNOTATION_CONTAINERD_NAME],
+            "docker.io/nodewarden/test:1"
+        );
+        assert!(entries[0].get("platform").is_none());
+        let index = blob_json(&a.archive, &a.digest);
+        assert_eq!(index["mediaType"], oci::MEDIA_INDEX);
+        let listed = index["manifests"].as_array().unwrap();
+        assert_eq!(listed.len(), 2);
+        for (desc, built) in listed.iter().zip(&a.manifests) {
+            assert_eq!(desc["mediaType"], oci::MEDIA_MANIFEST);
+            assert_eq!(desc["digest"], built.manifest_digest.as_str());
+            assert_eq!(
+                desc["platform"],
+                serde_json::json!({"architecture": built.platform.architecture, "os": "linux"})
+            );
+            assert!(desc.get("annotations").is_none(), "only the index is named");
+            let manifest = blob_json(&a.archive, &built.manifest_digest);
+            assert_eq!(manifest["config"]["digest"], built.config_digest.as_str());
+            let config = blob_json(&a.archive, &built.config_digest);
+            assert_eq!(config["architecture"], built.platform.architecture.as_str());
+            assert_eq!(config["os"], "linux");
+        }
+
+        assert_eq!(
+            archive_platforms(&a.archive).unwrap(),
+            [Platform::linux("amd64"), Platform::linux("arm64")]
+        );
+        for arch in ["amd64", "arm64"] {
+            let contents = read_archive_for(&a.archive, &Platform::linux(arch)).unwrap();
+            assert_eq!(contents.architecture, arch);
+            let bin = &contents.rootfs["/usr/local/bin/b"];
+            assert_eq!(
+                bin.sha256,
+                oci::sha256_hex(format!("binary for {arch}").as_bytes())
+            );
+            let root = dir.path().join(arch);
+            extract_rootfs_for(&a.archive, &Platform::linux(arch), &root).unwrap();
+            assert_eq!(
+                std::fs::read(root.join("usr/local/bin/b")).unwrap(),
+                format!("binary for {arch}").as_bytes()
+            );
+        }
+        // without a platform: this machine's
+        assert_eq!(read_archive(&a.archive).unwrap().architecture, oci::oci_arch());
+        let missing = read_archive_for(&a.archive, &Platform::linux("s390x")).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("no linux/s390x image (it has linux/amd64, linux/arm64)"),
+            "{missing:#}"
+        );
+
+        // a single-platform archive reads the same way
+        let one = write_archive(&spec(1_700_000_000), &dir.path().join("one.tar")).unwrap();
+        assert_eq!(archive_platforms(&one.archive).unwrap(), [Platform::host()]);
+        assert_eq!(one.manifests.len(), 1);
+        assert_eq!(one.digest, one.manifests[0].manifest_digest);
+    }
+
+    #[test]
+    fn an_index_refuses_what_it_cannot_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let x = dir.path().join("x.tar");
+        assert!(write_multi_platform_archive(&[], &x).is_err());
+        let twice = [platform_spec("arm64", 0), platform_spec("arm64", 0)];
+        assert!(write_multi_platform_archive(&twice, &x).is_err());
+        let mut renamed = platform_spec("arm64", 0);
+        renamed.1.name = "nodewarden/other".into();
+        assert!(write_multi_platform_archive(&[platform_spec("amd64", 0), renamed], &x).is_err());
+        assert!(!x.exists());
+    }
+
+    #[test]
+    fn platforms_are_read_and_written_as_os_slash_arch() {
+        assert_eq!(Platform::parse(" linux/arm64").unwrap(), Platform::linux("arm64"));
+        assert_eq!(Platform::linux("amd64").to_string(), "linux/amd64");
+        for bad in ["", "linux", "linux/", "/arm64", "linux/arm64/v8"] {
+            assert!(Platform::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_binary_of_the_other_architecture_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        // a minimal static ELF header: 64-bit, little-endian, no program headers
+        let elf = |machine: u16| {
+            let mut h = vec![0u8; 64];
+            h[..4].copy_from_slice(b"\x7fELF");
+            h[4] = 2;
+            h[5] = 1;
+            h[0x12..0x14].copy_from_slice(&machine.to_le_bytes());
+            h
+        };
+        let path = dir.path().join("bin");
+        std::fs::write(&path, elf(183)).unwrap();
+        ensure_static(&path, ARM64).unwrap();
+        let wrong = ensure_static(&path, AMD64).unwrap_err();
+        assert!(wrong.to_string().contains("not 62 (linux/amd64)"), "{wrong}");
+        std::fs::write(&path, b"#!/bin/sh\n").unwrap();
+        assert!(ensure_static(&path, ARM64).is_err());
     }
 
     #[test]

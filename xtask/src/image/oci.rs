@@ -108,15 +108,26 @@ pub fn full_reference(name: &str, tag: &str) -> String {
     format!("{name}:{tag}")
 }
 
-/// An archive written by [`write_archive`].
+/// An archive written by [`write_archive`] or [`write_multi_platform_archive`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuiltImage {
     /// Full reference as containerd names it after import (see [`full_reference`]).
     pub reference: String,
     pub archive: PathBuf,
-    /// `sha256:…` of the manifest: the image's digest (`crictl images --digests`, `ctr images ls`).
+    /// `sha256:…` of what the reference points to after import (`ctr images ls`, `crictl images
+    /// --digests`): the image index of a multi-platform archive, the manifest of a single one.
+    pub digest: String,
+    /// The image of each platform, in platform order (one for [`write_archive`]).
+    pub manifests: Vec<BuiltManifest>,
+}
+
+/// One platform's image in an archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltManifest {
+    pub platform: Platform,
+    /// `sha256:…` of the manifest.
     pub manifest_digest: String,
-    /// `sha256:…` of the config: the image ID.
+    /// `sha256:…` of the config: the image ID on a node of this platform.
     pub config_digest: String,
     /// Bytes of the (uncompressed) layer.
     pub layer_size: u64,
@@ -180,10 +191,45 @@ struct Descriptor {
     annotations: BTreeMap<String, String>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone)]
-struct Platform {
-    architecture: String,
-    os: String,
+/// An image's platform as OCI names it: `linux/amd64`, `linux/arm64`. The field order is the
+/// serialisation order (part of every digest).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Platform {
+    pub architecture: String,
+    pub os: String,
+}
+
+impl Platform {
+    /// `linux/<architecture>`.
+    pub fn linux(architecture: &str) -> Self {
+        Platform {
+            architecture: architecture.to_string(),
+            os: "linux".to_string(),
+        }
+    }
+
+    /// This machine's platform.
+    pub fn host() -> Self {
+        Platform::linux(oci_arch())
+    }
+
+    /// Reads `os/architecture`, e.g. `linux/arm64`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let s = s.trim();
+        match s.split_once('/') {
+            Some((os, arch)) if !os.is_empty() && !arch.is_empty() && !arch.contains('/') => Ok(Platform {
+                architecture: arch.to_string(),
+                os: os.to_string(),
+            }),
+            _ => bail!("{s:?} is not a platform: expected OS/ARCHITECTURE, e.g. linux/arm64"),
+        }
+    }
+}
+
+impl std::fmt::Display for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -313,80 +359,200 @@ pub fn layer_tar(spec: &ImageSpec) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Writes `spec` as an OCI image-layout tar archive at `archive` and returns what was built.
-/// The same spec (same file bytes) gives the same bytes, hence the same digests.
+/// One platform's image: its blobs and the manifest's descriptor (with the platform).
+struct ImageBlobs {
+    layer: Vec<u8>,
+    config: Vec<u8>,
+    manifest: Vec<u8>,
+    layer_desc: Descriptor,
+    config_desc: Descriptor,
+    manifest_desc: Descriptor,
+}
+
+impl ImageBlobs {
+    fn new(spec: &ImageSpec, platform: &Platform) -> Result<Self> {
+        let layer = layer_tar(spec)?;
+        let layer_desc = descriptor(MEDIA_LAYER, &layer);
+        let created = rfc3339(spec.epoch);
+        let config = ImageConfig {
+            created: Some(created.clone()),
+            architecture: platform.architecture.clone(),
+            os: platform.os.clone(),
+            config: ContainerConfig {
+                user: spec.user.clone(),
+                env: spec.env.clone(),
+                entrypoint: spec.entrypoint.clone(),
+                cmd: spec.args.clone(),
+                workdir: spec.workdir.clone().unwrap_or_default(),
+                labels: spec.labels.clone(),
+            },
+            rootfs: RootFs {
+                kind: "layers".to_string(),
+                diff_ids: vec![layer_desc.digest.clone()],
+            },
+            history: vec![History {
+                created: Some(created),
+                created_by: Some("cargo xtask image".to_string()),
+            }],
+        };
+        let config = serde_json::to_vec(&config)?;
+        let config_desc = descriptor(MEDIA_CONFIG, &config);
+        let manifest = serde_json::to_vec(&Manifest {
+            schema_version: 2,
+            media_type: Some(MEDIA_MANIFEST.to_string()),
+            config: config_desc.clone(),
+            layers: vec![layer_desc.clone()],
+        })?;
+        let mut manifest_desc = descriptor(MEDIA_MANIFEST, &manifest);
+        manifest_desc.platform = Some(platform.clone());
+        Ok(ImageBlobs {
+            layer,
+            config,
+            manifest,
+            layer_desc,
+            config_desc,
+            manifest_desc,
+        })
+    }
+
+    fn built(&self, platform: &Platform) -> BuiltManifest {
+        BuiltManifest {
+            platform: platform.clone(),
+            manifest_digest: self.manifest_desc.digest.clone(),
+            config_digest: self.config_desc.digest.clone(),
+            layer_size: self.layer.len() as u64,
+        }
+    }
+}
+
+/// Names `desc` for importers: containerd's name annotation and the OCI reference name.
+fn name(desc: &mut Descriptor, reference: &str) {
+    desc.annotations
+        .insert(ANNOTATION_CONTAINERD_NAME.to_string(), reference.to_string());
+    desc.annotations
+        .insert(ANNOTATION_REF_NAME.to_string(), reference.to_string());
+}
+
+/// Writes `spec` as an OCI image-layout tar archive at `archive` and returns what was built: one
+/// image of this machine's platform, `index.json` naming its manifest. The same spec (same file
+/// bytes) gives the same bytes, hence the same digests.
 pub fn write_archive(spec: &ImageSpec, archive: &Path) -> Result<BuiltImage> {
     ensure!(
         !spec.name.is_empty() && !spec.tag.is_empty(),
         "an image needs a name and a tag"
     );
-    let layer = layer_tar(spec)?;
-    let layer_desc = descriptor(MEDIA_LAYER, &layer);
-    let created = rfc3339(spec.epoch);
-    let config = ImageConfig {
-        created: Some(created.clone()),
-        architecture: oci_arch().to_string(),
-        os: "linux".to_string(),
-        config: ContainerConfig {
-            user: spec.user.clone(),
-            env: spec.env.clone(),
-            entrypoint: spec.entrypoint.clone(),
-            cmd: spec.args.clone(),
-            workdir: spec.workdir.clone().unwrap_or_default(),
-            labels: spec.labels.clone(),
-        },
-        rootfs: RootFs {
-            kind: "layers".to_string(),
-            diff_ids: vec![layer_desc.digest.clone()],
-        },
-        history: vec![History {
-            created: Some(created),
-            created_by: Some("cargo xtask image".to_string()),
-        }],
-    };
-    let config = serde_json::to_vec(&config)?;
-    let config_desc = descriptor(MEDIA_CONFIG, &config);
-    let manifest = serde_json::to_vec(&Manifest {
-        schema_version: 2,
-        media_type: Some(MEDIA_MANIFEST.to_string()),
-        config: config_desc.clone(),
-        layers: vec![layer_desc.clone()],
-    })?;
-    let mut manifest_desc = descriptor(MEDIA_MANIFEST, &manifest);
-    manifest_desc.platform = Some(Platform {
-        architecture: oci_arch().to_string(),
-        os: "linux".to_string(),
-    });
+    let platform = Platform::host();
+    let image = ImageBlobs::new(spec, &platform)?;
     let reference = spec.reference();
-    manifest_desc
-        .annotations
-        .insert(ANNOTATION_CONTAINERD_NAME.to_string(), reference.clone());
-    manifest_desc
-        .annotations
-        .insert(ANNOTATION_REF_NAME.to_string(), reference.clone());
+    let mut top = image.manifest_desc.clone();
+    name(&mut top, &reference);
+    let blobs = [
+        (&image.layer_desc, image.layer.as_slice()),
+        (&image.config_desc, image.config.as_slice()),
+        (&image.manifest_desc, image.manifest.as_slice()),
+    ];
+    write_layout(archive, spec.epoch, &top, &blobs)?;
+    Ok(BuiltImage {
+        reference,
+        archive: archive.to_path_buf(),
+        digest: top.digest,
+        manifests: vec![image.built(&platform)],
+    })
+}
+
+/// Writes one image over several platforms as an OCI image-layout tar archive at `archive`:
+/// `index.json` names an image index (the reference's target after import), which lists each
+/// platform's manifest with its `platform`. The specs must agree on name, tag and epoch; the
+/// platforms are listed in their sort order, so the order given does not change the bytes.
+///
+/// Why the index in between rather than the manifests straight in `index.json`: containerd's
+/// importer gives every named entry of `index.json` an image record before it filters by
+/// platform, so two named manifests would leave whichever came last under the name (arm64 on
+/// an amd64 node). A named index is one record, and containerd resolves it to the node's
+/// platform (`ctr images import` keeps only that platform's content; the kubelet's CRI reads
+/// that platform's config).
+pub fn write_multi_platform_archive(images: &[(Platform, ImageSpec)], archive: &Path) -> Result<BuiltImage> {
+    let mut sorted: Vec<&(Platform, ImageSpec)> = images.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let Some((_, first)) = sorted.first() else {
+        bail!("an image index needs at least one platform");
+    };
+    ensure!(
+        !first.name.is_empty() && !first.tag.is_empty(),
+        "an image needs a name and a tag"
+    );
+    for pair in sorted.windows(2) {
+        ensure!(pair[0].0 != pair[1].0, "platform {} is listed twice", pair[0].0);
+    }
+    for (platform, spec) in &sorted {
+        ensure!(
+            (&spec.name, &spec.tag, spec.epoch) == (&first.name, &first.tag, first.epoch),
+            "the {platform} image is {}:{} at {}, the {} one {}:{} at {}: one index holds one \
+             name, tag and epoch",
+            spec.name,
+            spec.tag,
+            spec.epoch,
+            sorted[0].0,
+            first.name,
+            first.tag,
+            first.epoch
+        );
+    }
+    let built: Vec<ImageBlobs> = sorted
+        .iter()
+        .map(|(platform, spec)| {
+            ImageBlobs::new(spec, platform).with_context(|| format!("the {platform} image"))
+        })
+        .collect::<Result<_>>()?;
     let index = serde_json::to_vec(&Index {
         schema_version: 2,
         media_type: Some(MEDIA_INDEX.to_string()),
-        manifests: vec![manifest_desc.clone()],
+        manifests: built.iter().map(|b| b.manifest_desc.clone()).collect(),
     })?;
+    let reference = first.reference();
+    let mut top = descriptor(MEDIA_INDEX, &index);
+    name(&mut top, &reference);
+    let mut blobs: Vec<(&Descriptor, &[u8])> = vec![(&top, index.as_slice())];
+    for b in &built {
+        blobs.push((&b.layer_desc, &b.layer));
+        blobs.push((&b.config_desc, &b.config));
+        blobs.push((&b.manifest_desc, &b.manifest));
+    }
+    write_layout(archive, first.epoch, &top, &blobs)?;
+    Ok(BuiltImage {
+        reference,
+        archive: archive.to_path_buf(),
+        digest: top.digest.clone(),
+        manifests: sorted
+            .iter()
+            .zip(&built)
+            .map(|((platform, _), b)| b.built(platform))
+            .collect(),
+    })
+}
 
-    let mut blobs: BTreeMap<String, &[u8]> = BTreeMap::new();
-    for (desc, data) in [
-        (&layer_desc, layer.as_slice()),
-        (&config_desc, config.as_slice()),
-        (&manifest_desc, manifest.as_slice()),
-    ] {
-        blobs.insert(format!("blobs/sha256/{}", &desc.digest["sha256:".len()..]), data);
+/// Writes the archive: `blobs/sha256/*` (sorted by digest, each once), `index.json` listing
+/// `top`, `oci-layout`; every entry dated `epoch`.
+fn write_layout(archive: &Path, epoch: u64, top: &Descriptor, blobs: &[(&Descriptor, &[u8])]) -> Result<()> {
+    let index = serde_json::to_vec(&Index {
+        schema_version: 2,
+        media_type: Some(MEDIA_INDEX.to_string()),
+        manifests: vec![top.clone()],
+    })?;
+    let mut files: BTreeMap<String, &[u8]> = BTreeMap::new();
+    for (desc, data) in blobs {
+        files.insert(format!("blobs/sha256/{}", &desc.digest["sha256:".len()..]), data);
     }
-    let mut out = Vec::with_capacity(layer.len() + 8192);
-    tar::append(&mut out, "blobs/", tar::Kind::Dir, 0o755, spec.epoch, &[])?;
-    tar::append(&mut out, "blobs/sha256/", tar::Kind::Dir, 0o755, spec.epoch, &[])?;
-    for (name, data) in blobs {
-        tar::append(&mut out, &name, tar::Kind::File, 0o644, spec.epoch, data)?;
+    let size = files.values().map(|d| d.len() + 512).sum::<usize>() + 8192;
+    let mut out = Vec::with_capacity(size);
+    tar::append(&mut out, "blobs/", tar::Kind::Dir, 0o755, epoch, &[])?;
+    tar::append(&mut out, "blobs/sha256/", tar::Kind::Dir, 0o755, epoch, &[])?;
+    for (name, data) in files {
+        tar::append(&mut out, &name, tar::Kind::File, 0o644, epoch, data)?;
     }
-    tar::append(&mut out, "index.json", tar::Kind::File, 0o644, spec.epoch, &index)?;
+    tar::append(&mut out, "index.json", tar::Kind::File, 0o644, epoch, &index)?;
     let layout = br#"{"imageLayoutVersion":"1.0.0"}"#;
-    tar::append(&mut out, "oci-layout", tar::Kind::File, 0o644, spec.epoch, layout)?;
+    tar::append(&mut out, "oci-layout", tar::Kind::File, 0o644, epoch, layout)?;
     tar::finish(&mut out);
 
     if let Some(dir) = archive.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -400,13 +566,7 @@ pub fn write_archive(spec: &ImageSpec, archive: &Path) -> Result<BuiltImage> {
     let tmp = archive.with_extension(format!("tar.{}-{writer}.partial", std::process::id()));
     std::fs::write(&tmp, &out).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, archive).with_context(|| format!("renaming to {}", archive.display()))?;
-    Ok(BuiltImage {
-        reference,
-        archive: archive.to_path_buf(),
-        manifest_digest: manifest_desc.digest,
-        config_digest: config_desc.digest,
-        layer_size: layer.len() as u64,
-    })
+    Ok(())
 }
 
 /// One path of an image's root file system.
@@ -434,9 +594,32 @@ pub struct ImageContents {
     pub os: String,
 }
 
-/// Reads an OCI image-layout tar archive with one image (uncompressed or gzip layers).
+/// Reads an OCI image-layout tar archive (uncompressed or gzip layers): its only image, or
+/// this machine's platform's of a multi-platform one.
 pub fn read_archive(archive: &Path) -> Result<ImageContents> {
-    Ok(read_impl(archive, false)?.0)
+    Ok(read_impl(archive, None, false)?.0)
+}
+
+/// Reads the image of `platform` from an OCI image-layout tar archive; fails when the archive
+/// has none.
+pub fn read_archive_for(archive: &Path, platform: &Platform) -> Result<ImageContents> {
+    Ok(read_impl(archive, Some(platform), false)?.0)
+}
+
+/// The platforms of an archive's images, as its index (or indexes) list them, sorted. A
+/// manifest listed without a platform is named by its config.
+pub fn archive_platforms(archive: &Path) -> Result<Vec<Platform>> {
+    let data = std::fs::read(archive).with_context(|| format!("reading {}", archive.display()))?;
+    let layout = Layout::new(&data)?;
+    let mut platforms = Vec::new();
+    for desc in layout.manifests()? {
+        platforms.push(match desc.platform {
+            Some(p) => p,
+            None => layout.config(&desc)?.1,
+        });
+    }
+    platforms.sort();
+    Ok(platforms)
 }
 
 fn layer_bytes<'a>(desc: &Descriptor, blob: &'a [u8]) -> Result<std::borrow::Cow<'a, [u8]>> {
@@ -453,43 +636,127 @@ fn layer_bytes<'a>(desc: &Descriptor, blob: &'a [u8]) -> Result<std::borrow::Cow
     }
 }
 
-/// The contents, and (when `keep_bytes`) every regular file's bytes by sha256.
-fn read_impl(archive: &Path, keep_bytes: bool) -> Result<(ImageContents, BTreeMap<String, Vec<u8>>)> {
-    let data = std::fs::read(archive).with_context(|| format!("reading {}", archive.display()))?;
-    let mut files: BTreeMap<String, &[u8]> = BTreeMap::new();
-    for entry in tar::entries(&data)? {
-        if entry.kind == tar::Kind::File {
-            files.insert(entry.name.trim_start_matches("./").to_string(), entry.data);
+/// The files of an OCI image-layout tar archive, and its blobs by digest.
+struct Layout<'a> {
+    files: BTreeMap<String, &'a [u8]>,
+}
+
+impl<'a> Layout<'a> {
+    fn new(data: &'a [u8]) -> Result<Self> {
+        let mut files: BTreeMap<String, &[u8]> = BTreeMap::new();
+        for entry in tar::entries(data)? {
+            if entry.kind == tar::Kind::File {
+                files.insert(entry.name.trim_start_matches("./").to_string(), entry.data);
+            }
         }
+        Ok(Layout { files })
     }
-    let blob = |digest: &str| -> Result<&[u8]> {
+
+    fn blob(&self, digest: &str) -> Result<&'a [u8]> {
         let hex = digest
             .strip_prefix("sha256:")
             .context("only sha256 digests are read")?;
-        let data = files
+        let data = self
+            .files
             .get(&format!("blobs/sha256/{hex}"))
             .with_context(|| format!("blob {digest} is not in the archive"))?;
         ensure!(sha256_hex(data) == hex, "blob {digest} does not match its digest");
         Ok(data)
-    };
-    let index: Index = serde_json::from_slice(
-        files
-            .get("index.json")
-            .context("no index.json: not an OCI layout")?,
-    )?;
-    let [desc] = index.manifests.as_slice() else {
-        bail!(
-            "index.json lists {} manifests, expected one",
-            index.manifests.len()
-        );
-    };
-    ensure!(
-        desc.media_type == MEDIA_MANIFEST,
-        "index.json points to {}, expected an image manifest",
-        desc.media_type
-    );
-    let manifest: Manifest = serde_json::from_slice(blob(&desc.digest)?)?;
-    let config: ImageConfig = serde_json::from_slice(blob(&manifest.config.digest)?)?;
+    }
+
+    /// Every image manifest `index.json` lists, directly or through image indexes (one level
+    /// deep, as a multi-platform image has them).
+    fn manifests(&self) -> Result<Vec<Descriptor>> {
+        let index: Index = serde_json::from_slice(
+            self.files
+                .get("index.json")
+                .context("no index.json: not an OCI layout")?,
+        )
+        .context("reading index.json")?;
+        let mut manifests = Vec::new();
+        for desc in index.manifests {
+            match desc.media_type.as_str() {
+                MEDIA_MANIFEST | "application/vnd.docker.distribution.manifest.v2+json" => {
+                    manifests.push(desc)
+                }
+                MEDIA_INDEX | "application/vnd.docker.distribution.manifest.list.v2+json" => {
+                    let nested: Index = serde_json::from_slice(self.blob(&desc.digest)?)
+                        .with_context(|| format!("reading image index {}", desc.digest))?;
+                    for inner in nested.manifests {
+                        ensure!(
+                            inner.media_type == MEDIA_MANIFEST
+                                || inner.media_type == "application/vnd.docker.distribution.manifest.v2+json",
+                            "image index {} lists {}, expected image manifests",
+                            desc.digest,
+                            inner.media_type
+                        );
+                        manifests.push(inner);
+                    }
+                }
+                other => bail!("index.json lists {other}, expected an image manifest or index"),
+            }
+        }
+        ensure!(!manifests.is_empty(), "the archive lists no image");
+        Ok(manifests)
+    }
+
+    /// A manifest, its config, and the config's platform.
+    fn config(&self, desc: &Descriptor) -> Result<(Manifest, Platform, ImageConfig)> {
+        let manifest: Manifest = serde_json::from_slice(self.blob(&desc.digest)?)
+            .with_context(|| format!("reading manifest {}", desc.digest))?;
+        let config: ImageConfig = serde_json::from_slice(self.blob(&manifest.config.digest)?)
+            .with_context(|| format!("reading config {}", manifest.config.digest))?;
+        let platform = Platform {
+            architecture: config.architecture.clone(),
+            os: config.os.clone(),
+        };
+        Ok((manifest, platform, config))
+    }
+
+    /// The manifest of `platform` (`None`: the only one, else this machine's), read with its
+    /// config; the config must say the platform the index does.
+    fn select(&self, platform: Option<&Platform>) -> Result<(Manifest, ImageConfig)> {
+        let manifests = self.manifests()?;
+        let mut candidates = Vec::new();
+        for desc in manifests {
+            let (manifest, config_platform, config) = self.config(&desc)?;
+            if let Some(listed) = &desc.platform {
+                ensure!(
+                    *listed == config_platform,
+                    "manifest {} is listed as {listed} but its config says {config_platform}",
+                    desc.digest
+                );
+            }
+            candidates.push((config_platform, manifest, config));
+        }
+        let wanted = match platform {
+            Some(p) => p.clone(),
+            None if candidates.len() == 1 => candidates[0].0.clone(),
+            None => Platform::host(),
+        };
+        let listed: Vec<String> = candidates.iter().map(|c| c.0.to_string()).collect();
+        let mut matching = candidates.into_iter().filter(|c| c.0 == wanted);
+        let Some((_, manifest, config)) = matching.next() else {
+            bail!("the archive has no {wanted} image (it has {})", listed.join(", "));
+        };
+        ensure!(matching.next().is_none(), "the archive has two {wanted} images");
+        Ok((manifest, config))
+    }
+}
+
+/// The contents of `platform`'s image (see [`Layout::select`]), and (when `keep_bytes`) every
+/// regular file's bytes by sha256.
+fn read_impl(
+    archive: &Path,
+    platform: Option<&Platform>,
+    keep_bytes: bool,
+) -> Result<(ImageContents, BTreeMap<String, Vec<u8>>)> {
+    let data = std::fs::read(archive).with_context(|| format!("reading {}", archive.display()))?;
+    let layout = Layout::new(&data)?;
+    let (manifest, config) = layout
+        .select(platform)
+        .with_context(|| format!("reading {}", archive.display()))?;
+    let blob = |digest: &str| layout.blob(digest);
     let mut rootfs: BTreeMap<String, FsEntry> = BTreeMap::new();
     let mut bytes: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     for layer in &manifest.layers {
@@ -541,10 +808,20 @@ fn read_impl(archive: &Path, keep_bytes: bool) -> Result<(ImageContents, BTreeMa
 }
 
 /// Writes an archive's root file system into `dir` (regular files, folders, symlinks; owners
-/// are not changed), e.g. to run its entrypoint with `chroot`.
+/// are not changed), e.g. to run its entrypoint with `chroot`: its only image's, or this
+/// machine's platform's.
 pub fn extract_rootfs(archive: &Path, dir: &Path) -> Result<()> {
+    extract_impl(archive, None, dir)
+}
+
+/// [`extract_rootfs`] of `platform`'s image.
+pub fn extract_rootfs_for(archive: &Path, platform: &Platform, dir: &Path) -> Result<()> {
+    extract_impl(archive, Some(platform), dir)
+}
+
+fn extract_impl(archive: &Path, platform: Option<&Platform>, dir: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let (contents, bytes) = read_impl(archive, true)?;
+    let (contents, bytes) = read_impl(archive, platform, true)?;
     for (path, entry) in &contents.rootfs {
         let target = dir.join(path.trim_start_matches('/'));
         match entry.kind {
