@@ -39,9 +39,13 @@ enum Task {
         which: Bench,
     },
     /// Build the webhook and agent images as OCI archives (no container daemon needed):
-    /// `<target>/images/nodewarden-{webhook,agent}.oci.tar`, for `ctr images import` or
-    /// `kind load image-archive`.
+    /// `<target>/images/nodewarden-{webhook,agent}.oci.tar`, each an image index over
+    /// linux/amd64 and linux/arm64, for `ctr images import` or `kind load image-archive`.
     Image {
+        /// Platforms, comma-separated (arm64 is cross-compiled on an amd64 machine and the
+        /// other way round; the Rust target and Debian's cross linker are installed when missing).
+        #[arg(long, default_value = xtask::image::target::DEFAULT_PLATFORMS)]
+        platform: String,
         /// Output folder (default: `<target>/images`).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -69,8 +73,9 @@ fn main() -> Result<()> {
         Task::Demo => demo(&root),
         Task::Ci => ci(&root),
         Task::Fuzz { seconds, targets } => fuzz::fuzz(&root, &fuzz::FuzzOptions { seconds, targets }),
-        Task::Image { out, tag } => {
+        Task::Image { platform, out, tag } => {
             let mut opts = xtask::image::BuildOptions::for_repo(&root)?;
+            opts.targets = xtask::image::target::parse_platforms(&platform).context("--platform")?;
             if let Some(out) = out {
                 opts.out_dir = out;
             }
@@ -78,12 +83,7 @@ fn main() -> Result<()> {
                 opts.tag = tag;
             }
             for image in xtask::image::build_nodewarden_images(&opts)? {
-                println!(
-                    "{} {} {}",
-                    image.reference,
-                    image.manifest_digest,
-                    image.archive.display()
-                );
+                println!("{} {} {}", image.reference, image.digest, image.archive.display());
             }
             Ok(())
         }
@@ -136,10 +136,21 @@ fn crdgen(root: &Path) -> Result<()> {
 }
 
 fn run(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<()> {
+    run_with_env(root, what, program, args, &[])
+}
+
+/// [`run`] with more environment variables for the program.
+fn run_with_env(
+    root: &Path,
+    what: &str,
+    program: &str,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<()> {
     eprintln!("==> {what}: {program} {}", args.join(" "));
     let started = std::time::Instant::now();
     let mut command = Command::new(program);
-    command.args(args).current_dir(root);
+    command.args(args).current_dir(root).envs(env.iter().cloned());
     if std::env::var("CI").as_deref() == Ok("true") {
         // a fresh clone builds once: incremental state (gigabytes for the test binaries) would
         // only fill the disk the real-node tests' kubelets and containerd share
@@ -185,15 +196,54 @@ fn demo(root: &Path) -> Result<()> {
     )
 }
 
+/// The agent's cgroup readers' unit tests (which parse the kernel's files with integer
+/// arithmetic a 64-bit ARM machine must get right too), compiled for aarch64 and run under
+/// qemu-user: cargo hands each test binary to `qemu-aarch64-static` (its runner), so nothing is
+/// registered with the kernel's binfmt_misc. Statically linked as the images are, so no aarch64
+/// loader is needed either. The Rust target, Debian's cross linker and qemu-user-static are
+/// installed when missing.
+fn arm64_tests(root: &Path) -> Result<()> {
+    use xtask::image::{self, ARM64};
+    let what = "arm64 tests";
+    if ARM64.is_host() {
+        eprintln!("==> {what}: this machine is arm64; the workspace tests ran on it already");
+        return Ok(());
+    }
+    ARM64.ensure_toolchain(root).context(what)?;
+    let qemu = ARM64.ensure_qemu(root).context(what)?;
+    let upper = ARM64.triple.to_uppercase().replace('-', "_");
+    let mut env = ARM64.cargo_env();
+    env.push((format!("CARGO_TARGET_{upper}_RUNNER"), qemu.display().to_string()));
+    env.push(("CARGO_ENCODED_RUSTFLAGS".to_string(), image::static_rustflags()));
+    run_with_env(
+        root,
+        what,
+        &cargo(),
+        &[
+            "test",
+            "--locked",
+            "-p",
+            "nodewarden-agent",
+            "--target",
+            ARM64.triple,
+            "--lib",
+            "cgroup::",
+        ],
+        &env,
+    )
+}
+
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
 /// Debian packages `cargo xtask ci` makes sure of before the tests (see tests/node/packages.sh):
-/// buildah for the Containerfile test, and what a real node runs on (the same list as
+/// buildah for the Containerfile test, qemu-user-static for the arm64 ones, and what a real node runs on (the same list as
 /// `nodewarden_tests::node::NODE_PACKAGES`, which the real-node tier installs itself too).
 const TEST_PACKAGES: &[&str] = &[
     "buildah",
+    // qemu-aarch64-static runs the arm64 images' programs and the agent's arm64 tests
+    xtask::image::target::QEMU_PACKAGE,
     "containerd",
     "runc",
     "containernetworking-plugins",
@@ -302,6 +352,7 @@ fn ci(root: &Path) -> Result<()> {
         &cargo,
         &["test", "--workspace", "--locked", "--no-fail-fast"],
     )?;
+    arm64_tests(root)?;
     // the benchmarks' load generator is behind a feature the workspace's tests leave off: its
     // own tests (the open loop's clock) run here
     run(
