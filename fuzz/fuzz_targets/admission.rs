@@ -217,9 +217,23 @@ fn answer(
     } else {
         process(body, handler)
     };
+    // a uid longer than the limit is never echoed: the answer is a 400 without it
+    if let Some(request) = serde_json::from_slice::<ReviewIn>(body).ok().and_then(|r| r.request) {
+        if request.uid.len() > nodewarden_webhook::admission::MAX_UID_BYTES {
+            assert!(
+                matches!(processed, Processed::BadRequest(_)),
+                "a uid of {} bytes was echoed",
+                request.uid.len()
+            );
+        }
+    }
     let Processed::Review(out, outcome, _) = processed else {
         return None;
     };
+    assert!(
+        out.response.uid.len() <= nodewarden_webhook::admission::MAX_UID_BYTES,
+        "an answer echoes a uid over the limit"
+    );
     let encoded = serde_json::to_vec(&*out).expect("the answer encodes");
     assert_eq!(
         out.to_json().expect("the answer is written"),

@@ -176,6 +176,38 @@ async fn a_review_without_request_or_uid_is_a_400() {
 }
 
 #[tokio::test]
+async fn a_uid_over_128_bytes_is_a_400_that_does_not_echo_it() {
+    // at the limit: answered, uid echoed
+    let mut r = review();
+    r["request"]["uid"] = json!("u".repeat(admission::MAX_UID_BYTES));
+    let (status, body) = post("/mutate/test", r.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let out: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(out["response"]["uid"], "u".repeat(admission::MAX_UID_BYTES));
+    // one past it, on a well-formed and on a malformed review: 400, the uid not in the answer
+    let long = "u".repeat(60_000);
+    let mut r = review();
+    r["request"]["uid"] = json!(long);
+    let mut malformed = review();
+    malformed["request"]["uid"] = json!(long);
+    malformed["request"]["operation"] = json!(42);
+    for body in [r.to_string(), malformed.to_string()] {
+        let (status, answer) = post("/mutate/test", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.contains("request.uid is 60000 bytes, longer than the limit of 128"),
+            "{text}"
+        );
+        assert!(
+            answer.len() < 1024,
+            "the answer echoes the uid: {} bytes",
+            answer.len()
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_body_over_the_limit_is_a_413() {
     let mut r = review();
     r["request"]["object"]["metadata"]["annotations"] = json!({"big": "x".repeat(MAX_BODY)});

@@ -74,7 +74,9 @@ pub fn one_pass<V: serde::de::DeserializeOwned>(
     if review.api_version != review::API_VERSION || review.kind != review::KIND {
         return None;
     }
-    let mut request = review.request.filter(|r| !r.uid.is_empty())?;
+    let mut request = review
+        .request
+        .filter(|r| !r.uid.is_empty() && r.uid.len() <= MAX_UID_BYTES)?;
     let decided = std::panic::catch_unwind(AssertUnwindSafe(|| decide(&mut request))).map_err(|_| ());
     Some((request.into_head(), decided))
 }
@@ -311,11 +313,12 @@ fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
         Err(err) => {
             let message = format!("malformed AdmissionReview: {err}");
             return Err(match uid_of(body) {
-                Some(uid) => Processed::Review(
+                Some(Ok(uid)) => Processed::Review(
                     Box::new(ReviewOut::new(deny_invalid(&uid, message))),
                     Outcome::Invalid,
                     Ident::default(),
                 ),
+                Some(Err(len)) => Processed::BadRequest(format!("{message}; {}", uid_too_long(len))),
                 None => Processed::BadRequest(message),
             });
         }
@@ -329,6 +332,12 @@ fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
         return Err(Processed::BadRequest(
             "AdmissionReview request has an empty uid".to_string(),
         ));
+    }
+    if request.uid.len() > MAX_UID_BYTES {
+        return Err(Processed::BadRequest(format!(
+            "malformed AdmissionReview: {}",
+            uid_too_long(request.uid.len())
+        )));
     }
     if review.api_version != review::API_VERSION || review.kind != review::KIND {
         let message = format!(
@@ -393,6 +402,16 @@ fn finish(request: impl Decided, decided: Result<AdmissionResponse, ()>, handler
     Processed::Review(Box::new(ReviewOut::new(response)), outcome, ident)
 }
 
+/// Longest `request.uid` answered, in bytes. The API server sends a UUID (36 characters); the
+/// answer echoes the uid, so without a limit a client chose the size of every answer (a 60 KB
+/// uid made a 60 KB answer) and the memory each answer held while it waited to be sent. A longer
+/// uid is answered HTTP 400, and the uid is not echoed.
+pub const MAX_UID_BYTES: usize = 128;
+
+fn uid_too_long(len: usize) -> String {
+    format!("request.uid is {len} bytes, longer than the limit of {MAX_UID_BYTES}")
+}
+
 fn deny_invalid(uid: &str, message: String) -> AdmissionResponse {
     AdmissionResponse::deny(uid, 400, "BadRequest", message)
 }
@@ -401,7 +420,8 @@ fn deny_invalid(uid: &str, message: String) -> AdmissionResponse {
 ///
 /// Read in one streaming pass that keeps nothing but the uid (borrowed from `body` unless it
 /// has escapes): a malformed review costs about its own size, not a generic JSON tree of it.
-fn uid_of(body: &[u8]) -> Option<String> {
+/// `Err` holds the length of a uid longer than [`MAX_UID_BYTES`], which is not copied.
+fn uid_of(body: &[u8]) -> Option<Result<String, usize>> {
     #[derive(serde::Deserialize)]
     struct Envelope<'a> {
         #[serde(borrow, default)]
@@ -414,7 +434,11 @@ fn uid_of(body: &[u8]) -> Option<String> {
     }
     let envelope: Envelope<'_> = serde_json::from_slice(body).ok()?;
     let uid = envelope.request?.uid?;
-    (!uid.is_empty()).then(|| uid.into_owned())
+    match uid.len() {
+        0 => None,
+        len if len > MAX_UID_BYTES => Some(Err(len)),
+        _ => Some(Ok(uid.into_owned())),
+    }
 }
 
 /// Reviews with a body of at least this many bytes are decided on the blocking thread pool, not
