@@ -100,6 +100,24 @@ pub struct Config {
     #[arg(long, env = "NODEWARDEN_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_interval)]
     pub idle_timeout: Duration,
 
+    /// Most requests in flight on the whole admission server besides each connection's first
+    /// (which never waits); at the limit, further requests wait, reading nothing, until one
+    /// ends or --request-timeout answers them 408.
+    #[arg(long, env = "NODEWARDEN_MAX_REQUESTS_IN_FLIGHT", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_requests_in_flight: u32,
+
+    /// Most concurrent HTTP/2 streams a client may open on one admission connection.
+    #[arg(long, env = "NODEWARDEN_MAX_STREAMS_PER_CONNECTION", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_streams_per_connection: u32,
+
+    /// How long an answer may wait to be sent (the client reads nothing or opens no HTTP/2
+    /// window) before its connection is closed; a stalled connection is closed between once
+    /// and twice this after its answer was ready.
+    #[arg(long, env = "NODEWARDEN_WRITE_TIMEOUT", default_value = "10s", value_parser = parse_interval)]
+    pub write_timeout: Duration,
+
     /// How often an HTTP/2 connection is pinged to find dead peers.
     #[arg(long, env = "NODEWARDEN_HTTP2_KEEP_ALIVE_INTERVAL", default_value = "30s", value_parser = parse_interval)]
     pub http2_keep_alive_interval: Duration,
@@ -250,6 +268,9 @@ impl Config {
             idle_timeout: self.idle_timeout,
             http2_keep_alive_interval: self.http2_keep_alive_interval,
             http2_keep_alive_timeout: self.http2_keep_alive_timeout,
+            max_requests_in_flight: usize::try_from(self.max_requests_in_flight).unwrap_or(usize::MAX),
+            max_streams_per_connection: self.max_streams_per_connection,
+            write_timeout: self.write_timeout,
         }
     }
 

@@ -3,15 +3,17 @@
 //! ([`ServerLimits`]; what happens at each one is in docs/server.md).
 
 use std::future::{Future, poll_fn};
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::Poll;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use bytes::{Buf, Bytes};
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rustls::ServerConfig;
@@ -24,6 +26,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tower::ServiceExt;
 
 mod batch;
+pub mod frames;
 
 /// The admission server's limits per connection and in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +45,16 @@ pub struct ServerLimits {
     pub http2_keep_alive_interval: Duration,
     /// How long an HTTP/2 ping may go unanswered before the connection is closed.
     pub http2_keep_alive_timeout: Duration,
+    /// Most requests in flight on the whole server besides each connection's first one (which
+    /// never waits for this); at the limit, further requests wait, reading nothing, until one
+    /// ends or their request timeout answers them 408.
+    pub max_requests_in_flight: usize,
+    /// Most concurrent HTTP/2 streams a client may open on one connection.
+    pub max_streams_per_connection: u32,
+    /// How long an answer may wait to be sent (the client reads nothing, or opens no flow-control
+    /// window) before its connection is closed; checked this often, so a stalled connection is
+    /// closed between once and twice this after its answer was ready.
+    pub write_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -54,6 +67,9 @@ impl Default for ServerLimits {
             idle_timeout: Duration::from_secs(120),
             http2_keep_alive_interval: Duration::from_secs(30),
             http2_keep_alive_timeout: Duration::from_secs(10),
+            max_requests_in_flight: 256,
+            max_streams_per_connection: 32,
+            write_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -68,6 +84,10 @@ struct Activity {
     /// When a request last ended, in nanoseconds after `since`.
     last_end: AtomicU64,
     since: Instant,
+    /// Answers made and not yet handed to the socket, by the parity of the watchdog's period
+    /// they were made in ([`Activity::answers_stalled`]).
+    unsent: [AtomicUsize; 2],
+    period: AtomicUsize,
 }
 
 impl Activity {
@@ -76,7 +96,35 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
             since: Instant::now(),
+            unsent: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            period: AtomicUsize::new(0),
         }
+    }
+
+    /// Called by the connection's watchdog once every write timeout: whether an answer made
+    /// in the period before this one is still not sent, that is, has waited at least one whole
+    /// period. Otherwise the next period begins (its answers count in the slot just found empty).
+    ///
+    /// Two counters and a period number, all atomics: an answer costs an increment and a
+    /// decrement, no clock read, no lock. An answer that reads the period just as it ends counts
+    /// in the older slot and is judged a period later, still at least a period after it was made.
+    fn answers_stalled(&self) -> bool {
+        let period = self.period.load(Ordering::SeqCst);
+        if self.unsent[(period + 1) % 2].load(Ordering::SeqCst) > 0 {
+            return true;
+        }
+        self.period.store(period.wrapping_add(1), Ordering::SeqCst);
+        false
+    }
+
+    /// The connection's last sign of life: when a request last ended, or when it was accepted.
+    fn progress(&self) -> Instant {
+        self.last_end()
+    }
+
+    /// Whether no request has begun on the connection yet.
+    fn never_began(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) == 0 && self.last_end.load(Ordering::SeqCst) == 0
     }
 
     /// When a request last ended (when the connection began, before the first one did).
@@ -88,9 +136,20 @@ impl Activity {
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
-    fn begin(activity: &Arc<Activity>) -> Self {
-        activity.in_flight.fetch_add(1, Ordering::SeqCst);
-        InFlight(activity.clone())
+    /// A request begins; `true` when it is the only one in flight on its connection.
+    fn begin(activity: &Arc<Activity>) -> (Self, bool) {
+        let before = activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        (InFlight(activity.clone()), before == 0)
+    }
+
+    /// The request is answered: it is no longer in flight, and its answer is unsent until the
+    /// guard returned is dropped (with the answer's last bytes, once they are written).
+    fn answered(self) -> Unsent {
+        let activity = self.0.clone();
+        drop(self);
+        let slot = activity.period.load(Ordering::SeqCst) % 2;
+        activity.unsent[slot].fetch_add(1, Ordering::SeqCst);
+        Unsent { activity, slot }
     }
 }
 
@@ -102,6 +161,178 @@ impl Drop for InFlight {
         activity.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// An answer not yet handed to the socket; counted in its connection's [`Activity`].
+struct Unsent {
+    activity: Arc<Activity>,
+    slot: usize,
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        self.activity.unsent[self.slot].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body whose last chunk carries the answer's [`Unsent`] guard, so the guard lives
+/// exactly as long as hyper holds the answer's bytes: until HTTP/2 has written the last DATA
+/// frame (a client that opens no flow-control window keeps it forever) or HTTP/1.1 has written
+/// the body, or the connection ends. No allocation: the body is boxed once by axum already,
+/// this wraps it by value.
+struct Answer {
+    body: Body,
+    unsent: Option<Unsent>,
+}
+
+/// A chunk of an answer's body; the last one holds the answer's [`Unsent`] guard.
+struct Chunk {
+    bytes: Bytes,
+    _unsent: Option<Unsent>,
+}
+
+impl Buf for Chunk {
+    fn remaining(&self) -> usize {
+        self.bytes.remaining()
+    }
+    fn chunk(&self) -> &[u8] {
+        self.bytes.chunk()
+    }
+    fn advance(&mut self, cnt: usize) {
+        self.bytes.advance(cnt);
+    }
+}
+
+impl hyper::body::Body for Answer {
+    type Data = Chunk;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Chunk>, axum::Error>>> {
+        let this = &mut *self;
+        loop {
+            let frame = match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(err)) => return Poll::Ready(Some(Err(err))),
+                None => return Poll::Ready(None),
+            };
+            match frame.into_data() {
+                Ok(bytes) => {
+                    let last = hyper::body::Body::is_end_stream(&this.body);
+                    let unsent = if last { this.unsent.take() } else { None };
+                    return Poll::Ready(Some(Ok(Frame::data(Chunk {
+                        bytes,
+                        _unsent: unsent,
+                    }))));
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        hyper::body::Body::is_end_stream(&self.body)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        hyper::body::Body::size_hint(&self.body)
+    }
+}
+
+/// The open connections, so that at the connection limit the stalest can make room.
+#[derive(Default)]
+struct Registry {
+    open: Mutex<Vec<(u64, Arc<Activity>, CancellationToken)>>,
+    next: AtomicU64,
+}
+
+/// A connection's entry in the [`Registry`], removed when dropped.
+struct Registered {
+    registry: Arc<Registry>,
+    id: u64,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Arc<Activity>, CancellationToken)>> {
+        self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn register(self: &Arc<Self>, activity: Arc<Activity>, evict: CancellationToken) -> Registered {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().push((id, activity, evict));
+        Registered {
+            registry: self.clone(),
+            id,
+        }
+    }
+
+    /// Closes one open connection to make room, if one is stale: first the oldest that has not
+    /// begun a request [`QUIET_EVICT_AFTER`] after it was accepted (a silent TCP connection, a
+    /// handshake that never ends), else the one whose last request ended (or, without one, that
+    /// was accepted) longest ago, if at least [`EVICT_AFTER`] ago (an idle connection, or one
+    /// trickling a request). `true` when one was asked to close.
+    fn evict_stalest(&self) -> bool {
+        let now = Instant::now();
+        let open = self.lock();
+        let age = |at: Instant| now.saturating_duration_since(at);
+        let candidates = open.iter().filter(|(_, _, evict)| !evict.is_cancelled());
+        let quiet = candidates
+            .clone()
+            .filter(|(_, activity, _)| activity.never_began() && age(activity.since) >= QUIET_EVICT_AFTER)
+            .min_by_key(|(_, activity, _)| activity.since);
+        let stalest = || {
+            candidates
+                .clone()
+                .filter(|(_, activity, _)| age(activity.progress()) >= EVICT_AFTER)
+                .min_by_key(|(_, activity, _)| activity.progress())
+        };
+        match quiet.or_else(stalest) {
+            Some((_, _, evict)) => {
+                evict.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut open = self.registry.lock();
+        if let Some(at) = open.iter().position(|(id, _, _)| *id == self.id) {
+            open.swap_remove(at);
+        }
+    }
+}
+
+/// At the connection limit, a connection whose last request ended (or that was accepted, if
+/// none has) at least this long ago may be closed to make room for a new one. The API server's
+/// connections in use end a request every few milliseconds; a connection that is idle or only
+/// trickling a request is this stale.
+pub const EVICT_AFTER: Duration = Duration::from_secs(1);
+
+/// At the connection limit, a connection that has not begun a request this long after it was
+/// accepted is closed first to make room for a new one: a TLS handshake and a request's head
+/// take milliseconds.
+pub const QUIET_EVICT_AFTER: Duration = Duration::from_millis(250);
+
+/// An HTTP/2 stream's flow-control window: the most bytes of a request body a client may send
+/// before the server has read them.
+pub const STREAM_WINDOW_BYTES: u32 = 64 * 1024;
+
+/// An HTTP/2 connection's flow-control window: the most request bytes all its streams may have
+/// sent and the server not read. hyper's default is 1 MiB; 512 connections would hold 512 MiB
+/// of bodies nobody reads (streams waiting for a turn, [`ServerLimits::max_requests_in_flight`]).
+pub const CONNECTION_WINDOW_BYTES: u32 = 128 * 1024;
+
+/// The largest request head (request line and headers) of an HTTP/1.1 client: hyper's read
+/// buffer grows to this at most (its default is about 400 KB).
+pub const HTTP1_MAX_BUF_BYTES: usize = 64 * 1024;
 
 /// Resolves once the connection has had no request in flight for `idle`.
 ///
@@ -183,18 +414,26 @@ pub async fn serve_tls_with(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(HTTP1_MAX_BUF_BYTES)
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.http2_keep_alive_interval)
         .keep_alive_timeout(limits.http2_keep_alive_timeout)
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(limits.max_streams_per_connection.max(1))
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES);
     let builder = Arc::new(builder);
     let max_connections = limits
         .max_connections
         .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
     let connections = Arc::new(Semaphore::new(max_connections));
+    let requests = Arc::new(Semaphore::new(
+        limits.max_requests_in_flight.min(Semaphore::MAX_PERMITS),
+    ));
+    let registry = Arc::new(Registry::default());
+    let write_timeout = limits.write_timeout.max(Duration::from_millis(10));
     // asks open connections to finish their requests and close
     let draining = CancellationToken::new();
     // drops the connections still open when the grace period is over
@@ -203,21 +442,14 @@ pub async fn serve_tls_with(
     let shortest = limits
         .request_timeout
         .min(limits.header_read_timeout)
-        .min(limits.tls_handshake_timeout);
+        .min(limits.tls_handshake_timeout)
+        .min(write_timeout);
     // stopped when this function returns or its future is dropped
     let _armed = AbortOnDropHandle::new(tokio::spawn(keep_a_timer_armed(
         (shortest / 2).max(Duration::from_millis(1)),
     )));
 
     loop {
-        // at the limit, wait for a connection to close before accepting the next one
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            permit = connections.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -230,16 +462,45 @@ pub async fn serve_tls_with(
                 }
             },
         };
+        // at the limit, the stalest open connection (if one is stale) makes room for this one;
+        // otherwise this one waits for a slot, and further ones wait in the listen backlog
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let mut retry = tokio::time::interval(Duration::from_millis(250));
+                let permit = loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break None,
+                        permit = connections.clone().acquire_owned() => break permit.ok(),
+                        _ = retry.tick() => {
+                            if registry.evict_stalest() {
+                                tracing::debug!(%peer, "at the connection limit: closed the stalest connection");
+                            }
+                        }
+                    }
+                };
+                match permit {
+                    Some(permit) => permit,
+                    None => break,
+                }
+            }
+        };
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let app = app.clone();
         let builder = builder.clone();
         let draining = draining.clone();
         let closing = closing.clone();
+        let requests = requests.clone();
+        let activity = Arc::new(Activity::new());
+        let evicted = CancellationToken::new();
+        let registered = registry.register(activity.clone(), evicted.clone());
         tokio::spawn(async move {
             let _permit = permit;
+            let _registered = registered;
             let tls = tokio::select! {
                 _ = draining.cancelled() => return,
+                _ = evicted.cancelled() => return,
                 r = tokio::time::timeout(
                     limits.tls_handshake_timeout,
                     acceptor.accept(BufReader::with_capacity(READ_BUFFER_BYTES, stream)),
@@ -256,26 +517,52 @@ pub async fn serve_tls_with(
                     return;
                 }
             };
-            let activity = Arc::new(Activity::new());
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let per_request = activity.clone();
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let in_flight = InFlight::begin(&per_request);
+                let (in_flight, first) = InFlight::begin(&per_request);
+                // a connection's first request in flight never waits; others take a turn of
+                // the whole server's (an atomic when one is free)
+                let turns = (!first).then(|| requests.clone());
                 let answer = app.clone().oneshot(request.map(Body::new));
                 async move {
-                    let answered = tokio::time::timeout(limits.request_timeout, answer).await;
-                    drop(in_flight);
-                    Ok::<_, std::convert::Infallible>(match answered {
+                    let answered = tokio::time::timeout(limits.request_timeout, async {
+                        let _turn = match &turns {
+                            // the semaphore is never closed; were it, the request would not wait
+                            Some(turns) => turns.acquire().await.ok(),
+                            None => None,
+                        };
+                        answer.await
+                    })
+                    .await;
+                    let unsent = in_flight.answered();
+                    let response = match answered {
                         Ok(Ok(response)) => response,
                         Ok(Err(never)) => match never {},
                         Err(_) => timed_out(limits.request_timeout),
-                    })
+                    };
+                    Ok::<_, std::convert::Infallible>(response.map(|body| Answer {
+                        body,
+                        unsent: Some(unsent),
+                    }))
                 }
             });
-            // what the connection writes in one turn leaves in one TLS write (batch.rs)
-            let (io, write_out) = batch::batched(tls);
+            // what the connection writes in one turn leaves in one TLS write (batch.rs); an
+            // HTTP/2 client's control frames are counted as they are read (frames.rs)
+            let frames = h2.then(|| frames::ControlFrames::new(frames::CONTROL_FRAMES_PER_SECOND));
+            let (io, write_out) = batch::batched(tls, frames);
             let conn = builder.serve_connection(TokioIo::new(io), service);
             tokio::pin!(conn);
             let mut asked_to_close = false;
+            // answers and bytes that cannot leave are looked for once every write timeout
+            let mut watchdog =
+                tokio::time::interval_at((Instant::now() + write_timeout).into(), write_timeout);
+            watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut written = 0;
+            // a connection asked to close gets its in-flight requests' time and a write
+            // timeout, then is dropped: a client may hold it open after GOAWAY
+            let hard_close = tokio::time::sleep(Duration::ZERO);
+            tokio::pin!(hard_close);
             let ended = loop {
                 let turn = poll_fn(|cx| {
                     let polled = conn.as_mut().poll(cx);
@@ -289,18 +576,40 @@ pub async fn serve_tls_with(
                     }
                     polled
                 });
-                tokio::select! {
+                let ask_to_close = tokio::select! {
                     ended = turn => break ended,
                     _ = closing.cancelled() => return,
-                    _ = draining.cancelled(), if !asked_to_close => {
-                        asked_to_close = true;
-                        conn.as_mut().graceful_shutdown();
+                    _ = evicted.cancelled() => {
+                        tracing::debug!(%peer, "closed to make room at the connection limit");
+                        return;
                     }
+                    _ = watchdog.tick() => {
+                        if activity.answers_stalled() || write_out.stalled(&mut written) {
+                            tracing::debug!(%peer, timeout = ?write_timeout, "closing a connection whose answers could not be sent");
+                            return;
+                        }
+                        false
+                    }
+                    _ = &mut hard_close, if asked_to_close => {
+                        tracing::debug!(%peer, "closing a connection that stayed open after it was asked to close");
+                        return;
+                    }
+                    _ = draining.cancelled(), if !asked_to_close => true,
                     _ = idle_for(&activity, limits.idle_timeout), if !asked_to_close => {
                         tracing::debug!(%peer, "closing an idle connection");
-                        asked_to_close = true;
-                        conn.as_mut().graceful_shutdown();
+                        true
                     }
+                };
+                if ask_to_close {
+                    asked_to_close = true;
+                    conn.as_mut().graceful_shutdown();
+                    hard_close.as_mut().reset(
+                        later(
+                            Instant::now(),
+                            limits.request_timeout.saturating_add(write_timeout),
+                        )
+                        .into(),
+                    );
                 }
             };
             match ended {
@@ -315,7 +624,16 @@ pub async fn serve_tls_with(
                         _ = closing.cancelled() => {}
                     }
                 }
-                Err(err) => tracing::debug!(%peer, %err, "connection ended with an error"),
+                Err(err) => match write_out.calmed() {
+                    // too many control frames: GOAWAY with ENHANCE_YOUR_CALM, then close
+                    Some((why, last_stream)) => {
+                        tracing::debug!(%peer, %why, "closing a connection that sent too many control frames");
+                        write_out.queue(&frames::goaway(last_stream, frames::ENHANCE_YOUR_CALM));
+                        let close = poll_fn(|cx| write_out.poll_close(cx));
+                        let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+                    }
+                    None => tracing::debug!(%peer, %err, "connection ended with an error"),
+                },
             }
         });
     }

@@ -690,6 +690,105 @@ async fn at_the_connection_limit_a_new_connection_waits_for_a_free_slot() {
 }
 
 #[tokio::test]
+async fn at_the_connection_limit_a_silent_or_idle_connection_makes_room_for_a_new_one() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start_with(
+        resolver_with(&serving(&ca, "a.example")),
+        short(|l| l.max_connections = 1),
+    )
+    .await;
+    // a TCP connection that sends nothing holds the only slot
+    let mut silent = TcpStream::connect(server.addr).await.expect("connect");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = std::time::Instant::now();
+    let mut conn = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("served in its place");
+    assert!(conn.review("default").await.expect("review").1);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        closed_by_server(&mut silent).await,
+        "the silent connection stayed open"
+    );
+    // that connection, idle for a second, makes room for the next
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut next = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("served in the idle one's place");
+    assert!(next.review("default").await.expect("review").1);
+    assert!(
+        sender_closed(&conn.sender).await,
+        "the idle connection stayed open"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_whose_answers_cannot_be_sent_is_closed() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start_with(
+        resolver_with(&serving(&ca, "a.example")),
+        short(|l| l.write_timeout = Duration::from_millis(300)),
+    )
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut ca.cert_pem.as_bytes()) {
+        roots.add(cert.expect("pem")).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(server.addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(SERVER_NAME).expect("name"), tcp)
+        .await
+        .expect("tls");
+    // a receive window of 0: no answer can be sent; h2 answers the server's pings
+    let (mut client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tls)
+        .await
+        .expect("h2");
+    let driver = tokio::spawn(conn);
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        client = client.ready().await.expect("ready");
+        let request = http::Request::post("https://nodewarden-webhook.nodewarden.svc/review")
+            .body(())
+            .expect("request");
+        let (response, mut body) = client.send_request(request, false).expect("sent");
+        body.send_data(Bytes::from(POD_REVIEW), true).expect("body");
+        streams.push(response);
+    }
+    let started = std::time::Instant::now();
+    let _ended_with = tokio::time::timeout(Duration::from_secs(5), driver)
+        .await
+        .expect("the server closed the connection")
+        .expect("driver");
+    // closed between one and two write timeouts after the answers were made
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    // and serves others on
+    let mut ok = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("connect");
+    assert!(ok.review("default").await.expect("review").1);
+}
+
+#[tokio::test]
 async fn a_body_over_the_limit_gets_413_and_on_h2_the_connection_serves_on() {
     let ca = ca("nodewarden-test-ca");
     let server = start(resolver_with(&serving(&ca, "a.example"))).await;

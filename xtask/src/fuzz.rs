@@ -30,6 +30,7 @@ pub(crate) const TARGETS: &[(&str, usize)] = &[
     ("metrics_text", 8 * 1024),
     ("cgroup", 4 * 1024),
     ("checkpoint", 16 * 1024),
+    ("h2_frames", 4 * 1024),
 ];
 
 /// The memory a target may use before libFuzzer calls it a crash (an input that makes a

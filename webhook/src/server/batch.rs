@@ -17,13 +17,22 @@
 //! connection holds at most that much beyond what hyper and rustls hold anyway. A failed
 //! write-out is kept and returned to hyper by its next read, write or flush, which ends the
 //! connection.
+//!
+//! Two checks ride on it because it sees every byte: [`WriteOut::stalled`] tells the serving
+//! task whether bytes have been waiting to leave with no progress since it last asked (a client
+//! that reads nothing), and an HTTP/2 connection's incoming frames are counted as they are read
+//! ([`super::frames`]): past the control-frame allowance the read fails, which ends hyper's
+//! connection, and [`WriteOut::calmed`] says why.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::frames::{ControlFrames, TooMany};
 
 /// Most bytes kept back before they are written: one TLS record's plaintext.
 pub const BATCH_LIMIT: usize = 16 * 1024;
@@ -37,6 +46,12 @@ struct State<T> {
     dirty: bool,
     /// A write to `io` failed; hyper hears of it on its next call.
     failed: Option<(io::ErrorKind, String)>,
+    /// Bytes handed to `io` and flushes done: progress, for [`WriteOut::stalled`].
+    progress: u64,
+    /// The incoming HTTP/2 frames' count, on an HTTP/2 connection.
+    frames: Option<ControlFrames>,
+    /// The client sent too many control frames; the read that saw it failed.
+    calmed: Option<TooMany>,
 }
 
 impl<T: AsyncWrite + Unpin> State<T> {
@@ -57,6 +72,9 @@ impl<T: AsyncWrite + Unpin> State<T> {
         };
         match result {
             Ok(()) => {
+                if self.dirty {
+                    self.progress += 1;
+                }
                 self.dirty = false;
                 Poll::Ready(Ok(()))
             }
@@ -76,6 +94,7 @@ impl<T: AsyncWrite + Unpin> State<T> {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.sent += n;
+            self.progress = self.progress.wrapping_add(n as u64);
         }
         self.out.clear();
         self.sent = 0;
@@ -124,14 +143,17 @@ pub struct WriteOut<T> {
 
 /// Wraps `io`; hyper gets the [`Batched`] side, the task that polls hyper's connection keeps the
 /// [`WriteOut`] side and calls [`WriteOut::poll_write_out`] each time the connection returns
-/// `Pending`.
-pub fn batched<T>(io: T) -> (Batched<T>, WriteOut<T>) {
+/// `Pending`. With `frames`, the incoming bytes are an HTTP/2 connection's and are counted.
+pub fn batched<T>(io: T, frames: Option<ControlFrames>) -> (Batched<T>, WriteOut<T>) {
     let shared = Arc::new(Mutex::new(State {
         io,
         out: Vec::new(),
         sent: 0,
         dirty: false,
         failed: None,
+        progress: 0,
+        frames,
+        calmed: None,
     }));
     (
         Batched {
@@ -147,13 +169,62 @@ impl<T: AsyncWrite + Unpin> WriteOut<T> {
     pub fn poll_write_out(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         lock(&self.shared).poll_write_out(cx)
     }
+
+    /// Whether bytes are waiting to leave (buffered, or written and not yet flushed) and none
+    /// have left since the last call, which passes in `seen` what it saw and gets it updated.
+    /// Called at a fixed interval, `true` means nothing left for at least that long.
+    pub fn stalled(&self, seen: &mut u64) -> bool {
+        let state = lock(&self.shared);
+        let owed = state.pending() > 0 || state.dirty;
+        let stuck = owed && state.progress == *seen;
+        *seen = state.progress;
+        stuck
+    }
+
+    /// Why the connection's reading stopped, if it was for too many control frames, and the
+    /// last stream the client opened (for the GOAWAY).
+    pub fn calmed(&self) -> Option<(TooMany, u32)> {
+        let state = lock(&self.shared);
+        let last = state.frames.as_ref().map(|f| f.seen().last_stream).unwrap_or(0);
+        state.calmed.map(|why| (why, last))
+    }
+
+    /// Queues `bytes` (a whole frame) after everything buffered, to leave with the next
+    /// write-out.
+    pub fn queue(&self, bytes: &[u8]) {
+        let mut state = lock(&self.shared);
+        state.out.extend_from_slice(bytes);
+        state.dirty = true;
+    }
+
+    /// Writes out what is buffered and shuts the stream down.
+    pub fn poll_close(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut state = lock(&self.shared);
+        ready!(state.poll_write_out(cx))?;
+        Pin::new(&mut state.io).poll_shutdown(cx)
+    }
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Batched<T> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let mut state = lock(&self.shared);
         state.check()?;
-        Pin::new(&mut state.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut state.io).poll_read(cx, buf))?;
+        let state = &mut *state;
+        if let Some(frames) = state.frames.as_mut() {
+            let read = buf.filled().get(before..).unwrap_or_default();
+            if let Err(too_many) = frames.feed(read, Instant::now) {
+                state.calmed = Some(too_many);
+                // a failed read hands over nothing
+                buf.set_filled(before);
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    too_many.to_string(),
+                )));
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -254,7 +325,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_flushed_in_one_turn_leave_in_one_write() {
-        let (mut conn, out) = batched(Recorder::default());
+        let (mut conn, out) = batched(Recorder::default(), None);
         for answer in [&b"first answer"[..], b"second", b"third"] {
             conn.write_all(answer).await.expect("buffered");
             conn.flush().await.expect("flush is owed, not done");
@@ -276,7 +347,7 @@ mod tests {
 
     #[tokio::test]
     async fn vectored_pieces_are_kept_in_order() {
-        let (mut conn, out) = batched(Recorder::default());
+        let (mut conn, out) = batched(Recorder::default(), None);
         let pieces = [io::IoSlice::new(b"head "), io::IoSlice::new(b"body")];
         let n = poll_fn(|cx| Pin::new(&mut conn).poll_write_vectored(cx, &pieces))
             .await
@@ -289,7 +360,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_buffer_never_holds_more_than_the_limit() {
-        let (mut conn, out) = batched(Recorder::default());
+        let (mut conn, out) = batched(Recorder::default(), None);
         let piece = vec![7u8; BATCH_LIMIT / 2 + 1];
         conn.write_all(&piece).await.expect("buffered");
         assert_eq!(recorded(&out, |r| r.writes.len()), 0);
@@ -315,7 +386,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_writes_out_what_is_left() {
-        let (mut conn, out) = batched(Recorder::default());
+        let (mut conn, out) = batched(Recorder::default(), None);
         conn.write_all(b"last answer").await.expect("buffered");
         conn.shutdown().await.expect("shut down");
         assert_eq!(recorded(&out, |r| r.writes.concat()), b"last answer".to_vec());
@@ -323,7 +394,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_write_out_reaches_the_connection() {
-        let (mut conn, out) = batched(Recorder::default());
+        let (mut conn, out) = batched(Recorder::default(), None);
         conn.write_all(b"answer").await.expect("buffered");
         lock(&out.shared).io.fail = true;
         let err = poll_fn(|cx| out.poll_write_out(cx))
@@ -343,11 +414,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn bytes_that_cannot_leave_are_a_stall_and_bytes_that_leave_are_not() {
+        let (mut conn, out) = batched(Recorder::default(), None);
+        let mut seen = 0;
+        assert!(!out.stalled(&mut seen), "nothing owed");
+        conn.write_all(b"answer").await.expect("buffered");
+        assert!(out.stalled(&mut seen), "owed and nothing left since");
+        assert!(out.stalled(&mut seen), "still");
+        poll_fn(|cx| out.poll_write_out(cx)).await.expect("written out");
+        assert!(!out.stalled(&mut seen), "written out");
+        assert!(!out.stalled(&mut seen), "nothing owed");
+    }
+
+    #[tokio::test]
+    async fn too_many_control_frames_fail_the_read_and_say_why() {
+        use super::super::frames::{ENHANCE_YOUR_CALM, SETTINGS};
+        let mut input = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        for _ in 0..5 {
+            input.extend_from_slice(&[0, 0, 0, SETTINGS, 1, 0, 0, 0, 0]);
+        }
+        let (mut conn, out) = batched(
+            Recorder {
+                input,
+                ..Recorder::default()
+            },
+            Some(ControlFrames::new(3)),
+        );
+        let mut all = Vec::new();
+        let err = conn.read_to_end(&mut all).await.expect_err("too many");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let (why, last) = out.calmed().expect("calmed");
+        assert_eq!((why.kind, last), (SETTINGS, 0));
+        out.queue(&super::super::frames::goaway(last, ENHANCE_YOUR_CALM));
+        poll_fn(|cx| out.poll_close(cx)).await.expect("closed");
+        assert_eq!(
+            recorded(&out, |r| r.writes.concat())[3],
+            super::super::frames::GOAWAY
+        );
+    }
+
+    #[tokio::test]
     async fn reads_pass_through() {
-        let (mut conn, _out) = batched(Recorder {
-            input: b"request".to_vec(),
-            ..Recorder::default()
-        });
+        let (mut conn, _out) = batched(
+            Recorder {
+                input: b"request".to_vec(),
+                ..Recorder::default()
+            },
+            None,
+        );
         let mut got = [0u8; 7];
         conn.read_exact(&mut got).await.expect("read");
         assert_eq!(&got, b"request");
