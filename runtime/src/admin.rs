@@ -68,12 +68,13 @@ pub fn router(readiness: Arc<Readiness>, metrics: MetricsText) -> Router {
 }
 
 /// Most connections open on the admin port at once. At the limit, a new connection closes the
-/// oldest open one if that is at least [`ADMIN_EVICT_AFTER`] old (probes and scrapes take
-/// milliseconds; a connection open that long is idle, slow or hostile), so a probe is never
-/// locked out for long; otherwise it waits for a slot.
-pub const ADMIN_MAX_CONNECTIONS: usize = 32;
+/// oldest open one if that is at least [`ADMIN_EVICT_AFTER`] old (a probe or a scrape takes a
+/// few milliseconds; a connection open longer is idle, slow or hostile) and takes its slot, so a
+/// probe is never locked out by clients that hold connections; otherwise it waits for a slot.
+/// Each costs at most [`ADMIN_MAX_BUF_BYTES`] of buffer: 128 are at most 2 MiB.
+pub const ADMIN_MAX_CONNECTIONS: usize = 128;
 /// See [`ADMIN_MAX_CONNECTIONS`].
-pub const ADMIN_EVICT_AFTER: Duration = Duration::from_secs(1);
+pub const ADMIN_EVICT_AFTER: Duration = Duration::from_millis(10);
 /// How long a client may take to send a request's head (request line and headers).
 pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest request head, and the most hyper buffers per connection (its default is about
@@ -119,7 +120,7 @@ pub fn serve(listener: TcpListener, app: Router, stop: CancellationToken) -> Joi
             let permit = match slots.clone().try_acquire_owned() {
                 Ok(permit) => permit,
                 Err(_) => {
-                    let mut retry = tokio::time::interval(Duration::from_millis(100));
+                    let mut retry = tokio::time::interval(ADMIN_EVICT_AFTER);
                     let permit = loop {
                         tokio::select! {
                             _ = stop.cancelled() => break None,

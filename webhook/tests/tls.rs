@@ -729,6 +729,36 @@ async fn at_the_connection_limit_a_silent_or_idle_connection_makes_room_for_a_ne
 }
 
 #[tokio::test]
+async fn with_a_client_ca_silent_connections_at_the_limit_make_room_for_the_api_server() {
+    let server_ca = ca("serving");
+    let callers = ca("callers");
+    let dir = tempfile::tempdir().expect("dir");
+    let ca_file = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, &callers.cert_pem).expect("write");
+    let verifier = Arc::new(ClientVerifier::load(ca_file, vec![]).expect("ca"));
+    let server = start_authenticating(
+        resolver_with(&serving(&server_ca, "a.example")),
+        short(|l| l.max_connections = 4),
+        Some(verifier),
+    )
+    .await;
+    // every slot held by a TCP connection that never starts its handshake
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(server.addr).await.expect("connect"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let apiserver = Client::new(&server_ca.cert_pem).presenting(&client_cert(&callers, "kube-apiserver"));
+    let started = std::time::Instant::now();
+    assert_eq!(answer(&apiserver, server.addr).await, Ok(true));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn a_connection_whose_answers_cannot_be_sent_is_closed() {
     let ca = ca("nodewarden-test-ca");
     let server = start_with(
