@@ -272,6 +272,9 @@ impl VmNode {
             .with_context(|| format!("importing {archive} in the guest"))?;
         }
         self.timings.runtime_ready = began.elapsed();
+        // kube-proxy sets conntrack limits at start and fails when the module is not loaded yet
+        // (nothing has used conntrack in a freshly booted guest)
+        self.checked(&["/sbin/modprobe", "nf_conntrack"]).await?;
         self.checked(&["systemctl", "start", "kubelet.service", "kube-proxy.service"])
             .await?;
         self.wait_ready(cluster, began + NODE_READY_TIMEOUT.max(BOOT_TIMEOUT))
