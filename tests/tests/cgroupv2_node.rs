@@ -10,18 +10,27 @@
 //! 2. A pod with requests and a memory limit runs there; its container's cgroup is
 //!    `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`,
 //!    with `cpu.weight` and `memory.max` as the kubelet derives them from the pod's resources.
-//! 3. The VM is gone afterwards, and the host is as before.
+//! 3. The chart installed from the project's images runs its agent there too (the agent tolerates
+//!    the node's taint; the webhook stays on the host node, where the API server reaches it): for
+//!    a log-shipper-like DaemonSet on the VM node, the agent reads the containers' v2 cgroup files
+//!    and publishes `NodeRecommendation/<vm node>` with figures near what the shipper uses there,
+//!    through the `kubernetes` Service (the guest's kube-proxy, then the forwarding rule).
+//! 4. The VM is gone afterwards, and the host is as before.
 //!
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::PostParams;
-use nodewarden_tests::images;
-use nodewarden_tests::shipper::describe_pods;
+use nodewarden_tests::helm::Helm;
+use nodewarden_tests::images::{self, TestImages};
+use nodewarden_tests::shipper::{
+    self, QUIET, SHIPPER, SHIPPER_NS, describe_pods, install_chart, wait_for_recommendation,
+};
 use nodewarden_tests::vm::{VM_TAINT_KEY, VmConfig, VmNode};
 use nodewarden_tests::{RealCluster, RealClusterConfig, create_namespace, failure_with, require_real_nodes};
 use serde_json::json;
@@ -36,15 +45,20 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
         return Ok(());
     }
     let began = Instant::now();
-    let testbox = images::build_testbox().await?;
+    let images = images::build_test_images().await?;
     let cluster = RealCluster::start(&RealClusterConfig {
         nodes: 1,
-        images: vec![testbox.archive.clone()],
-        sandbox_image: testbox.reference.clone(),
+        images: images.archives(),
+        sandbox_image: images.testbox_ref(),
         self_signed_kubelets: vec![],
     })
     .await?;
-    let config = VmConfig::new(VM_NODE, vec![testbox.archive.clone()], &testbox.reference);
+    // the webhook's image is not needed there: the taint keeps the webhook off the VM node
+    let config = VmConfig::new(
+        VM_NODE,
+        vec![images.agent.archive.clone(), images.testbox.archive.clone()],
+        &images.testbox_ref(),
+    );
     let vm = match VmNode::start(&cluster, &config).await {
         Ok(vm) => vm,
         Err(e) => {
@@ -54,7 +68,7 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
             return Err(e);
         }
     };
-    let result = scenario(&cluster, &vm, &testbox.reference).await;
+    let result = scenario(&cluster, &vm, &images).await;
     let details = match &result {
         Err(_) => failure_details(&cluster, &vm).await,
         Ok(()) => String::new(),
@@ -68,8 +82,9 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
     Ok(())
 }
 
-async fn scenario(cluster: &RealCluster, vm: &VmNode, image: &str) -> Result<()> {
+async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages) -> Result<()> {
     let client = cluster.cp.admin_client().await?;
+    let image = images.testbox_ref();
 
     // 1. a Ready node on cgroup v2 with containerd 2.x
     let node = Api::<Node>::all(client.clone()).get(VM_NODE).await?;
@@ -157,7 +172,73 @@ async fn scenario(cluster: &RealCluster, vm: &VmNode, image: &str) -> Result<()>
         "memory.max for a 96Mi limit: {cgroup:?} ({path})"
     );
     eprintln!("cgroupv2_node: /sys/fs/cgroup/{path}: {cgroup:?}");
+
+    // 3. the chart's agent on the VM node measures a DaemonSet there from v2 files and publishes
+    let helm = Helm::for_control_plane(&cluster.cp)?;
+    let took = install_chart(&helm, &client, images, &cluster.fresh_checkpoint_dir()?).await?;
+    eprintln!(
+        "cgroupv2_node: helm install --wait took {:.1}s",
+        took.as_secs_f64()
+    );
+    shipper::create_namespace(&client, SHIPPER_NS).await?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), SHIPPER_NS);
+    daemonsets
+        .create(&PostParams::default(), &vm_shipper(&image)?)
+        .await?;
+    Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), SHIPPER_NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "nodewarden.io/v1alpha1",
+                "kind": "DaemonSetAutoscaler",
+                "metadata": {"name": SHIPPER},
+                "spec": {
+                    "targetRef": {"kind": "DaemonSet", "name": SHIPPER},
+                    "updatePolicy": {"updateMode": "Initial"},
+                },
+            }))?,
+        )
+        .await?;
+    let started = Instant::now();
+    let (cpu, memory) = wait_for_recommendation(&client, VM_NODE, QUIET).await?;
+    eprintln!(
+        "cgroupv2_node: NodeRecommendation/{VM_NODE} target {cpu}m, {} MiB ({:.0}s after the shipper was created)",
+        memory / (1024 * 1024),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
+}
+
+/// The log-shipper-like DaemonSet on the VM node only (it tolerates the node's taint), burning
+/// and holding the quiet node's load.
+fn vm_shipper(image: &str) -> Result<DaemonSet> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": SHIPPER},
+        "spec": {
+            "selector": {"matchLabels": {"app": SHIPPER}},
+            "template": {
+                "metadata": {"labels": {"app": SHIPPER}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": VM_NODE},
+                    "tolerations": [{"key": VM_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": SHIPPER,
+                        "image": image,
+                        "imagePullPolicy": "Never",
+                        "args": ["burn", "--per-node", format!("{VM_NODE}={}:{}", QUIET.millicores, QUIET.mib)],
+                        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        "resources": {
+                            "requests": {"cpu": "50m", "memory": "64Mi"},
+                            "limits": {"memory": "1Gi"},
+                        },
+                    }],
+                },
+            },
+        },
+    }))?)
 }
 
 /// The VM node's conditions, the test's pods, the guest's journal for its node services and the
@@ -184,10 +265,9 @@ async fn failure_details(cluster: &RealCluster, vm: &VmNode) -> String {
             }
             Err(e) => out.push_str(&format!("(node {VM_NODE}: {e})\n")),
         }
-        out.push_str(&format!(
-            "pods in {NAMESPACE}:\n{}\n",
-            describe_pods(&client, NAMESPACE).await
-        ));
+        for ns in [NAMESPACE, shipper::NAMESPACE, SHIPPER_NS] {
+            out.push_str(&format!("pods in {ns}:\n{}\n", describe_pods(&client, ns).await));
+        }
     }
     match vm
         .sh("journalctl -b --no-pager -n 60 -u containerd -u kubelet -u kube-proxy")
