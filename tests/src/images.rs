@@ -4,6 +4,12 @@
 //! burner), built the same way. Nothing is pulled: the archives are imported into each node's
 //! containerd, and the chart is installed with `pullPolicy: Never`.
 //!
+//! nodewarden's archives hold both platforms, linux/amd64 and linux/arm64, exactly as users get
+//! them: the nodes (amd64) import the multi-platform archives, so a real-node run shows that
+//! containerd and the kubelet pick the amd64 image out of the index. That costs the arm64
+//! release builds once per target folder (`tests/tests/images.rs` needs them anyway, to run
+//! the arm64 programs under qemu-user); the test image stays amd64-only.
+//!
 //! The first build compiles the release binaries (minutes on two cores); later ones find them
 //! current in seconds.
 
