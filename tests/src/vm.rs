@@ -205,6 +205,8 @@ impl VmNode {
                 Ok(o) => o.stdout,
                 Err(e) => format!("(no journal: {e:#})"),
             };
+            // the run's folder (console log, overlay) goes with the cluster's
+            let _ = cp.kill_program(&node.process);
             return Err(crate::failure_with(
                 e,
                 &format!("virtual-machine node {} did not come up", node.name),
