@@ -345,9 +345,10 @@ fn named(names: Vec<String>) -> String {
 /// What to set so the agent can verify `component`'s serving certificate.
 fn verification_hint(component: &str) -> String {
     if component == "kubelet" {
-        "point agent.kubelet.servingCertificate.hostPath at the kubelets' certificate folder where \
-         they sign their own, or give the agent the CA that signs the kubelets' serving certificates (chart value \
-         agent.kubelet.caFile, mounted with agent.extraVolumes), or set serverTLSBootstrap: true in \
+        "give the agent the CA that signs the kubelets' serving certificates (chart value \
+         agent.kubelet.caFile, mounted with agent.extraVolumes), or point \
+         agent.kubelet.servingCertificate.hostPath at the kubelets' certificate folder where they \
+         sign their own, or set serverTLSBootstrap: true in \
          the kubelet configuration and approve the kubelet-serving CSRs, or turn verification off \
          with agent.kubelet.insecureSkipVerify=true"
             .to_string()
