@@ -258,6 +258,117 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
+/// The builds the tests need that do not depend on the Rust build, in the order the tests ask for
+/// them: VPA's recommender model (the agent's differential test), the control plane and Helm,
+/// promtool (the alert-rule tests), and, as root on Linux, the cgroup v2 node's disk image
+/// (which waits for the control plane's kubelet). Each script caches its result and lets one
+/// build run at a time, so a test that asks before the background got there waits for it, and
+/// nothing is built twice.
+const PREFETCH_SCRIPTS: &[&str] = &[
+    "tests/vpa/build-recommend.sh",
+    "tests/controlplane/build.sh",
+    "tests/promtool/build.sh",
+];
+const PREFETCH_ROOT_SCRIPTS: &[&str] = &["tests/node/vm/build.sh"];
+
+/// The Go builds and the VM image, started in the background when `cargo xtask ci` begins, at a
+/// low priority (`nice 10`): on a fresh machine their downloads (Go modules, Debian's archive)
+/// overlap with the Rust steps, and their compiles take the cores those leave idle (the fuzz
+/// runs use one). Nothing waits for it; the tests call the same scripts. Dropped, it stops the
+/// scripts if they still run (each builds beside its cache folder and renames the result into
+/// place, so a stopped build leaves nothing half made) and says how it ended. Its output is in
+/// `target/ci-prefetch.log`.
+struct Prefetch {
+    child: Option<std::process::Child>,
+    log: PathBuf,
+    started: std::time::Instant,
+}
+
+impl Prefetch {
+    fn start(root: &Path) -> Prefetch {
+        let log = root.join("target").join("ci-prefetch.log");
+        let mut scripts: Vec<&str> = PREFETCH_SCRIPTS.to_vec();
+        if cfg!(target_os = "linux") && is_root() {
+            scripts.extend(PREFETCH_ROOT_SCRIPTS);
+        }
+        let script = prefetch_script(&scripts);
+        let child = std::fs::create_dir_all(root.join("target"))
+            .and_then(|()| std::fs::File::create(&log))
+            .and_then(|out| {
+                let err = out.try_clone()?;
+                let mut command = Command::new("nice");
+                command
+                    .args(["-n", "10", "bash", "-c", &script])
+                    .current_dir(root)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(out)
+                    .stderr(err);
+                #[cfg(unix)]
+                std::os::unix::process::CommandExt::process_group(&mut command, 0);
+                command.spawn()
+            });
+        let child = match child {
+            Ok(child) => {
+                eprintln!(
+                    "==> prefetch: {} in the background at low priority (log: {})",
+                    scripts.join(", "),
+                    log.display()
+                );
+                Some(child)
+            }
+            Err(e) => {
+                eprintln!("==> prefetch: not started ({e}); the tests build what they need themselves");
+                None
+            }
+        };
+        Prefetch {
+            child,
+            log,
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+/// One shell command running `scripts` in order with bash; every one runs even when an earlier
+/// one fails, and the command fails naming those that did.
+fn prefetch_script(scripts: &[&str]) -> String {
+    let body: String = scripts
+        .iter()
+        .map(|s| format!("echo '==> {s}'; bash {s} || failed=\"$failed {s}\"; "))
+        .collect();
+    format!("failed=''; {body}[ -z \"$failed\" ] || {{ echo \"failed:$failed\"; exit 1; }}")
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        let took = self.started.elapsed();
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => {
+                eprintln!("==> prefetch: done ({:.0?} after the start)", took)
+            }
+            Ok(Some(status)) => eprintln!(
+                "==> prefetch: {status}; the tests built what they needed themselves (see {})",
+                self.log.display()
+            ),
+            Ok(None) | Err(_) => {
+                // the whole process group: bash, the build script and its `go build`
+                let _ = Command::new("kill")
+                    .args(["-TERM", "--", &format!("-{}", child.id())])
+                    .status();
+                let _ = child.wait();
+                eprintln!(
+                    "==> prefetch: still running after {:.0?}, stopped (see {})",
+                    took,
+                    self.log.display()
+                );
+            }
+        }
+    }
+}
+
 /// Free space a run of `cargo xtask ci` on a fresh clone needs, caches included (README, Disk).
 const CI_DISK_BYTES: u64 = 25 << 30;
 
@@ -300,6 +411,8 @@ fn check_disk(root: &Path) {
 
 fn ci(root: &Path) -> Result<()> {
     check_disk(root);
+    // stopped (if still running) and reported when `ci` returns, whichever way
+    let _prefetch = Prefetch::start(root);
     let cargo = cargo();
     run(root, "format", &cargo, &["fmt", "--all", "--", "--check"])?;
     run(
@@ -378,13 +491,35 @@ fn ci(root: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::available_bytes;
+    use super::{available_bytes, prefetch_script};
+    use std::process::Command;
 
     #[test]
     fn the_free_space_is_read_from_dfs_posix_output() {
         let out = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n\
                    overlay          263174212  93000000   3000000      97% /\n";
         assert_eq!(available_bytes(out), Some(3_000_000 * 1024));
+    }
+
+    #[test]
+    fn the_prefetch_runs_every_script_and_names_those_that_failed() {
+        let dir = std::env::temp_dir().join(format!("nodewarden-prefetch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.sh"), "echo a-ran >> ran; exit 3\n").unwrap();
+        std::fs::write(dir.join("b.sh"), "echo b-ran >> ran\n").unwrap();
+        let out = Command::new("bash")
+            .args(["-c", &prefetch_script(&["a.sh", "b.sh"])])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let ran = std::fs::read_to_string(dir.join("ran")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(ran, "a-ran\nb-ran\n");
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("failed: a.sh\n"),
+            "{out:?}"
+        );
     }
 
     #[test]
