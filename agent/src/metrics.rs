@@ -10,6 +10,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::pods::Key;
@@ -136,6 +137,15 @@ impl Metrics {
     /// Registers every metric, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodewarden_agent");
+        registry.register(
+            "build",
+            "The agent's version and the Rust target it was built for (always 1)",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("program", "nodewarden-agent"),
+                ("arch", std::env::consts::ARCH),
+            ]),
+        );
         let usage = Family::<ResourceLabels, FloatGauge>::default();
         registry.register(
             "container_usage",

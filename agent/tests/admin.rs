@@ -39,6 +39,14 @@ async fn readiness_follows_the_caches_and_metrics_are_openmetrics() {
     let m = get(addr, "/metrics").await;
     assert!(m.contains("application/openmetrics-text"), "{m}");
     assert!(
+        m.contains(&format!(
+            "nodewarden_agent_build_info{{version=\"{}\",program=\"nodewarden-agent\",arch=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::ARCH
+        )),
+        "{m}"
+    );
+    assert!(
         m.contains("nodewarden_agent_unreadable_containers_total 1"),
         "{m}"
     );

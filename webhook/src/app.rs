@@ -204,7 +204,16 @@ impl App {
 
         let stop_admin = CancellationToken::new();
         let metrics = self.metrics.clone();
-        let admin_app = admin::router(readiness.clone(), Arc::new(move || metrics.encode()));
+        let served = resolver.clone();
+        let admin_app = admin::router(
+            readiness.clone(),
+            Arc::new(move || {
+                if let Some(not_after) = served.not_after() {
+                    metrics.certificate_expires(not_after);
+                }
+                metrics.encode()
+            }),
+        );
         let admin_task = admin::serve(admin_listener, admin_app, stop_admin.clone());
 
         let app = self.router();

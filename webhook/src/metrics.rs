@@ -11,7 +11,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +104,7 @@ pub struct Metrics {
     admission_requests: Family<AdmissionLabels, Counter>,
     admission_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     certificate_reloads: Family<ResultLabels, Counter>,
+    certificate_expiry: Gauge,
     claims_decisions: Family<ClaimDecisionLabels, Counter>,
     rightsizing_pods: Family<RightsizingPodLabels, Counter>,
     rightsizing_containers: Family<RightsizingContainerLabels, Counter>,
@@ -115,6 +118,15 @@ impl Metrics {
     /// Every metric registered, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodewarden");
+        registry.register(
+            "build",
+            "The webhook's version and the Rust target it was built for (always 1)",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("program", "nodewarden-webhook"),
+                ("arch", std::env::consts::ARCH),
+            ]),
+        );
         let admission_requests = Family::<AdmissionLabels, Counter>::default();
         registry.register(
             "admission_requests",
@@ -133,6 +145,12 @@ impl Metrics {
             "certificate_reloads",
             "Serving certificate reloads, by result (loaded, rejected)",
             certificate_reloads.clone(),
+        );
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "serving_certificate_expiration_timestamp_seconds",
+            "When the serving certificate being served expires, in seconds since the Unix epoch (absent until one is loaded)",
+            certificate_expiry.clone(),
         );
         let claims_decisions = Family::<ClaimDecisionLabels, Counter>::default();
         registry.register(
@@ -188,6 +206,7 @@ impl Metrics {
             admission_requests,
             admission_duration,
             certificate_reloads,
+            certificate_expiry,
             claims_decisions,
             rightsizing_pods,
             rightsizing_containers,
@@ -210,6 +229,11 @@ impl Metrics {
         self.certificate_reloads
             .get_or_create(&ResultLabels { result })
             .inc();
+    }
+
+    /// The serving certificate now served expires at `not_after` (seconds since the Unix epoch).
+    pub fn certificate_expires(&self, not_after: i64) {
+        self.certificate_expiry.set(not_after);
     }
 
     /// Counts one decision of the claims guard; `rule` comes from its fixed list of rule names.

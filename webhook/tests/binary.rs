@@ -140,6 +140,22 @@ fn live_but_not_ready_without_an_api_server_and_a_clean_exit_on_sigterm() {
         metrics.contains("nodewarden_certificate_reloads_total{result=\"loaded\"} 1"),
         "{metrics}"
     );
+    // what a dashboard and the expiry alert read: the version, and when the served leaf expires
+    assert!(
+        metrics.contains(&format!(
+            "nodewarden_build_info{{version=\"{}\",program=\"nodewarden-webhook\",arch=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::ARCH
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "nodewarden_serving_certificate_expiration_timestamp_seconds {}\n",
+            cert.not_after.unix_timestamp()
+        )),
+        "{metrics}"
+    );
 
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

@@ -105,16 +105,37 @@ pub fn certified_key(
     Ok(ck)
 }
 
+/// When the first certificate of `key`'s chain (the leaf) expires, in seconds since the Unix
+/// epoch; `None` when it does not parse.
+fn leaf_not_after(key: &CertifiedKey) -> Option<i64> {
+    let leaf = key.cert.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// Hands rustls whatever pair is current.
 #[derive(Debug, Default)]
 pub struct CertResolver {
     current: ArcSwapOption<CertifiedKey>,
+    /// When the current leaf expires (seconds since the Unix epoch); `i64::MIN` before a pair
+    /// is loaded or when the leaf does not parse.
+    not_after: std::sync::atomic::AtomicI64,
 }
 
 impl CertResolver {
     /// Serves `key` from now on.
     pub fn set(&self, key: CertifiedKey) {
+        let not_after = leaf_not_after(&key).unwrap_or(i64::MIN);
         self.current.store(Some(Arc::new(key)));
+        self.not_after
+            .store(not_after, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When the certificate being served expires, in seconds since the Unix epoch (`None`
+    /// before one is loaded).
+    pub fn not_after(&self) -> Option<i64> {
+        let t = self.not_after.load(std::sync::atomic::Ordering::Relaxed);
+        (t != i64::MIN && self.is_loaded()).then_some(t)
     }
 
     /// Whether a pair has been loaded.
