@@ -1103,6 +1103,69 @@ async fn managed_certificate_timings_and_kubelet_opt_out_reach_the_env() -> Resu
     Ok(())
 }
 
+/// The admission server's limits and timeouts: unset (the default), no variable is rendered and the
+/// binary's own defaults apply; set, each reaches the variable the binary reads (checked against
+/// `webhook/src/config.rs`), and out-of-range numbers are refused by the schema.
+#[tokio::test]
+async fn webhook_limits_and_timeouts_reach_the_env_only_when_set() -> Result<()> {
+    let vars = [
+        ("limits.maxBodyBytes", "8388608", "NODEWARDEN_MAX_BODY_BYTES"),
+        ("limits.maxConnections", "2048", "NODEWARDEN_MAX_CONNECTIONS"),
+        (
+            "limits.maxRequestsInFlight",
+            "1000",
+            "NODEWARDEN_MAX_REQUESTS_IN_FLIGHT",
+        ),
+        (
+            "limits.maxStreamsPerConnection",
+            "64",
+            "NODEWARDEN_MAX_STREAMS_PER_CONNECTION",
+        ),
+        ("timeouts.tlsHandshake", "5s", "NODEWARDEN_TLS_HANDSHAKE_TIMEOUT"),
+        ("timeouts.headerRead", "6s", "NODEWARDEN_HEADER_READ_TIMEOUT"),
+        ("timeouts.request", "7s", "NODEWARDEN_REQUEST_TIMEOUT"),
+        ("timeouts.write", "3s", "NODEWARDEN_WRITE_TIMEOUT"),
+        ("timeouts.idle", "90s", "NODEWARDEN_IDLE_TIMEOUT"),
+        (
+            "timeouts.http2KeepAliveInterval",
+            "20s",
+            "NODEWARDEN_HTTP2_KEEP_ALIVE_INTERVAL",
+        ),
+        (
+            "timeouts.http2KeepAliveTimeout",
+            "4s",
+            "NODEWARDEN_HTTP2_KEEP_ALIVE_TIMEOUT",
+        ),
+    ];
+    let config = std::fs::read_to_string(chart_dir().join("../../webhook/src/config.rs"))?;
+    let default = render_default().await?;
+    let c = container(default.get("Deployment", "nodewarden-webhook")?, "webhook")?;
+    for (_, _, var) in vars {
+        ensure!(
+            config.contains(&format!("env = \"{var}\"")),
+            "the webhook reads no {var}"
+        );
+        ensure!(env_entry(c, var).is_none(), "{var} rendered by default");
+    }
+    let set: Vec<String> = vars
+        .iter()
+        .map(|(key, value, _)| format!("webhook.{key}={value}"))
+        .collect();
+    let r = Helm::locate()
+        .await?
+        .template(RELEASE, NS, &["--set", set.join(",").as_str()])
+        .await?;
+    let c = container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?;
+    for (_, want, var) in vars {
+        ensure!(
+            env_value(c, var) == Some(want),
+            "env {var}: {:?}, want {want}",
+            env_value(c, var)
+        );
+    }
+    Ok(())
+}
+
 /// Bad values make `helm template` fail, and the message names the value and what is accepted.
 #[tokio::test]
 async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result<()> {
@@ -1176,6 +1239,18 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
         (
             &["--set", "criticalPodsQuota.pods=0"],
             &["criticalPodsQuota/pods"],
+        ),
+        (
+            &["--set", "webhook.limits.maxStreamsPerConnection=0"],
+            &["webhook/limits/maxStreamsPerConnection", "minimum"],
+        ),
+        (
+            &["--set", "webhook.limits.maxBodyBytes=100"],
+            &["webhook/limits/maxBodyBytes", "minimum"],
+        ),
+        (
+            &["--set", "webhook.timeouts.write=forever"],
+            &["webhook/timeouts/write", "ms|s|m|h"],
         ),
     ];
     for &(args, needles) in cases {
