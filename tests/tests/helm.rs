@@ -1166,6 +1166,130 @@ async fn webhook_limits_and_timeouts_reach_the_env_only_when_set() -> Result<()>
     Ok(())
 }
 
+/// What a cluster whose API server cannot reach pod IPs (EKS with an overlay CNI) or that pulls
+/// through a mirror needs: host network with cluster DNS, ports of its own wherever the webhook's
+/// ports appear (listen addresses, container ports, NetworkPolicy; Service and probes by name), one
+/// registry for every image, and extra arguments, volumes and mounts in the containers.
+#[tokio::test]
+async fn host_network_ports_registry_and_extras_reach_the_pods() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let values = dir.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        r#"
+global:
+  imageRegistry: mirror.example:5000
+webhook:
+  image:
+    tag: t1
+  hostNetwork: true
+  port: 9443
+  adminPort: 9080
+  extraArgs: ["--cert-reload-interval=1m"]
+  extraVolumes:
+    - name: extra-ca
+      configMap: {name: extra-ca}
+  extraVolumeMounts:
+    - {name: extra-ca, mountPath: /etc/nodewarden/extra-ca, readOnly: true}
+agent:
+  image:
+    registry: own.example
+    tag: t2
+  extraArgs: ["--sample-interval=5s"]
+"#,
+    )?;
+    let values = values.display().to_string();
+    let helm = Helm::locate().await?;
+    let r = helm
+        .template(RELEASE, NS, &["--is-upgrade", "-f", values.as_str()])
+        .await?;
+    let deployment = r.get("Deployment", "nodewarden-webhook")?;
+    let pod = &deployment["spec"]["template"]["spec"];
+    ensure!(
+        pod["hostNetwork"] == json!(true) && pod["dnsPolicy"] == "ClusterFirstWithHostNet",
+        "host network with cluster DNS: {pod}"
+    );
+    let c = container(deployment, "webhook")?;
+    ensure!(
+        c["image"] == "mirror.example:5000/nodewarden/nodewarden-webhook:t1",
+        "{}",
+        c["image"]
+    );
+    ensure!(
+        c["args"] == json!(["--cert-reload-interval=1m"]),
+        "args: {}",
+        c["args"]
+    );
+    ensure!(env_value(c, "NODEWARDEN_LISTEN_ADDR") == Some("0.0.0.0:9443"));
+    ensure!(env_value(c, "NODEWARDEN_ADMIN_ADDR") == Some("0.0.0.0:9080"));
+    let ports = ports_by_name(c);
+    ensure!(
+        ports.get("https") == Some(&9443) && ports.get("admin") == Some(&9080),
+        "container ports: {ports:?}"
+    );
+    ensure!(
+        c["livenessProbe"]["httpGet"]["port"] == "admin" && c["readinessProbe"]["httpGet"]["port"] == "admin"
+    );
+    ensure!(mount(c, "extra-ca")?["mountPath"] == "/etc/nodewarden/extra-ca");
+    ensure!(volume(deployment, "extra-ca")?["configMap"]["name"] == "extra-ca");
+    ensure!(
+        mount(c, "tls").is_ok() && volume(deployment, "tls").is_ok(),
+        "the chart's own volumes stay"
+    );
+    let service = r.get("Service", "nodewarden-webhook")?;
+    let targets: Vec<&Value> = service["spec"]["ports"]
+        .as_array()
+        .context("service ports")?
+        .iter()
+        .map(|p| &p["targetPort"])
+        .collect();
+    ensure!(
+        targets == [&json!("https"), &json!("admin")],
+        "Service targets the named ports: {targets:?}"
+    );
+    let policy = r.get("NetworkPolicy", "nodewarden-webhook")?;
+    let policy_ports: Vec<&Value> = policy["spec"]["ingress"]
+        .as_array()
+        .context("ingress")?
+        .iter()
+        .map(|r| &r["ports"][0]["port"])
+        .collect();
+    ensure!(
+        policy_ports == [&json!(9443), &json!(9080)],
+        "NetworkPolicy ports: {policy_ports:?}"
+    );
+    let agent = container(r.get("DaemonSet", "nodewarden-agent")?, "agent")?;
+    ensure!(
+        agent["image"] == "own.example/nodewarden/nodewarden-agent:t2",
+        "an image's own registry wins over global.imageRegistry: {}",
+        agent["image"]
+    );
+    ensure!(
+        agent["args"] == json!(["--sample-interval=5s"]),
+        "agent args: {}",
+        agent["args"]
+    );
+    let hook = r.of_kind("Job").into_iter().next().context("the CRD hook Job")?;
+    let hook_image = &hook["spec"]["template"]["spec"]["containers"][0]["image"];
+    ensure!(
+        hook_image == "mirror.example:5000/nodewarden/nodewarden-webhook:t1",
+        "{hook_image}"
+    );
+
+    // the defaults: no host network, no args, 8443/8080
+    let d = render_default().await?;
+    let deployment = d.get("Deployment", "nodewarden-webhook")?;
+    ensure!(
+        deployment["spec"]["template"]["spec"]
+            .get("hostNetwork")
+            .is_none()
+    );
+    ensure!(deployment["spec"]["template"]["spec"].get("dnsPolicy").is_none());
+    let c = container(deployment, "webhook")?;
+    ensure!(c.get("args").is_none() && env_value(c, "NODEWARDEN_LISTEN_ADDR") == Some("0.0.0.0:8443"));
+    Ok(())
+}
+
 /// Bad values make `helm template` fail, and the message names the value and what is accepted.
 #[tokio::test]
 async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result<()> {
@@ -1248,6 +1372,11 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
             &["--set", "webhook.limits.maxBodyBytes=100"],
             &["webhook/limits/maxBodyBytes", "minimum"],
         ),
+        (
+            &["--set", "webhook.port=8080"],
+            &["webhook.port and webhook.adminPort are both 8080"],
+        ),
+        (&["--set", "webhook.port=70000"], &["webhook/port", "maximum"]),
         (
             &["--set", "webhook.timeouts.write=forever"],
             &["webhook/timeouts/write", "ms|s|m|h"],

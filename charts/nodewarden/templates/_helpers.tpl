@@ -97,11 +97,11 @@ app.kubernetes.io/component: agent
 {{- end -}}
 
 {{/* Images: `[registry/]repository@digest` when a digest is given, else `[registry/]repository:tag`
-     (tag defaults to the chart's appVersion). Call with (dict "image" .Values.x.image "root" $). */}}
+     (tag defaults to the chart's appVersion). The registry is the image's own, else global.imageRegistry. Call with (dict "image" .Values.x.image "root" $). */}}
 {{- define "nodewarden.image" -}}
 {{- $img := .image -}}
 {{- $repo := $img.repository -}}
-{{- with $img.registry -}}
+{{- with (default (dig "imageRegistry" "" (.root.Values.global | default dict)) $img.registry) -}}
 {{- $repo = printf "%s/%s" (trimSuffix "/" .) $repo -}}
 {{- end -}}
 {{- if $img.digest -}}
@@ -193,6 +193,9 @@ clientConfig:
 {{- if and .caSecret .caConfigMap -}}
 {{- fail "webhook.clientAuth.caSecret and webhook.clientAuth.caConfigMap are both set: keep one of them" -}}
 {{- end -}}
+{{- end -}}
+{{- if eq (int .Values.webhook.port) (int .Values.webhook.adminPort) -}}
+{{- fail (printf "webhook.port and webhook.adminPort are both %d: the admission and admin servers need a port each" (int .Values.webhook.port)) -}}
 {{- end -}}
 {{- if and .Values.certificates.certManager.issuerRef (ne .Values.certificates.mode "certManager") -}}
 {{- fail "certificates.certManager.issuerRef is set but certificates.mode is not \"certManager\": set certificates.mode=certManager to use it, or remove the issuerRef" -}}
