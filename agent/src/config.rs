@@ -42,8 +42,9 @@ pub struct Config {
     )]
     pub checkpoint_dir: PathBuf,
 
-    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics).
-    #[arg(long, env = "NODEWARDEN_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics). Default: every
+    /// interface in a pod, loopback when run by hand outside a cluster.
+    #[arg(long, env = "NODEWARDEN_ADMIN_ADDR", default_value_t = nodewarden_runtime::default_bind(8080))]
     pub admin_addr: SocketAddr,
 
     /// How often the containers are measured.

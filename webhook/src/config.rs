@@ -25,12 +25,14 @@ pub struct Config {
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// Address of the HTTPS admission server.
-    #[arg(long, env = "NODEWARDEN_LISTEN_ADDR", default_value = "0.0.0.0:8443")]
+    /// Address of the HTTPS admission server. Default: every interface in a pod, loopback when
+    /// run by hand outside a cluster.
+    #[arg(long, env = "NODEWARDEN_LISTEN_ADDR", default_value_t = nodewarden_runtime::default_bind(8443))]
     pub listen_addr: SocketAddr,
 
-    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics).
-    #[arg(long, env = "NODEWARDEN_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics). Default: every
+    /// interface in a pod, loopback when run by hand outside a cluster.
+    #[arg(long, env = "NODEWARDEN_ADMIN_ADDR", default_value_t = nodewarden_runtime::default_bind(8080))]
     pub admin_addr: SocketAddr,
 
     /// PEM certificate chain served by the admission server.

@@ -53,6 +53,35 @@ fn help_names_the_environment_variable_of_every_flag() {
 }
 
 #[test]
+fn by_hand_outside_a_cluster_it_listens_on_loopback_and_in_a_pod_everywhere() {
+    let help = |in_pod: bool| {
+        let mut command = Command::new(BIN);
+        command
+            .arg("--help")
+            .env_remove("NODEWARDEN_LISTEN_ADDR")
+            .env_remove("NODEWARDEN_ADMIN_ADDR");
+        if in_pod {
+            command.env("KUBERNETES_SERVICE_HOST", "10.96.0.1");
+        } else {
+            command.env_remove("KUBERNETES_SERVICE_HOST");
+        }
+        let out = command.output().expect("runs");
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).expect("utf8")
+    };
+    let by_hand = help(false);
+    assert!(
+        by_hand.contains("[default: 127.0.0.1:8443]") && by_hand.contains("[default: 127.0.0.1:8080]"),
+        "{by_hand}"
+    );
+    let in_pod = help(true);
+    assert!(
+        in_pod.contains("[default: 0.0.0.0:8443]") && in_pod.contains("[default: 0.0.0.0:8080]"),
+        "{in_pod}"
+    );
+}
+
+#[test]
 fn a_bad_flag_is_a_clear_usage_error() {
     let out = Command::new(BIN)
         .env("NODEWARDEN_LISTEN_ADDR", "not-an-address")
