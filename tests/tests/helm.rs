@@ -26,17 +26,32 @@ use serde_json::{Value, json};
 const NS: &str = "nodewarden";
 const RELEASE: &str = "nodewarden";
 const FIXTURES: [&str; 3] = ["cert-manager.yaml", "secret-mode.yaml", "everything-on.yaml"];
+/// The APIs of the Prometheus Operator and cert-manager, as `helm template` learns them from a
+/// cluster that has their CRDs (the fixtures ask for their objects).
+const CRD_APIS: [&str; 4] = [
+    "--api-versions",
+    "monitoring.coreos.com/v1",
+    "--api-versions",
+    "cert-manager.io/v1",
+];
 
 // ---- lint --------------------------------------------------------------------------------------
 
-/// `helm lint --strict` passes with the default values and with each fixture values file.
+/// `helm lint --strict` passes with the default values and with each fixture values file (lint
+/// knows no cluster's APIs and has no `--api-versions`: the fixtures are linted with
+/// `checkApiVersions=false`).
 #[tokio::test]
 async fn lint_passes_strict_for_default_and_fixture_values() -> Result<()> {
     let helm = Helm::locate().await?;
     let chart = chart_dir().display().to_string();
     let mut runs: Vec<Vec<String>> = vec![vec![]];
     for f in FIXTURES {
-        runs.push(vec!["-f".into(), helm_fixture(f).display().to_string()]);
+        runs.push(vec![
+            "-f".into(),
+            helm_fixture(f).display().to_string(),
+            "--set".into(),
+            "checkApiVersions=false".into(),
+        ]);
     }
     for extra in runs {
         let mut args = vec!["lint".to_string(), "--strict".into(), chart.clone()];
@@ -1290,6 +1305,92 @@ agent:
     Ok(())
 }
 
+/// ServiceMonitors, the PrometheusRule and cert-manager's objects need CRDs the cluster may not
+/// have: asked for where the API is not served, rendering fails naming the value to turn off, the
+/// missing API and `--api-versions`; with the API (or `checkApiVersions=false`) they render. The
+/// ServiceMonitors go to `serviceMonitor.namespace` and carry the user's relabelings after the
+/// chart's own.
+#[tokio::test]
+async fn monitoring_and_cert_manager_objects_need_their_apis_and_take_relabelings() -> Result<()> {
+    let helm = Helm::locate().await?;
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "serviceMonitor.enabled=true",
+            "serviceMonitor.enabled=false",
+            "monitoring.coreos.com/v1",
+        ),
+        (
+            "prometheusRule.enabled=true",
+            "prometheusRule.enabled=false",
+            "monitoring.coreos.com/v1",
+        ),
+        (
+            "certificates.mode=certManager",
+            "certificates.mode=managed",
+            "cert-manager.io/v1",
+        ),
+    ];
+    for &(set, off, api) in cases {
+        let out = helm.template_raw(RELEASE, NS, &["--set", set]).await?;
+        ensure!(!out.success, "{set} rendered without {api}");
+        for needle in [
+            off,
+            api,
+            &format!("--api-versions {api}"),
+            "checkApiVersions=false",
+        ] {
+            ensure!(
+                out.stderr.contains(needle),
+                "{set}: the error should name `{needle}`:\n{}",
+                out.stderr
+            );
+        }
+        helm.template(RELEASE, NS, &["--set", set, "--api-versions", api])
+            .await
+            .with_context(|| format!("{set} with {api}"))?;
+        helm.template(RELEASE, NS, &["--set", set, "--set", "checkApiVersions=false"])
+            .await
+            .with_context(|| format!("{set} with checkApiVersions=false"))?;
+    }
+
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--api-versions",
+                "monitoring.coreos.com/v1",
+                "--set",
+                "serviceMonitor.enabled=true,serviceMonitor.namespace=monitoring,\
+                 serviceMonitor.relabelings[0].targetLabel=cluster,serviceMonitor.relabelings[0].replacement=c1,\
+                 serviceMonitor.metricRelabelings[0].action=drop,serviceMonitor.metricRelabelings[0].regex=go_.*",
+            ],
+        )
+        .await?;
+    let monitors = r.of_kind("ServiceMonitor");
+    ensure!(monitors.len() == 2, "two ServiceMonitors: {}", monitors.len());
+    let cluster = json!({"targetLabel": "cluster", "replacement": "c1"});
+    let drop = json!([{"action": "drop", "regex": "go_.*"}]);
+    for m in &monitors {
+        ensure!(m["metadata"]["namespace"] == "monitoring", "{}", m["metadata"]);
+        ensure!(
+            m["spec"]["namespaceSelector"]["matchNames"] == json!([NS]),
+            "still selects the release namespace's Services: {}",
+            m["spec"]
+        );
+        let endpoint = &m["spec"]["endpoints"][0];
+        ensure!(endpoint["metricRelabelings"] == drop, "{endpoint}");
+        let relabelings = endpoint["relabelings"].as_array().context("relabelings")?;
+        ensure!(relabelings.last() == Some(&cluster), "{endpoint}");
+    }
+    let agent = r.get("ServiceMonitor", "nodewarden-agent")?;
+    ensure!(
+        agent["spec"]["endpoints"][0]["relabelings"][0]["targetLabel"] == "node",
+        "the chart's node label comes first: {agent}"
+    );
+    Ok(())
+}
+
 /// Bad values make `helm template` fail, and the message names the value and what is accepted.
 #[tokio::test]
 async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result<()> {
@@ -2012,7 +2113,9 @@ async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
     // installed here and are left out).
     for fixture in FIXTURES {
         let path = helm_fixture(fixture).display().to_string();
-        let rendered = helm.template("dryrun", NS, &["-f", path.as_str()]).await?;
+        let mut args = vec!["-f", path.as_str()];
+        args.extend(CRD_APIS);
+        let rendered = helm.template("dryrun", NS, &args).await?;
         let checked = server_dry_run(&client, &rendered)
             .await
             .with_context(|| format!("values {fixture}"))?;
@@ -2389,10 +2492,9 @@ async fn render_default() -> Result<Rendered> {
 
 async fn render_with_fixture(file: &str) -> Result<Rendered> {
     let path = helm_fixture(file).display().to_string();
-    Helm::locate()
-        .await?
-        .template(RELEASE, NS, &["-f", path.as_str()])
-        .await
+    let mut args = vec!["-f", path.as_str()];
+    args.extend(CRD_APIS);
+    Helm::locate().await?.template(RELEASE, NS, &args).await
 }
 
 fn webhook<'a>(config: &'a Value, name: &str) -> Result<&'a Value> {

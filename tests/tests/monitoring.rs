@@ -331,7 +331,20 @@ async fn rules_query_exported_metrics_and_pass_promtool() -> Result<()> {
 
 async fn render_everything_on(helm: &Helm) -> Result<Rendered> {
     let values = helm_fixture("everything-on.yaml").display().to_string();
-    helm.template(RELEASE, NS, &["-f", &values]).await
+    // as from a cluster with the Prometheus Operator's and cert-manager's CRDs
+    helm.template(
+        RELEASE,
+        NS,
+        &[
+            "-f",
+            &values,
+            "--api-versions",
+            "monitoring.coreos.com/v1",
+            "--api-versions",
+            "cert-manager.io/v1",
+        ],
+    )
+    .await
 }
 
 /// `spec` of the one PrometheusRule, as a rules file wants it (`groups:`).

@@ -194,6 +194,19 @@ clientConfig:
 {{- fail "webhook.clientAuth.caSecret and webhook.clientAuth.caConfigMap are both set: keep one of them" -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.checkApiVersions -}}
+{{- $apis := list -}}
+{{- if .Values.serviceMonitor.enabled -}}{{- $apis = append $apis (list "serviceMonitor.enabled" "monitoring.coreos.com/v1" "ServiceMonitor" "the Prometheus Operator's CRDs") -}}{{- end -}}
+{{- if .Values.prometheusRule.enabled -}}{{- $apis = append $apis (list "prometheusRule.enabled" "monitoring.coreos.com/v1" "PrometheusRule" "the Prometheus Operator's CRDs") -}}{{- end -}}
+{{- if eq .Values.certificates.mode "certManager" -}}{{- $apis = append $apis (list "certificates.mode=certManager" "cert-manager.io/v1" "Certificate" "cert-manager's CRDs") -}}{{- end -}}
+{{- range $apis -}}
+{{- $value := index . 0 -}}{{- $gv := index . 1 -}}{{- $kind := index . 2 -}}{{- $what := index . 3 -}}
+{{- if not ($.Capabilities.APIVersions.Has $gv) -}}
+{{- $off := ternary "certificates.mode=managed" (printf "%s=false" $value) (eq $value "certificates.mode=certManager") -}}
+{{- fail (printf "%s asks for a %s but the cluster does not serve %s (%s are not installed): install them first, or set %s. With helm template, pass --api-versions %s; where the CRDs come with the same release, set checkApiVersions=false" $value $kind $gv $what $off $gv) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if eq (int .Values.webhook.port) (int .Values.webhook.adminPort) -}}
 {{- fail (printf "webhook.port and webhook.adminPort are both %d: the admission and admin servers need a port each" (int .Values.webhook.port)) -}}
 {{- end -}}
