@@ -1391,6 +1391,51 @@ async fn monitoring_and_cert_manager_objects_need_their_apis_and_take_relabeling
     Ok(())
 }
 
+/// Valid resources and tolerations of every shape Kubernetes takes render as given, and a grace
+/// period just long enough for the shutdown delay and grace is accepted.
+#[tokio::test]
+async fn kubernetes_shaped_resources_tolerations_and_grace_periods_render() -> Result<()> {
+    let r = Helm::locate()
+        .await?
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "webhook.resources.requests.cpu=1.5,webhook.resources.requests.memory=0.5Gi,\
+                 webhook.resources.limits.memory=1e9,webhook.resources.claims[0].name=gpu,\
+                 webhook.tolerations[0].key=dedicated,webhook.tolerations[0].operator=Equal,\
+                 webhook.tolerations[0].value=infra,webhook.tolerations[0].effect=NoExecute,\
+                 webhook.tolerations[0].tolerationSeconds=30,\
+                 webhook.shutdownGrace=1m30.5s,webhook.shutdownDelay=500ms,\
+                 webhook.terminationGracePeriodSeconds=93",
+            ],
+        )
+        .await?;
+    let deployment = r.get("Deployment", "nodewarden-webhook")?;
+    let pod = &deployment["spec"]["template"]["spec"];
+    ensure!(
+        pod["terminationGracePeriodSeconds"] == 93,
+        "{}",
+        pod["terminationGracePeriodSeconds"]
+    );
+    ensure!(
+        pod["tolerations"]
+            == json!([{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoExecute", "tolerationSeconds": 30}]),
+        "{}",
+        pod["tolerations"]
+    );
+    let c = container(deployment, "webhook")?;
+    ensure!(
+        c["resources"]["requests"]["memory"] == "0.5Gi"
+            && c["resources"]["limits"]["memory"] == "1e9"
+            && c["resources"]["claims"] == json!([{"name": "gpu"}]),
+        "{}",
+        c["resources"]
+    );
+    Ok(())
+}
+
 /// Bad values make `helm template` fail, and the message names the value and what is accepted.
 #[tokio::test]
 async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result<()> {
@@ -1478,6 +1523,54 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
             &["webhook.port and webhook.adminPort are both 8080"],
         ),
         (&["--set", "webhook.port=70000"], &["webhook/port", "maximum"]),
+        // resources and tolerations have the shape of the Kubernetes types
+        (
+            &["--set", "webhook.resources.request.cpu=100m"],
+            &["webhook/resources", "'request' not allowed"],
+        ),
+        (
+            &["--set", "agent.resources.requests.cpu=-100m"],
+            &["agent/resources/requests/cpu", "-100m"],
+        ),
+        (
+            &["--set", "webhook.resources.limits.memory=lots"],
+            &["webhook/resources/limits/memory", "lots"],
+        ),
+        (
+            &["--set", "webhook.tolerations[0].operator=Exist"],
+            &["webhook/tolerations/0/operator", "Exists", "Equal"],
+        ),
+        (
+            &["--set", "agent.tolerations[0].effect=NoSchedul"],
+            &["agent/tolerations/0/effect", "NoSchedule"],
+        ),
+        (
+            &[
+                "--set",
+                "webhook.tolerations[0].operator=Exists,webhook.tolerations[0].value=x",
+            ],
+            &["webhook/tolerations/0/value"],
+        ),
+        (
+            &["--set", "webhook.tolerations[0].keys=a"],
+            &["webhook/tolerations/0", "'keys' not allowed"],
+        ),
+        // the kubelet would kill the webhook before its own shutdown is done
+        (
+            &["--set", "webhook.terminationGracePeriodSeconds=26"],
+            &[
+                "webhook.terminationGracePeriodSeconds is 26",
+                "webhook.shutdownDelay (5s) + webhook.shutdownGrace (20s) take up to 25s",
+                "at least 27",
+            ],
+        ),
+        (
+            &[
+                "--set",
+                "webhook.shutdownGrace=1m30.5s,webhook.shutdownDelay=500ms,webhook.terminationGracePeriodSeconds=92",
+            ],
+            &["take up to 91s", "at least 93"],
+        ),
         (
             &["--set", "webhook.timeouts.write=forever"],
             &["webhook/timeouts/write", "ms|s|m|h"],

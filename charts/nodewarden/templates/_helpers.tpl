@@ -167,6 +167,17 @@ clientConfig:
   {{- end }}
 {{- end -}}
 
+{{/* Seconds (a float) of a duration in the schema's syntax, e.g. `1m30s`, `500ms`. */}}
+{{- define "nodewarden.seconds" -}}
+{{- $units := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" (toString .) -1 -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . -}}
+{{- $total = addf $total (mulf (float64 $number) (get $units (trimPrefix $number .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
 {{/* Checks that schema validation cannot express, with messages that say what to set. */}}
 {{- define "nodewarden.validate" -}}
 {{- if eq .Values.certificates.mode "secret" -}}
@@ -205,6 +216,13 @@ clientConfig:
 {{- $off := ternary "certificates.mode=managed" (printf "%s=false" $value) (eq $value "certificates.mode=certManager") -}}
 {{- fail (printf "%s asks for a %s but the cluster does not serve %s (%s are not installed): install them first, or set %s. With helm template, pass --api-versions %s; where the CRDs come with the same release, set checkApiVersions=false" $value $kind $gv $what $off $gv) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.webhook -}}
+{{- $drain := addf (include "nodewarden.seconds" .shutdownDelay | float64) (include "nodewarden.seconds" .shutdownGrace | float64) -}}
+{{- $least := add (ceil $drain | int) 2 -}}
+{{- if lt (int .terminationGracePeriodSeconds) $least -}}
+{{- fail (printf "webhook.terminationGracePeriodSeconds is %d but webhook.shutdownDelay (%s) + webhook.shutdownGrace (%s) take up to %gs, and the kubelet kills the pod when the period ends: set terminationGracePeriodSeconds to at least %d (2s to exit), or shorten the delay or the grace" (int .terminationGracePeriodSeconds) .shutdownDelay .shutdownGrace $drain $least) -}}
 {{- end -}}
 {{- end -}}
 {{- if eq (int .Values.webhook.port) (int .Values.webhook.adminPort) -}}
