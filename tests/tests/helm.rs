@@ -1572,6 +1572,10 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
             &["take up to 91s", "at least 93"],
         ),
         (
+            &["--set", "webhook.timeouts.write=50ms"],
+            &["webhook.timeouts.write is 50ms", "100ms"],
+        ),
+        (
             &["--set", "webhook.timeouts.write=forever"],
             &["webhook/timeouts/write", "ms|s|m|h"],
         ),

@@ -218,6 +218,11 @@ clientConfig:
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- range $key, $d := .Values.webhook.timeouts -}}
+{{- if and $d (lt (include "nodewarden.seconds" $d | float64) 0.1) -}}
+{{- fail (printf "webhook.timeouts.%s is %s: the webhook refuses timeouts under 100ms and would not start; use e.g. 500ms or 10s, or null for its default" $key $d) -}}
+{{- end -}}
+{{- end -}}
 {{- with .Values.webhook -}}
 {{- $drain := addf (include "nodewarden.seconds" .shutdownDelay | float64) (include "nodewarden.seconds" .shutdownGrace | float64) -}}
 {{- $least := add (ceil $drain | int) 2 -}}
