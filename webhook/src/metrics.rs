@@ -104,7 +104,9 @@ pub struct Metrics {
     admission_requests: Family<AdmissionLabels, Counter>,
     admission_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     certificate_reloads: Family<ResultLabels, Counter>,
-    certificate_expiry: Gauge,
+    /// One series without labels, created when a certificate is first loaded (a gauge would
+    /// read 0, "expired in 1970", before that).
+    certificate_expiry: Family<Vec<(&'static str, &'static str)>, Gauge>,
     claims_decisions: Family<ClaimDecisionLabels, Counter>,
     rightsizing_pods: Family<RightsizingPodLabels, Counter>,
     rightsizing_containers: Family<RightsizingContainerLabels, Counter>,
@@ -146,7 +148,7 @@ impl Metrics {
             "Serving certificate reloads, by result (loaded, rejected)",
             certificate_reloads.clone(),
         );
-        let certificate_expiry = Gauge::default();
+        let certificate_expiry = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
         registry.register(
             "serving_certificate_expiration_timestamp_seconds",
             "When the serving certificate being served expires, in seconds since the Unix epoch (absent until one is loaded)",
@@ -233,7 +235,7 @@ impl Metrics {
 
     /// The serving certificate now served expires at `not_after` (seconds since the Unix epoch).
     pub fn certificate_expires(&self, not_after: i64) {
-        self.certificate_expiry.set(not_after);
+        self.certificate_expiry.get_or_create(&Vec::new()).set(not_after);
     }
 
     /// Counts one decision of the claims guard; `rule` comes from its fixed list of rule names.

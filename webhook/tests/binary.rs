@@ -180,7 +180,7 @@ fn live_but_not_ready_without_an_api_server_and_a_clean_exit_on_sigterm() {
     );
     assert!(
         metrics.contains(&format!(
-            "nodewarden_serving_certificate_expiration_timestamp_seconds {}\n",
+            "nodewarden_serving_certificate_expiration_timestamp_seconds{{}} {}\n",
             cert.not_after.unix_timestamp()
         )),
         "{metrics}"
