@@ -36,6 +36,7 @@ fn exported_metrics() -> BTreeSet<String> {
         std::time::Duration::from_millis(1),
     );
     webhook.certificate_reload(true);
+    webhook.certificate_expires(1_800_000_000);
     webhook.claims_decision("reserved-name", false);
     RightsizingObserver::decided(&webhook, Reason::Resized, &[("app".to_string(), Source::Node)]);
     FeaturesObserver::decided(&webhook, Decision::Denied);
@@ -305,6 +306,7 @@ async fn rules_query_exported_metrics_and_pass_promtool() -> Result<()> {
         "NodewardenRecommendationStale",
         "NodewardenRepeatedOomKills",
         "NodewardenFeatureTransitionStuck",
+        "NodewardenServingCertificateExpiresSoon",
     ]
     .map(String::from)
     .into();
