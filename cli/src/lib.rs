@@ -46,12 +46,43 @@ pub enum Command {
 /// Flags of `kubectl nodewarden report`.
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
-    /// Only the autoscalers of this namespace; every namespace when unset.
+    /// Only the autoscalers of this namespace. When unset, as kubectl: the context's namespace,
+    /// else `default`.
     #[arg(short, long, env = "NODEWARDEN_NAMESPACE")]
     pub namespace: Option<String>,
+    /// The autoscalers of every namespace (wins over --namespace).
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Only the DaemonSetAutoscalers with these labels, as kubectl's selector: `app=logs`,
+    /// `tier in (infra),team!=web`.
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
+    /// Order of the rows (and of the nodes).
+    #[arg(long, value_enum, default_value_t = report::SortBy::Change, value_name = "ORDER")]
+    pub sort_by: report::SortBy,
+    /// No header lines: the table prints one line per row (the first field is
+    /// namespace/DaemonSet), the CSV no header record.
+    #[arg(long)]
+    pub no_headers: bool,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Format::Table, env = "NODEWARDEN_OUTPUT")]
     pub output: Format,
+}
+
+impl ReportArgs {
+    /// The namespace to read, as kubectl picks it: none with `-A`, else `--namespace`, else
+    /// `default_namespace` (the kubeconfig context's namespace, or `default`).
+    pub fn scope(&self, default_namespace: &str) -> Option<String> {
+        if self.all_namespaces {
+            None
+        } else {
+            Some(
+                self.namespace
+                    .clone()
+                    .unwrap_or_else(|| default_namespace.to_string()),
+            )
+        }
+    }
 }
 
 /// Output format of the report.
@@ -59,11 +90,15 @@ pub struct ReportArgs {
 pub enum Format {
     /// Aligned tables (the default).
     Table,
+    /// The tables with more columns (the source in the words of the pod's annotation).
+    Wide,
     /// JSON; quantities in millicores and bytes.
     Json,
+    /// The JSON document as YAML.
+    Yaml,
     /// One line per DaemonSet, node and container; quantities in millicores and bytes.
     Csv,
-    /// A self-contained HTML page with a chart per node.
+    /// A self-contained HTML page: a summary, then every row in a table to sort and filter.
     Html,
 }
 
@@ -96,13 +131,23 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
     match &cli.command {
         Command::Report(args) => {
             let client = client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
-            let snapshot = report::fetch::snapshot(&client, args.namespace.as_deref()).await?;
-            let report = report::compute(&snapshot);
+            let namespace = args.scope(client.default_namespace());
+            let snapshot =
+                report::fetch::snapshot(&client, namespace.as_deref(), args.selector.as_deref()).await?;
+            let mut report = report::compute(&snapshot);
+            report.sort(args.sort_by);
+            let view = report::render::View {
+                sort: args.sort_by,
+                headers: !args.no_headers,
+                namespace,
+            };
             let written = match args.output {
-                Format::Table => report::render::table(&report, out),
+                Format::Table => report::render::table(&report, &view, false, out),
+                Format::Wide => report::render::table(&report, &view, true, out),
                 Format::Json => report::render::json(&report, out),
-                Format::Csv => report::render::csv(&report, out),
-                Format::Html => report::render::html(&report, out),
+                Format::Yaml => report::render::yaml(&report, out),
+                Format::Csv => report::render::csv(&report, &view, out),
+                Format::Html => report::render::html(&report, &view, out),
             };
             written
                 .and_then(|()| out.flush())

@@ -79,10 +79,10 @@ fn bad_flags_and_contexts_are_named() {
     std::fs::write(&path, KUBECONFIG).expect("write");
     let path = path.to_str().expect("utf-8 path");
 
-    let (code, _, stderr) = run(&["report", "--kubeconfig", path, "-o", "yaml"], &[]);
+    let (code, _, stderr) = run(&["report", "--kubeconfig", path, "-o", "toml"], &[]);
     assert_eq!(code, 2);
     assert!(
-        stderr.contains("invalid value 'yaml'") && stderr.contains("table, json, csv, html"),
+        stderr.contains("invalid value 'toml'") && stderr.contains("table, wide, json, yaml, csv, html"),
         "{stderr}"
     );
 

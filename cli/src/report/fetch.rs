@@ -11,16 +11,24 @@ use nodewarden_api::{DaemonSetAutoscaler, NodeRecommendation};
 use super::Snapshot;
 use crate::error::{Error, classify};
 
-/// Lists the autoscalers (in `namespace`, or all), their DaemonSets and pods, every
+/// Lists the autoscalers (in `namespace`, or all; with the labels `selector` asks for), their DaemonSets and pods, every
 /// `NodeRecommendation`, the LimitRanges of the autoscalers' namespaces, and the nodes' labels
 /// when an autoscaler uses node groups: what the webhook reads to size a new pod.
-pub async fn snapshot(client: &Client, namespace: Option<&str>) -> Result<Snapshot, Error> {
+pub async fn snapshot(
+    client: &Client,
+    namespace: Option<&str>,
+    selector: Option<&str>,
+) -> Result<Snapshot, Error> {
     let autoscalers: Api<DaemonSetAutoscaler> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    let mut params = ListParams::default();
+    if let Some(selector) = selector.filter(|s| !s.is_empty()) {
+        params = params.labels(selector);
+    }
     let autoscalers = autoscalers
-        .list(&ListParams::default())
+        .list(&params)
         .await
         .map_err(|e| classify("daemonsetautoscalers.nodewarden.io", e))?
         .items;

@@ -279,6 +279,83 @@ pub struct Report {
     pub totals: Totals,
 }
 
+/// How rows are ordered (`--sort-by`). Ties keep the order by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortBy {
+    /// Biggest absolute change first: by |CPU Δ|, then |memory Δ| (frees and needs alike).
+    #[default]
+    Change,
+    /// Biggest absolute memory change first: by |memory Δ|, then |CPU Δ|.
+    MemoryChange,
+    /// By namespace, DaemonSet (autoscaler), node, then the template's container order.
+    Name,
+    /// By node, then namespace, autoscaler and container.
+    Node,
+}
+
+fn change_key(cpu: i64, memory: i64, by: SortBy) -> (std::cmp::Reverse<u64>, std::cmp::Reverse<u64>) {
+    use std::cmp::Reverse;
+    match by {
+        SortBy::MemoryChange => (Reverse(memory.unsigned_abs()), Reverse(cpu.unsigned_abs())),
+        _ => (Reverse(cpu.unsigned_abs()), Reverse(memory.unsigned_abs())),
+    }
+}
+
+fn sort_rows(rows: &mut [Row], by: SortBy) {
+    // `compute` gives rows by node, then the template's container order: the order by name
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
+    match by {
+        SortBy::Change | SortBy::MemoryChange => {
+            rows.sort_by_key(|r| change_key(r.delta.cpu_millis, r.delta.memory_bytes, by));
+        }
+        SortBy::Name | SortBy::Node => {}
+    }
+}
+
+impl Report {
+    /// Orders each DaemonSet's rows and the nodes as `by` says. The DaemonSets stay by
+    /// namespace and autoscaler name; a node's change is what it frees plus what it needs.
+    pub fn sort(&mut self, by: SortBy) {
+        self.daemonsets
+            .sort_by(|a, b| (&a.namespace, &a.autoscaler).cmp(&(&b.namespace, &b.autoscaler)));
+        for ds in &mut self.daemonsets {
+            sort_rows(&mut ds.rows, by);
+        }
+        self.nodes.sort_by(|a, b| a.node.cmp(&b.node));
+        if matches!(by, SortBy::Change | SortBy::MemoryChange) {
+            self.nodes.sort_by_key(|n| {
+                let t = n.totals;
+                change_key(
+                    t.cpu_free_millis + t.cpu_needed_millis,
+                    t.memory_free_bytes + t.memory_needed_bytes,
+                    by,
+                )
+            });
+        }
+    }
+
+    /// Every row with its DaemonSet, ordered as `by` says across the DaemonSets (the CSV, the
+    /// table without headers and the HTML page list them so).
+    pub fn rows_sorted(&self, by: SortBy) -> Vec<(&DaemonSetReport, &Row)> {
+        let mut rows: Vec<(&DaemonSetReport, &Row)> = self
+            .daemonsets
+            .iter()
+            .flat_map(|ds| ds.rows.iter().map(move |r| (ds, r)))
+            .collect();
+        rows.sort_by(|(a, ra), (b, rb)| {
+            (&a.namespace, &a.autoscaler, &ra.node).cmp(&(&b.namespace, &b.autoscaler, &rb.node))
+        });
+        match by {
+            SortBy::Change | SortBy::MemoryChange => {
+                rows.sort_by_key(|(_, r)| change_key(r.delta.cpu_millis, r.delta.memory_bytes, by));
+            }
+            SortBy::Node => rows.sort_by(|(_, a), (_, b)| a.node.cmp(&b.node)),
+            SortBy::Name => {}
+        }
+        rows
+    }
+}
+
 /// The node a DaemonSet pod runs on or is aimed at (the shared rule,
 /// `nodewarden_api::domain::rightsizing::daemonset_pod_node`).
 pub fn pod_node(pod: &Pod) -> Option<String> {

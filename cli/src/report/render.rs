@@ -1,11 +1,22 @@
-//! The report as an aligned table, JSON, CSV or a self-contained HTML page.
+//! The report as an aligned table, JSON, YAML, CSV or a self-contained HTML page.
 
 use std::fmt::Write as _;
 use std::io::Write;
 
 use comfy_table::{Cell, CellAlignment, Table, presets};
 
-use super::{DaemonSetReport, Delta, Report, Resources, Row, Totals};
+use super::{DaemonSetReport, Delta, Report, Resources, Row, SortBy, Totals};
+
+/// How the report is shown, besides its format.
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    /// The order of the rows across DaemonSets (CSV, table without headers, HTML).
+    pub sort: SortBy,
+    /// Whether header lines are printed (`--no-headers` turns them off).
+    pub headers: bool,
+    /// The namespace read; `None` for every namespace.
+    pub namespace: Option<String>,
+}
 
 const KI: i64 = 1 << 10;
 const MI: i64 = 1 << 20;
@@ -82,10 +93,83 @@ fn right(text: String) -> Cell {
     Cell::new(text).set_alignment(CellAlignment::Right)
 }
 
-/// The default output: one table per DaemonSet, then the nodes, then the overall totals.
-pub fn table(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+/// The columns of a row in the table; `wide` adds the source in the words of the pod's
+/// annotation.
+fn row_cells(r: &Row, wide: bool) -> Vec<Cell> {
+    let mut cells = vec![
+        Cell::new(&r.node),
+        Cell::new(&r.container),
+        right(pair(r.template)),
+        right(if r.has_pod {
+            pair(r.current)
+        } else {
+            "no pod".to_string()
+        }),
+        right(pair(r.target)),
+        right(pair(r.lower_bound)),
+        right(pair(r.upper_bound)),
+        Cell::new(r.source.as_str()),
+    ];
+    if wide {
+        cells.push(Cell::new(&r.source_detail));
+    }
+    cells.extend([
+        right(r.oom_kills.to_string()),
+        right(signed(r.delta.cpu_millis, cpu)),
+        right(signed(r.delta.memory_bytes, memory)),
+    ]);
+    cells
+}
+
+/// The column names of a DaemonSet's table.
+pub fn row_header(wide: bool) -> Vec<&'static str> {
+    let mut header = vec![
+        "NODE",
+        "CONTAINER",
+        "TEMPLATE",
+        "CURRENT",
+        "TARGET",
+        "LOWER",
+        "UPPER",
+        "SOURCE",
+    ];
+    if wide {
+        header.push("DETAIL");
+    }
+    header.extend(["OOM", "CPU Δ", "MEMORY Δ"]);
+    header
+}
+
+fn no_autoscalers(view: &View) -> String {
+    match &view.namespace {
+        Some(ns) => format!("No DaemonSetAutoscalers found in namespace {ns} (-A for every namespace)."),
+        None => "No DaemonSetAutoscalers found.".to_string(),
+    }
+}
+
+/// The default output: one table per DaemonSet, then the nodes, then the overall totals; `wide`
+/// adds columns. Without headers: only the rows, one line each, across DaemonSets in the view's
+/// order, the first field namespace/DaemonSet.
+pub fn table(report: &Report, view: &View, wide: bool, out: &mut dyn Write) -> std::io::Result<()> {
+    if !view.headers {
+        let mut t = Table::new();
+        t.load_preset(presets::NOTHING);
+        for (ds, r) in report.rows_sorted(view.sort) {
+            let mut cells = vec![Cell::new(format!("{}/{}", ds.namespace, ds.daemonset))];
+            cells.extend(row_cells(r, wide));
+            t.add_row(cells);
+        }
+        if t.row_count() == 0 {
+            return Ok(());
+        }
+        // lines start at the first column, as kubectl's
+        for line in t.lines() {
+            writeln!(out, "{}", line.strip_prefix(' ').unwrap_or(&line).trim_end())?;
+        }
+        return Ok(());
+    }
     if report.daemonsets.is_empty() {
-        return writeln!(out, "No DaemonSetAutoscalers found.");
+        return writeln!(out, "{}", no_autoscalers(view));
     }
     for ds in &report.daemonsets {
         writeln!(
@@ -101,37 +185,9 @@ pub fn table(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
             writeln!(out, "  no pods and no recommendations yet\n")?;
             continue;
         }
-        let mut t = plain_table(&[
-            "NODE",
-            "CONTAINER",
-            "TEMPLATE",
-            "CURRENT",
-            "TARGET",
-            "LOWER",
-            "UPPER",
-            "SOURCE",
-            "OOM",
-            "CPU Δ",
-            "MEMORY Δ",
-        ]);
+        let mut t = plain_table(&row_header(wide));
         for r in &ds.rows {
-            t.add_row(vec![
-                Cell::new(&r.node),
-                Cell::new(&r.container),
-                right(pair(r.template)),
-                right(if r.has_pod {
-                    pair(r.current)
-                } else {
-                    "no pod".to_string()
-                }),
-                right(pair(r.target)),
-                right(pair(r.lower_bound)),
-                right(pair(r.upper_bound)),
-                Cell::new(r.source.as_str()),
-                right(r.oom_kills.to_string()),
-                right(signed(r.delta.cpu_millis, cpu)),
-                right(signed(r.delta.memory_bytes, memory)),
-            ]);
+            t.add_row(row_cells(r, wide));
         }
         writeln!(out, "{t}")?;
         writeln!(out, "  {}\n", totals_line(&ds.totals))?;
@@ -176,59 +232,68 @@ pub fn json(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out)
 }
 
-/// One line per DaemonSet, node and container; quantities as millicores and bytes.
-pub fn csv(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+/// The report as YAML: the JSON document, key for key.
+pub fn yaml(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    serde_yaml_ng::to_writer(&mut *out, report).map_err(std::io::Error::other)
+}
+
+/// The CSV columns.
+pub const CSV_HEADER: [&str; 21] = [
+    "namespace",
+    "autoscaler",
+    "daemonset",
+    "mode",
+    "node",
+    "container",
+    "source",
+    "has_pod",
+    "template_cpu_millis",
+    "template_memory_bytes",
+    "current_cpu_millis",
+    "current_memory_bytes",
+    "target_cpu_millis",
+    "target_memory_bytes",
+    "lower_cpu_millis",
+    "lower_memory_bytes",
+    "upper_cpu_millis",
+    "upper_memory_bytes",
+    "oom_kills",
+    "delta_cpu_millis",
+    "delta_memory_bytes",
+];
+
+/// One line per DaemonSet, node and container, in the view's order; quantities as millicores
+/// and bytes.
+pub fn csv(report: &Report, view: &View, out: &mut dyn Write) -> std::io::Result<()> {
     let mut w = csv::Writer::from_writer(out);
-    w.write_record([
-        "namespace",
-        "autoscaler",
-        "daemonset",
-        "mode",
-        "node",
-        "container",
-        "source",
-        "has_pod",
-        "template_cpu_millis",
-        "template_memory_bytes",
-        "current_cpu_millis",
-        "current_memory_bytes",
-        "target_cpu_millis",
-        "target_memory_bytes",
-        "lower_cpu_millis",
-        "lower_memory_bytes",
-        "upper_cpu_millis",
-        "upper_memory_bytes",
-        "oom_kills",
-        "delta_cpu_millis",
-        "delta_memory_bytes",
-    ])?;
+    if view.headers {
+        w.write_record(CSV_HEADER)?;
+    }
     let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
-    for ds in &report.daemonsets {
-        for r in &ds.rows {
-            w.write_record([
-                ds.namespace.clone(),
-                ds.autoscaler.clone(),
-                ds.daemonset.clone(),
-                ds.mode.clone(),
-                r.node.clone(),
-                r.container.clone(),
-                r.source.as_str().to_string(),
-                r.has_pod.to_string(),
-                opt(r.template.cpu_millis),
-                opt(r.template.memory_bytes),
-                opt(r.current.cpu_millis),
-                opt(r.current.memory_bytes),
-                opt(r.target.cpu_millis),
-                opt(r.target.memory_bytes),
-                opt(r.lower_bound.cpu_millis),
-                opt(r.lower_bound.memory_bytes),
-                opt(r.upper_bound.cpu_millis),
-                opt(r.upper_bound.memory_bytes),
-                r.oom_kills.to_string(),
-                r.delta.cpu_millis.to_string(),
-                r.delta.memory_bytes.to_string(),
-            ])?;
-        }
+    for (ds, r) in report.rows_sorted(view.sort) {
+        w.write_record([
+            ds.namespace.clone(),
+            ds.autoscaler.clone(),
+            ds.daemonset.clone(),
+            ds.mode.clone(),
+            r.node.clone(),
+            r.container.clone(),
+            r.source.as_str().to_string(),
+            r.has_pod.to_string(),
+            opt(r.template.cpu_millis),
+            opt(r.template.memory_bytes),
+            opt(r.current.cpu_millis),
+            opt(r.current.memory_bytes),
+            opt(r.target.cpu_millis),
+            opt(r.target.memory_bytes),
+            opt(r.lower_bound.cpu_millis),
+            opt(r.lower_bound.memory_bytes),
+            opt(r.upper_bound.cpu_millis),
+            opt(r.upper_bound.memory_bytes),
+            r.oom_kills.to_string(),
+            r.delta.cpu_millis.to_string(),
+            r.delta.memory_bytes.to_string(),
+        ])?;
     }
     w.flush()
 }
@@ -419,7 +484,7 @@ fn delta_pair(d: Delta) -> String {
 }
 
 /// A page with no external assets: the tables and, per DaemonSet, an inline SVG chart per resource.
-pub fn html(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+pub fn html(report: &Report, _view: &View, out: &mut dyn Write) -> std::io::Result<()> {
     let mut page = String::new();
     page.push_str(concat!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>nodewarden report</title>\n",

@@ -437,12 +437,16 @@ fn every_format_renders_the_figures() {
         )],
         ..Snapshot::default()
     });
-    let text = |f: fn(&Report, &mut dyn std::io::Write) -> std::io::Result<()>| {
+    let view = render::View {
+        headers: true,
+        ..render::View::default()
+    };
+    let text = |f: &dyn Fn(&mut dyn std::io::Write) -> std::io::Result<()>| {
         let mut out = Vec::new();
-        f(&report, &mut out).expect("render");
+        f(&mut out).expect("render");
         String::from_utf8(out).expect("utf-8")
     };
-    let table = text(render::table);
+    let table = text(&|out| render::table(&report, &view, false, out));
     assert!(
         table.contains("DaemonSet obs/logs (autoscaler logs, mode Initial)"),
         "{table}"
@@ -455,11 +459,11 @@ fn every_format_renders_the_figures() {
         "{table}"
     );
 
-    let json: Value = serde_json::from_str(&text(render::json)).expect("json");
+    let json: Value = serde_json::from_str(&text(&|out| render::json(&report, out))).expect("json");
     assert_eq!(json["daemonsets"][0]["rows"][0]["target"]["cpuMillis"], 500);
     assert_eq!(json["totals"]["memoryNeededBytes"], 256 * MI);
 
-    let csv = text(render::csv);
+    let csv = text(&|out| render::csv(&report, &view, out));
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines.len(), 3, "header + 2 containers: {csv}");
     assert!(
@@ -469,7 +473,7 @@ fn every_format_renders_the_figures() {
         "{csv}"
     );
 
-    let html = text(render::html);
+    let html = text(&|out| render::html(&report, &view, out));
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert!(html.contains("<svg"), "a chart");
     assert!(
@@ -544,4 +548,298 @@ fn group_figures_and_limit_ranges_are_applied_as_the_webhook_applies_them() {
         Some(300),
         "the LimitRange's max"
     );
+}
+
+/// `obj` (any JSON object of the fixtures) moved to namespace `ns`.
+fn in_namespace<T: serde::Serialize + serde::de::DeserializeOwned>(obj: &T, ns: &str) -> T {
+    let mut v = serde_json::to_value(obj).expect("to json");
+    v["metadata"]["namespace"] = json!(ns);
+    serde_json::from_value(v).expect("from json")
+}
+
+/// Two DaemonSets (`obs/logs`, `web/logs`) on nodes `a` and `b`: in `obs`, `a` needs +300m and
+/// `b` frees 180m; in `web`, `a` frees 150m and 200Mi, `b` needs +10m and 1Gi.
+fn two_namespaces() -> Report {
+    let obs_pods = vec![
+        pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi")),
+        pod("b", "2026-01-01T00:00:00Z", ("200m", "256Mi")),
+    ];
+    let web_pods: Vec<Pod> = obs_pods.iter().map(|p| in_namespace(p, "web")).collect();
+    let entry = |node: &str, ns: &str, target: (&str, &str)| {
+        let mut r = rec(node, "shipper", target, target, target, 0);
+        r.spec.recommendations[0].autoscaler.namespace = ns.to_string();
+        r.spec.recommendations.remove(0)
+    };
+    let mut a = rec("a", "shipper", ("500m", "256Mi"), ("1", "1Mi"), ("1", "1Mi"), 0);
+    a.spec.recommendations = vec![
+        entry("a", "obs", ("500m", "256Mi")),
+        entry("a", "web", ("50m", "56Mi")),
+    ];
+    let mut b = a.clone();
+    b.metadata.name = Some("b".to_string());
+    b.spec.recommendations = vec![
+        entry("b", "obs", ("20m", "256Mi")),
+        entry("b", "web", ("210m", "1280Mi")),
+    ];
+    let autoscaler = dsa(json!({}), json!({}));
+    let mut report = compute(&Snapshot {
+        autoscalers: vec![in_namespace(&autoscaler, "web"), autoscaler],
+        daemonsets: vec![daemonset(), in_namespace(&daemonset(), "web")],
+        pods: obs_pods.into_iter().chain(web_pods).collect(),
+        recommendations: vec![a, b],
+        ..Snapshot::default()
+    });
+    report.sort(SortBy::Change);
+    report
+}
+
+fn render_to_string(f: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>) -> String {
+    let mut out = Vec::new();
+    f(&mut out).expect("render");
+    String::from_utf8(out).expect("utf-8")
+}
+
+fn view(sort: SortBy, headers: bool) -> render::View {
+    render::View {
+        sort,
+        headers,
+        namespace: None,
+    }
+}
+
+/// The first two fields of each line without headers: namespace/DaemonSet, node, container.
+fn keys(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+#[test]
+fn the_table_header_lines_are_as_documented() {
+    let report = two_namespaces();
+    let table = render_to_string(|out| render::table(&report, &view(SortBy::Change, true), false, out));
+    let header: Vec<&str> = table
+        .lines()
+        .filter(|l| l.trim_start().starts_with("NODE") && l.contains("CONTAINER"))
+        .map(|l| l.trim())
+        .collect();
+    assert_eq!(header.len(), 2, "one header per DaemonSet:\n{table}");
+    assert_eq!(
+        header[0].split_whitespace().collect::<Vec<_>>().join(" "),
+        "NODE CONTAINER TEMPLATE CURRENT TARGET LOWER UPPER SOURCE OOM CPU Δ MEMORY Δ"
+    );
+    let wide = render_to_string(|out| render::table(&report, &view(SortBy::Change, true), true, out));
+    let header = wide
+        .lines()
+        .find(|l| l.trim_start().starts_with("NODE") && l.contains("CONTAINER"))
+        .expect("header");
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>().join(" "),
+        "NODE CONTAINER TEMPLATE CURRENT TARGET LOWER UPPER SOURCE DETAIL OOM CPU Δ MEMORY Δ"
+    );
+    assert!(wide.contains("node-recommendation"), "the detail column:\n{wide}");
+    assert!(
+        !table.contains("node-recommendation"),
+        "not in the narrow table:\n{table}"
+    );
+    let csv = render_to_string(|out| render::csv(&report, &view(SortBy::Change, true), out));
+    assert_eq!(csv.lines().next(), Some(render::CSV_HEADER.join(",").as_str()));
+}
+
+#[test]
+fn sort_by_orders_the_rows_across_namespaces() {
+    let report = two_namespaces();
+    let lines = |sort| {
+        keys(&render_to_string(|out| {
+            render::table(&report, &view(sort, false), false, out)
+        }))
+    };
+    // CPU Δ: obs/a +300m, obs/b -180m, web/a -150m, web/b +10m; sidecars 0
+    assert_eq!(
+        lines(SortBy::Change),
+        [
+            "obs/logs a shipper",
+            "obs/logs b shipper",
+            "web/logs a shipper",
+            "web/logs b shipper",
+            "obs/logs a sidecar",
+            "obs/logs b sidecar",
+            "web/logs a sidecar",
+            "web/logs b sidecar",
+        ]
+    );
+    // memory Δ: web/b +1Gi, web/a -200Mi, the rest 0 (then CPU Δ)
+    assert_eq!(
+        lines(SortBy::MemoryChange)[..4],
+        [
+            "web/logs b shipper",
+            "web/logs a shipper",
+            "obs/logs a shipper",
+            "obs/logs b shipper",
+        ]
+    );
+    assert_eq!(
+        lines(SortBy::Name),
+        [
+            "obs/logs a shipper",
+            "obs/logs a sidecar",
+            "obs/logs b shipper",
+            "obs/logs b sidecar",
+            "web/logs a shipper",
+            "web/logs a sidecar",
+            "web/logs b shipper",
+            "web/logs b sidecar",
+        ]
+    );
+    assert_eq!(
+        lines(SortBy::Node),
+        [
+            "obs/logs a shipper",
+            "obs/logs a sidecar",
+            "web/logs a shipper",
+            "web/logs a sidecar",
+            "obs/logs b shipper",
+            "obs/logs b sidecar",
+            "web/logs b shipper",
+            "web/logs b sidecar",
+        ]
+    );
+    // the CSV follows the same order
+    let csv = render_to_string(|out| render::csv(&report, &view(SortBy::Node, false), out));
+    let csv_keys: Vec<String> = csv
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            format!("{}/{} {} {}", f[0], f[2], f[4], f[5])
+        })
+        .collect();
+    assert_eq!(csv_keys, lines(SortBy::Node));
+}
+
+#[test]
+fn sort_orders_each_daemonsets_rows_and_the_nodes() {
+    let mut report = two_namespaces();
+    let order = |r: &Report| -> Vec<Vec<String>> {
+        r.daemonsets
+            .iter()
+            .map(|ds| {
+                ds.rows
+                    .iter()
+                    .map(|r| format!("{} {}", r.node, r.container))
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(
+        order(&report),
+        [
+            ["a shipper", "b shipper", "a sidecar", "b sidecar"],
+            ["a shipper", "b shipper", "a sidecar", "b sidecar"],
+        ]
+    );
+    // node b: 180m + 10m CPU changed, node a: 300m + 150m
+    let nodes: Vec<&str> = report.nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(nodes, ["a", "b"]);
+    report.sort(SortBy::MemoryChange);
+    let nodes: Vec<&str> = report.nodes.iter().map(|n| n.node.as_str()).collect();
+    assert_eq!(nodes, ["b", "a"], "b changes 1Gi of memory, a 200Mi");
+    report.sort(SortBy::Name);
+    assert_eq!(
+        order(&report),
+        [
+            ["a shipper", "a sidecar", "b shipper", "b sidecar"],
+            ["a shipper", "a sidecar", "b shipper", "b sidecar"],
+        ]
+    );
+    let namespaces: Vec<&str> = report.daemonsets.iter().map(|d| d.namespace.as_str()).collect();
+    assert_eq!(namespaces, ["obs", "web"], "every namespace is listed, by name");
+}
+
+#[test]
+fn no_headers_prints_only_the_rows() {
+    let report = two_namespaces();
+    for wide in [false, true] {
+        let table = render_to_string(|out| render::table(&report, &view(SortBy::Change, false), wide, out));
+        assert_eq!(table.lines().count(), 8, "one line per row:\n{table}");
+        assert!(
+            table
+                .lines()
+                .all(|l| l.starts_with("obs/logs ") || l.starts_with("web/logs ")),
+            "no header, title or total:\n{table}"
+        );
+        assert!(!table.contains("NODE") && !table.contains("Total"), "{table}");
+    }
+    let csv = render_to_string(|out| render::csv(&report, &view(SortBy::Change, false), out));
+    assert_eq!(csv.lines().count(), 8, "{csv}");
+    assert!(!csv.contains("namespace"), "no header record:\n{csv}");
+    let empty =
+        render_to_string(|out| render::table(&Report::default(), &view(SortBy::Change, false), false, out));
+    assert_eq!(empty, "", "nothing at all when there is nothing");
+}
+
+#[test]
+fn yaml_is_the_json_document() {
+    let report = two_namespaces();
+    let json: Value =
+        serde_json::from_str(&render_to_string(|out| render::json(&report, out))).expect("json");
+    let yaml: Value =
+        serde_yaml_ng::from_str(&render_to_string(|out| render::yaml(&report, out))).expect("yaml");
+    assert_eq!(yaml, json);
+    assert_eq!(yaml["daemonsets"][1]["namespace"], "web");
+}
+
+#[test]
+fn an_empty_namespace_says_where_it_looked() {
+    let mut v = view(SortBy::Change, true);
+    v.namespace = Some("default".to_string());
+    let table = render_to_string(|out| render::table(&Report::default(), &v, false, out));
+    assert_eq!(
+        table,
+        "No DaemonSetAutoscalers found in namespace default (-A for every namespace).\n"
+    );
+}
+
+#[test]
+fn flags_pick_the_namespace_as_kubectl_does() {
+    use clap::Parser as _;
+    let args = |argv: &[&str]| {
+        let cli =
+            crate::Cli::try_parse_from(["kubectl-nodewarden", "report"].iter().chain(argv)).expect("flags");
+        let crate::Command::Report(args) = cli.command;
+        args
+    };
+    assert_eq!(
+        args(&[]).scope("team").as_deref(),
+        Some("team"),
+        "the context's namespace"
+    );
+    assert_eq!(args(&["-n", "obs"]).scope("team").as_deref(), Some("obs"));
+    assert_eq!(args(&["-A"]).scope("team"), None);
+    assert_eq!(
+        args(&["--all-namespaces", "-n", "obs"]).scope("team"),
+        None,
+        "-A wins"
+    );
+    let all = args(&[
+        "-l",
+        "app=logs",
+        "--sort-by",
+        "memory-change",
+        "--no-headers",
+        "-o",
+        "wide",
+    ]);
+    assert_eq!(all.selector.as_deref(), Some("app=logs"));
+    assert_eq!(all.sort_by, SortBy::MemoryChange);
+    assert!(all.no_headers);
+    assert_eq!(all.output, crate::Format::Wide);
+    assert_eq!(
+        args(&[]).sort_by,
+        SortBy::Change,
+        "biggest change first by default"
+    );
+    for (flag, format) in [("yaml", crate::Format::Yaml), ("html", crate::Format::Html)] {
+        assert_eq!(args(&["-o", flag]).output, format);
+    }
 }
