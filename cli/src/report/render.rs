@@ -5,7 +5,7 @@ use std::io::Write;
 
 use comfy_table::{Cell, CellAlignment, Table, presets};
 
-use super::{DaemonSetReport, Delta, Report, Resources, Row, SortBy, Totals};
+use super::{DaemonSetReport, Delta, Report, Resources, Row, SortBy, Source, Totals};
 
 /// How the report is shown, besides its format.
 #[derive(Clone, Debug, Default)]
@@ -396,7 +396,7 @@ fn chart(ds: &DaemonSetReport, axis: Axis) -> String {
     let mut svg = String::new();
     let _ = write!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" role="img" aria-label="{title} per node">"#,
+        r#"<svg width="{w}" height="{height}" role="img" aria-label="{title} per node">"#,
         w = label_w + plot_w + 90.0,
         title = axis.title()
     );
@@ -458,111 +458,303 @@ fn chart(ds: &DaemonSetReport, axis: Axis) -> String {
     svg
 }
 
-fn html_row(r: &Row) -> String {
-    format!(
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        escape(&r.node),
-        escape(&r.container),
-        escape(&pair(r.template)),
-        if r.has_pod {
-            escape(&pair(r.current))
-        } else {
-            "no pod".to_string()
-        },
-        escape(&pair(r.target)),
-        escape(&pair(r.lower_bound)),
-        escape(&pair(r.upper_bound)),
-        r.source.as_str(),
-        r.oom_kills,
-        escape(&signed(r.delta.cpu_millis, cpu)),
-        escape(&signed(r.delta.memory_bytes, memory)),
-    )
+/// A `<td>` whose text is `text` and whose sort key is `(v, w)` (the script compares `v`, then `w`).
+fn td_num(text: &str, v: i64, w: i64) -> String {
+    format!("<td data-v=\"{v}\" data-w=\"{w}\">{}</td>", escape(text))
+}
+
+fn td_pair(r: Resources) -> String {
+    td_num(&pair(r), r.cpu_millis.unwrap_or(-1), r.memory_bytes.unwrap_or(-1))
+}
+
+fn html_row(ds: &DaemonSetReport, r: &Row) -> String {
+    let mut tr = String::from("<tr>");
+    for text in [&ds.namespace, &ds.daemonset, &r.node, &r.container] {
+        let _ = write!(tr, "<td>{}</td>", escape(text));
+    }
+    tr.push_str(&td_pair(r.template));
+    tr.push_str(&if r.has_pod {
+        td_pair(r.current)
+    } else {
+        td_num("no pod", -1, -1)
+    });
+    for b in [r.target, r.lower_bound, r.upper_bound] {
+        tr.push_str(&td_pair(b));
+    }
+    let _ = write!(
+        tr,
+        "<td title=\"{}\">{}</td>",
+        escape(&r.source_detail),
+        r.source.as_str()
+    );
+    tr.push_str(&td_num(&r.oom_kills.to_string(), r.oom_kills, 0));
+    tr.push_str(&td_num(
+        &signed(r.delta.cpu_millis, cpu),
+        r.delta.cpu_millis,
+        r.delta.memory_bytes,
+    ));
+    tr.push_str(&td_num(
+        &signed(r.delta.memory_bytes, memory),
+        r.delta.memory_bytes,
+        r.delta.cpu_millis,
+    ));
+    tr.push_str("</tr>");
+    tr
 }
 
 fn delta_pair(d: Delta) -> String {
     format!("{} / {}", cpu(d.cpu_millis), memory(d.memory_bytes))
 }
 
-/// A page with no external assets: the tables and, per DaemonSet, an inline SVG chart per resource.
-pub fn html(report: &Report, _view: &View, out: &mut dyn Write) -> std::io::Result<()> {
+const STYLE: &str = concat!(
+    "body{font:14px system-ui,sans-serif;margin:2em;color:#111}",
+    "table{border-collapse:collapse;margin:.5em 0 1em}",
+    "td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}",
+    "#rows td:nth-child(-n+4),#rows th:nth-child(-n+4),#nodes td:first-child,#nodes th:first-child,",
+    ".summary th{text-align:left}",
+    "thead th{position:sticky;top:0;background:#f4f4f4;cursor:pointer;user-select:none}",
+    "thead th[aria-sort=ascending]::after{content:\" \\25B2\"}",
+    "thead th[aria-sort=descending]::after{content:\" \\25BC\"}",
+    "tbody tr:hover{background:#eef4fb}",
+    ".free{color:#1a7f37}.need{color:#b35900}",
+    "#filter{font:inherit;padding:4px 8px;width:28em}#shown{margin-left:1em;color:#555}",
+    "svg{display:block;margin:.5em 0;font:12px system-ui,sans-serif}.t{font-weight:600}",
+    ".legend span{display:inline-block;margin-right:1.5em}details{margin:.3em 0}",
+);
+
+/// Sorts a `table.sortable` by a click on (or Enter in) a column header, filters `#rows` by the
+/// words of `#filter` (every word must appear in the row), and reads `#sort=<column>` and
+/// `q=<words>` from the address's fragment (e.g. `#sort=-cpu-delta&q=web`).
+const SCRIPT: &str = r#"(function(){
+'use strict';
+function key(td){var v=td.getAttribute('data-v');return v===null?null:[Number(v),Number(td.getAttribute('data-w'))];}
+function sortBy(t,i,dir){
+  var head=t.tHead.rows[0].cells,th=head[i];
+  var asc=dir?dir==='ascending':th.getAttribute('aria-sort')!=='ascending';
+  for(var j=0;j<head.length;j++){head[j].removeAttribute('aria-sort');}
+  th.setAttribute('aria-sort',asc?'ascending':'descending');
+  var body=t.tBodies[0],rows=Array.prototype.slice.call(body.rows);
+  rows.sort(function(a,b){
+    var x=a.cells[i],y=b.cells[i],kx=key(x),ky=key(y),c;
+    if(kx&&ky){c=(kx[0]-ky[0])||(kx[1]-ky[1]);}
+    else{c=x.textContent.localeCompare(y.textContent,undefined,{numeric:true});}
+    return asc?c:-c;
+  });
+  var f=document.createDocumentFragment();
+  rows.forEach(function(r){f.appendChild(r);});
+  body.appendChild(f);
+}
+var tables=document.querySelectorAll('table.sortable');
+Array.prototype.forEach.call(tables,function(t){
+  Array.prototype.forEach.call(t.tHead.rows[0].cells,function(th,i){
+    th.tabIndex=0;
+    th.addEventListener('click',function(){sortBy(t,i);});
+    th.addEventListener('keydown',function(e){if(e.key==='Enter'){sortBy(t,i);}});
+  });
+});
+var input=document.getElementById('filter'),table=document.getElementById('rows'),shown=document.getElementById('shown');
+function filter(){
+  if(!table){return;}
+  var words=input.value.toLowerCase().split(/\s+/).filter(Boolean),rows=table.tBodies[0].rows,n=0;
+  for(var i=0;i<rows.length;i++){
+    var text=rows[i].textContent.toLowerCase();
+    var show=words.every(function(w){return text.indexOf(w)>=0;});
+    rows[i].hidden=!show;if(show){n++;}
+  }
+  shown.textContent=n+' of '+rows.length+' rows';
+}
+input.addEventListener('input',filter);
+var hash=new URLSearchParams(location.hash.slice(1));
+var sort=hash.get('sort');
+if(sort&&table){
+  var desc=sort.charAt(0)==='-',name=desc?sort.slice(1):sort;
+  Array.prototype.forEach.call(table.tHead.rows[0].cells,function(th,i){
+    if(th.getAttribute('data-key')===name){sortBy(table,i,desc?'descending':'ascending');}
+  });
+}
+if(hash.get('q')){input.value=hash.get('q');}
+filter();
+document.body.setAttribute('data-ready','true');
+})();"#;
+
+/// The columns of the page's table of rows: key (for `#sort=`) and title.
+pub const HTML_COLUMNS: [(&str, &str); 13] = [
+    ("namespace", "namespace"),
+    ("daemonset", "DaemonSet"),
+    ("node", "node"),
+    ("container", "container"),
+    ("template", "template"),
+    ("current", "current"),
+    ("target", "target"),
+    ("lower", "lower"),
+    ("upper", "upper"),
+    ("source", "source"),
+    ("oom", "OOM"),
+    ("cpu-delta", "CPU Δ"),
+    ("memory-delta", "memory Δ"),
+];
+
+fn summary(report: &Report) -> String {
+    let t = &report.totals;
+    let net = t.net();
+    let mut html = String::from("<section id=\"summary\"><h2>Summary</h2>\n");
+    html.push_str(
+        "<table class=\"summary\"><thead><tr><th></th><th>frees</th><th>needs on top</th><th>net</th></tr></thead><tbody>\n",
+    );
+    let _ = writeln!(
+        html,
+        "<tr><th>CPU</th><td id=\"cpu-free\" class=\"free\">{}</td><td id=\"cpu-needed\" class=\"need\">{}</td><td id=\"cpu-net\">{}</td></tr>",
+        cpu(t.cpu_free_millis),
+        cpu(t.cpu_needed_millis),
+        signed(net.cpu_millis, cpu)
+    );
+    let _ = writeln!(
+        html,
+        "<tr><th>memory</th><td id=\"memory-free\" class=\"free\">{}</td><td id=\"memory-needed\" class=\"need\">{}</td><td id=\"memory-net\">{}</td></tr>",
+        memory(t.memory_free_bytes),
+        memory(t.memory_needed_bytes),
+        signed(net.memory_bytes, memory)
+    );
+    html.push_str("</tbody></table>\n");
+    let rows = report.daemonsets.iter().map(|d| d.rows.len()).sum::<usize>();
+    let (mut freeing, mut needing) = (0, 0);
+    for n in &report.nodes {
+        let t = n.totals;
+        if t.cpu_free_millis + t.memory_free_bytes > 0 {
+            freeing += 1;
+        }
+        if t.cpu_needed_millis + t.memory_needed_bytes > 0 {
+            needing += 1;
+        }
+    }
+    let _ = writeln!(
+        html,
+        "<p id=\"counts\">{} DaemonSets, {} nodes ({freeing} would free, {needing} would need more), {rows} rows, {} OOM kills</p>",
+        report.daemonsets.len(),
+        report.nodes.len(),
+        t.oom_kills
+    );
+    let mut by_source = Vec::new();
+    for source in [
+        Source::Node,
+        Source::Group,
+        Source::Fleet,
+        Source::None,
+        Source::Off,
+    ] {
+        let n = report
+            .daemonsets
+            .iter()
+            .flat_map(|d| &d.rows)
+            .filter(|r| r.source == source)
+            .count();
+        let name = source.as_str();
+        by_source.push(format!("<span id=\"source-{name}\">{name} {n}</span>"));
+    }
+    let by_source = by_source.join(", ");
+    let _ = writeln!(html, "<p id=\"sources\">Rows by source: {by_source}</p>");
+    let problems: Vec<&DaemonSetReport> = report.daemonsets.iter().filter(|d| d.problem.is_some()).collect();
+    if !problems.is_empty() {
+        html.push_str("<ul id=\"problems\">");
+        for d in problems {
+            let _ = write!(
+                html,
+                "<li>{}</li>",
+                escape(d.problem.as_deref().unwrap_or_default())
+            );
+        }
+        html.push_str("</ul>\n");
+    }
+    html.push_str("</section>\n");
+    html
+}
+
+/// A single page with no external assets: a summary (what the fleet frees and needs, counts by
+/// source), every row in one table, sorted as the view says, to sort by a click on a column and
+/// to filter; the nodes' totals; per DaemonSet, its totals and a chart per resource (folded).
+pub fn html(report: &Report, view: &View, out: &mut dyn Write) -> std::io::Result<()> {
     let mut page = String::new();
-    page.push_str(concat!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>nodewarden report</title>\n",
-        "<style>body{font:14px system-ui,sans-serif;margin:2em;color:#111}table{border-collapse:collapse;margin:.5em 0 1em}",
-        "td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}td:first-child,td:nth-child(2),th:first-child,",
-        "th:nth-child(2){text-align:left}svg{display:block;margin:.5em 0;font:12px system-ui,sans-serif}.t{font-weight:600}",
-        ".legend span{display:inline-block;margin-right:1.5em}</style></head><body>\n",
-        "<h1>nodewarden report</h1>\n"
-    ));
+    let _ = write!(
+        page,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>nodewarden report</title>\n<style>{STYLE}</style></head><body>\n<h1>nodewarden report</h1>\n"
+    );
     let _ = writeln!(
         page,
-        "<p><strong>Total:</strong> {}</p>",
-        escape(&totals_line(&report.totals))
+        "<p>{}</p>",
+        escape(&match &view.namespace {
+            Some(ns) => format!("Namespace {ns}."),
+            None => "Every namespace.".to_string(),
+        })
     );
-    page.push_str(concat!(
-        "<p class=\"legend\"><span style=\"color:#9e9e9e\">&#9632; current request</span>",
-        "<span style=\"color:#1f77b4\">&#9632; target</span><span>&#9473; lower–upper bound</span>",
-        "<span style=\"color:#d62728\">┆ template</span></p>\n"
-    ));
+    page.push_str(&summary(report));
     if report.daemonsets.is_empty() {
-        page.push_str("<p>No DaemonSetAutoscalers found.</p>\n");
+        let _ = writeln!(page, "<p>{}</p>", escape(&no_autoscalers(view)));
     }
-    for ds in &report.daemonsets {
+    page.push_str("<h2>Rows</h2>\n<p><input id=\"filter\" type=\"search\" placeholder=\"filter: words of a node, DaemonSet, container, source…\" aria-label=\"filter the rows\"><span id=\"shown\"></span></p>\n");
+    page.push_str("<table id=\"rows\" class=\"sortable\"><thead><tr>");
+    for (key, title) in HTML_COLUMNS {
+        let _ = write!(page, "<th data-key=\"{key}\">{}</th>", escape(title));
+    }
+    page.push_str("</tr></thead><tbody>\n");
+    for (ds, r) in report.rows_sorted(view.sort) {
+        page.push_str(&html_row(ds, r));
+        page.push('\n');
+    }
+    page.push_str("</tbody></table>\n");
+    if !report.nodes.is_empty() {
+        page.push_str(concat!(
+            "<h2>By node</h2><table id=\"nodes\" class=\"sortable\"><thead><tr><th>node</th><th>current</th>",
+            "<th>target</th><th>frees</th><th>needs</th><th>OOM</th></tr></thead><tbody>\n"
+        ));
+        for n in &report.nodes {
+            let t = n.totals;
+            let _ = writeln!(
+                page,
+                "<tr><td>{}</td>{}{}{}{}{}</tr>",
+                escape(&n.node),
+                td_num(
+                    &delta_pair(n.current),
+                    n.current.cpu_millis,
+                    n.current.memory_bytes
+                ),
+                td_num(&delta_pair(n.target), n.target.cpu_millis, n.target.memory_bytes),
+                td_num(
+                    &format!("{} / {}", cpu(t.cpu_free_millis), memory(t.memory_free_bytes)),
+                    t.cpu_free_millis,
+                    t.memory_free_bytes
+                ),
+                td_num(
+                    &format!("{} / {}", cpu(t.cpu_needed_millis), memory(t.memory_needed_bytes)),
+                    t.cpu_needed_millis,
+                    t.memory_needed_bytes
+                ),
+                td_num(&t.oom_kills.to_string(), t.oom_kills, 0),
+            );
+        }
+        page.push_str("</tbody></table>\n");
+    }
+    if report.daemonsets.iter().any(|d| !d.rows.is_empty()) {
+        page.push_str("<h2>By DaemonSet</h2>\n");
+        page.push_str(concat!(
+            "<p class=\"legend\"><span style=\"color:#9e9e9e\">&#9632; current request</span>",
+            "<span style=\"color:#1f77b4\">&#9632; target</span><span>&#9473; lower–upper bound</span>",
+            "<span style=\"color:#d62728\">┆ template</span></p>\n"
+        ));
+    }
+    for ds in report.daemonsets.iter().filter(|d| !d.rows.is_empty()) {
         let _ = writeln!(
             page,
-            "<h2>DaemonSet {}/{}</h2><p>autoscaler {}, mode {}</p>",
+            "<details><summary>DaemonSet {}/{} (autoscaler {}, mode {}): {}</summary>",
             escape(&ds.namespace),
             escape(&ds.daemonset),
             escape(&ds.autoscaler),
-            escape(&ds.mode)
+            escape(&ds.mode),
+            escape(&totals_line(&ds.totals))
         );
-        if let Some(problem) = &ds.problem {
-            let _ = writeln!(page, "<p>{}</p>", escape(problem));
-            continue;
-        }
-        if ds.rows.is_empty() {
-            page.push_str("<p>No pods and no recommendations yet.</p>\n");
-            continue;
-        }
         page.push_str(&chart(ds, Axis::Cpu));
         page.push_str(&chart(ds, Axis::Memory));
-        page.push_str(concat!(
-            "<table><tr><th>node</th><th>container</th><th>template</th><th>current</th><th>target</th>",
-            "<th>lower</th><th>upper</th><th>source</th><th>OOM</th><th>CPU Δ</th><th>memory Δ</th></tr>\n"
-        ));
-        for r in &ds.rows {
-            page.push_str(&html_row(r));
-            page.push('\n');
-        }
-        let _ = writeln!(page, "</table><p>{}</p>", escape(&totals_line(&ds.totals)));
+        page.push_str("</details>\n");
     }
-    if !report.nodes.is_empty() {
-        page.push_str(concat!(
-            "<h2>By node</h2><table><tr><th>node</th><th>current</th><th>target</th><th>frees</th>",
-            "<th>needs</th><th>OOM</th></tr>\n"
-        ));
-        for n in &report.nodes {
-            let _ = writeln!(
-                page,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(&n.node),
-                escape(&delta_pair(n.current)),
-                escape(&delta_pair(n.target)),
-                escape(&format!(
-                    "{} / {}",
-                    cpu(n.totals.cpu_free_millis),
-                    memory(n.totals.memory_free_bytes)
-                )),
-                escape(&format!(
-                    "{} / {}",
-                    cpu(n.totals.cpu_needed_millis),
-                    memory(n.totals.memory_needed_bytes)
-                )),
-                n.totals.oom_kills
-            );
-        }
-        page.push_str("</table>\n");
-    }
-    page.push_str("</body></html>\n");
+    let _ = write!(page, "<script>{SCRIPT}</script>\n</body></html>\n");
     out.write_all(page.as_bytes())
 }

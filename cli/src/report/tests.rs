@@ -480,10 +480,7 @@ fn every_format_renders_the_figures() {
         html.contains("a&lt;b") && !html.contains("a<b"),
         "names are escaped"
     );
-    assert!(
-        !html.contains("<script") && !html.contains("<link") && !html.contains("src="),
-        "no external assets"
-    );
+    assert_self_contained(&html);
 }
 
 /// The report takes each node's figure by the rule the webhook applies: with `scope:
@@ -842,4 +839,170 @@ fn flags_pick_the_namespace_as_kubectl_does() {
     for (flag, format) in [("yaml", crate::Format::Yaml), ("html", crate::Format::Html)] {
         assert_eq!(args(&["-o", flag]).output, format);
     }
+}
+
+/// No address outside the page: no links, sources, imports or URLs of any scheme.
+fn assert_self_contained(html: &str) {
+    for needle in [
+        "http:", "https:", "src=", "href=", "<link", "@import", "url(", "//cdn", "fetch(",
+    ] {
+        assert!(!html.contains(needle), "an external asset: {needle}");
+    }
+}
+
+/// `n` nodes running `obs/logs` and `web/logs`, with figures spread over both signs: most nodes
+/// have their own recommendation (some OOM kills), every tenth none (the template stays).
+fn fleet(n: usize) -> Report {
+    let node = |i: usize| format!("node-{i:03}");
+    let mut pods = Vec::new();
+    let mut recommendations = Vec::new();
+    for i in 0..n {
+        let obs = pod(&node(i), "2026-01-01T00:00:00Z", ("200m", "256Mi"));
+        pods.push(in_namespace(&obs, "web"));
+        pods.push(obs);
+        if i % 10 == 9 {
+            continue;
+        }
+        let cpu = format!("{}m", 20 + (i * 37) % 400);
+        let mem = format!("{}Mi", 64 + (i * 53) % 400);
+        let mut r = rec(
+            &node(i),
+            "shipper",
+            (&cpu, &mem),
+            ("10m", "32Mi"),
+            ("900m", "900Mi"),
+            (i % 7 == 0) as i64,
+        );
+        let mut web = r.spec.recommendations[0].clone();
+        web.autoscaler.namespace = "web".to_string();
+        web.target = rec(&node(i), "shipper", ("150m", &mem), ("1", "1"), ("1", "1"), 0)
+            .spec
+            .recommendations[0]
+            .target
+            .clone();
+        r.spec.recommendations.push(web);
+        recommendations.push(r);
+    }
+    let autoscaler = dsa(json!({}), json!({}));
+    let mut report = compute(&Snapshot {
+        autoscalers: vec![autoscaler.clone(), in_namespace(&autoscaler, "web")],
+        daemonsets: vec![daemonset(), in_namespace(&daemonset(), "web")],
+        pods,
+        recommendations,
+        ..Snapshot::default()
+    });
+    report.sort(SortBy::Change);
+    report
+}
+
+/// The `<tr>`s of the page's table of rows.
+fn html_rows(html: &str) -> Vec<&str> {
+    let start = html.find("<table id=\"rows\"").expect("the table of rows");
+    let body = &html[start..];
+    let body = &body[..body.find("</table>").expect("end of the table")];
+    body.split("<tr>").skip(2).collect()
+}
+
+#[test]
+fn the_html_page_sums_up_first_then_lists_every_row() {
+    let report = two_namespaces();
+    let html = render_to_string(|out| render::html(&report, &view(SortBy::Change, true), out));
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    let summary = html.find("id=\"summary\"").expect("a summary");
+    assert!(
+        summary < html.find("id=\"rows\"").expect("the rows"),
+        "the summary first"
+    );
+    // obs: a +300m, b -180m; web: a -150m -200Mi, b +10m +1Gi
+    for (id, want) in [
+        ("cpu-free", "330m"),
+        ("cpu-needed", "310m"),
+        ("cpu-net", "-20m"),
+        ("memory-free", "200Mi"),
+        ("memory-needed", "1Gi"),
+        ("memory-net", "+824Mi"),
+    ] {
+        let cell = format!(
+            "id=\"{id}\" class=\"{}\">{want}</td>",
+            match id {
+                i if i.ends_with("free") => "free",
+                i if i.ends_with("needed") => "need",
+                _ => "",
+            }
+        );
+        let cell = cell.replace(" class=\"\"", "");
+        assert!(html.contains(&cell), "{cell} in:\n{html}");
+    }
+    assert!(
+        html.contains("<p id=\"counts\">2 DaemonSets, 2 nodes (2 would free, 2 would need more), 8 rows, 0 OOM kills</p>"),
+        "{html}"
+    );
+    assert!(
+        html.contains(concat!(
+            "Rows by source: <span id=\"source-node\">node 4</span>, <span id=\"source-group\">group 0</span>, ",
+            "<span id=\"source-fleet\">fleet 0</span>, <span id=\"source-none\">none 4</span>, ",
+            "<span id=\"source-off\">off 0</span>"
+        )),
+        "{html}"
+    );
+    let header: Vec<&str> = render::HTML_COLUMNS.iter().map(|(_, title)| *title).collect();
+    let header_html: String = render::HTML_COLUMNS
+        .iter()
+        .map(|(key, title)| format!("<th data-key=\"{key}\">{title}</th>"))
+        .collect();
+    assert!(html.contains(&header_html), "{header:?}");
+    let rows = html_rows(&html);
+    assert_eq!(rows.len(), 8, "every row");
+    assert!(
+        rows[0].starts_with("<td>obs</td><td>logs</td><td>a</td><td>shipper</td>"),
+        "the biggest change first: {}",
+        rows[0]
+    );
+    assert!(
+        rows[0].contains("<td data-v=\"300\" data-w=\"0\">+300m</td>"),
+        "{}",
+        rows[0]
+    );
+    assert!(html.contains("<input id=\"filter\""), "a filter box");
+    assert!(
+        html.contains("<table id=\"rows\" class=\"sortable\">"),
+        "sortable"
+    );
+    assert_eq!(html.matches("<script>").count(), 1, "one inline script");
+    assert_self_contained(&html);
+}
+
+#[test]
+fn the_html_page_of_500_nodes_holds_every_row_in_the_chosen_order() {
+    let report = fleet(500);
+    let html = render_to_string(|out| render::html(&report, &view(SortBy::Node, true), out));
+    let rows = html_rows(&html);
+    assert_eq!(rows.len(), 500 * 2 * 2, "500 nodes × 2 DaemonSets × 2 containers");
+    for i in [0, 1, 250, 499] {
+        let node = format!("<td>node-{i:03}</td>");
+        assert_eq!(rows.iter().filter(|r| r.contains(&node)).count(), 4, "{node}");
+    }
+    assert!(rows[0].contains("<td>node-000</td>") && rows[3].contains("<td>node-000</td>"));
+    assert!(
+        rows[1999].contains("<td>node-499</td>"),
+        "by node: {}",
+        rows[1999]
+    );
+    assert!(
+        html.contains(&format!(
+            "<td id=\"cpu-free\" class=\"free\">{}</td>",
+            render::cpu(report.totals.cpu_free_millis)
+        )),
+        "the summary's figures are the report's"
+    );
+    assert!(
+        html.contains("<p id=\"counts\">2 DaemonSets, 500 nodes ("),
+        "counts"
+    );
+    assert!(
+        html.len() < 4 << 20,
+        "a page a browser opens at once: {} bytes",
+        html.len()
+    );
+    assert_self_contained(&html);
 }
