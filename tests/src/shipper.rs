@@ -284,6 +284,27 @@ pub async fn wait_for_recommendation(client: &Client, node: &str, load: Load) ->
     }
 }
 
+/// Waits until `node`'s agent reports its kubelet's feature gates (read from the kubelet's
+/// `/metrics` over TLS, verified against the cluster CA or the kubelet's own certificate) without
+/// an error; returns how many gates it reported.
+pub async fn wait_for_kubelet_gates(client: &Client, node: &str) -> Result<usize> {
+    let reports: Api<nodewarden_api::features::NodeFeatureReport> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let kubelet = reports
+            .get_opt(node)
+            .await?
+            .and_then(|r| r.spec.components.into_iter().find(|c| c.name == "kubelet"));
+        match &kubelet {
+            Some(c) if c.error.is_none() && !c.gates.is_empty() => return Ok(c.gates.len()),
+            _ if Instant::now() > deadline => {
+                bail!("the agent on {node} did not report its kubelet's gates within 90 s: {kubelet:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
 /// A CPU quantity in millicores (`None` when absent), by the shared quantity codec.
 pub fn cpu_milli(q: Option<&Quantity>) -> Result<Option<u64>> {
     amount_of(ResourceName::Cpu, q)

@@ -15,7 +15,13 @@
 //!    a log-shipper-like DaemonSet on the VM node, the agent reads the containers' v2 cgroup files
 //!    and publishes `NodeRecommendation/<vm node>` with figures near what the shipper uses there,
 //!    through the `kubernetes` Service (the guest's kube-proxy, then the forwarding rule).
-//! 4. The VM is gone afterwards, and the host is as before.
+//!    The agent also reads the guest kubelet's feature gates, verifying its self-signed serving
+//!    certificate against the node's own (the chart's default).
+//! 4. A new pod of that DaemonSet on the VM node gets the node's figures from the webhook, and
+//!    the guest's kubelet runs it with them: `cpu.weight` and `memory.max` of its scope.
+//! 5. With `updateMode: InPlace` and a CPU floor above the node's figure, the agent resizes the
+//!    running pod in place; the kubelet changes `cpu.weight` of the same container, no restart.
+//! 6. The VM is gone afterwards, and the host is as before.
 //!
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
@@ -29,7 +35,8 @@ use kube::api::PostParams;
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::shipper::{
-    self, QUIET, SHIPPER, SHIPPER_NS, describe_pods, install_chart, wait_for_recommendation,
+    self, QUIET, SHIPPER, SHIPPER_NS, container_limits, container_requests, describe_pods, install_chart,
+    recreate_shipper_pod, resize_in_place, wait_for_kubelet_gates, wait_for_recommendation,
 };
 use nodewarden_tests::vm::{VM_TAINT_KEY, VmConfig, VmNode};
 use nodewarden_tests::{RealCluster, RealClusterConfig, create_namespace, failure_with, require_real_nodes};
@@ -205,6 +212,64 @@ async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages) -> Re
         "cgroupv2_node: NodeRecommendation/{VM_NODE} target {cpu}m, {} MiB ({:.0}s after the shipper was created)",
         memory / (1024 * 1024),
         started.elapsed().as_secs_f64()
+    );
+
+    // …and the agent reads the guest kubelet's feature gates, its self-signed certificate pinned
+    // from the node's own PKI folder with the chart's default values
+    let gates = wait_for_kubelet_gates(&client, VM_NODE).await?;
+    eprintln!("cgroupv2_node: NodeFeatureReport/{VM_NODE}: kubelet read, {gates} gates");
+
+    // 4. a new shipper pod on the VM node gets the node's figures from the webhook, and the
+    //    guest's kubelet runs it with them: read back from the v2 files of its systemd scope
+    let second = recreate_shipper_pod(&client, VM_NODE).await?;
+    let requests = container_requests(&second)?;
+    ensure!(
+        requests == (cpu, memory),
+        "the new pod on {VM_NODE} requests the node's target {cpu}m / {memory} B, got {}m / {} B (annotations {:?})",
+        requests.0,
+        requests.1,
+        second.metadata.annotations
+    );
+    let (path, applied) = vm.container_cgroup(&second).await?;
+    ensure!(
+        applied.cpu_matches_request(cpu),
+        "cpu.weight of the new pod's container is that of a {cpu}m request: {applied:?} ({path})"
+    );
+    let (_, limit) = container_limits(&second)?;
+    let limit = limit.context("the shipper keeps a memory limit")?;
+    ensure!(
+        applied.memory_matches_limit(limit),
+        "memory.max of the new pod's container is the pod's {limit} B limit: {applied:?} ({path})"
+    );
+    eprintln!(
+        "cgroupv2_node: the re-created pod runs with {cpu}m / {memory} B, limit {limit} B: {applied:?}"
+    );
+
+    // 5. InPlace: with a CPU floor above the node's figure, the agent resizes the running pod
+    //    through pods/resize, and the guest's kubelet changes cpu.weight of the same container
+    let floor = cpu + 100;
+    let (before, after) = resize_in_place(&client, VM_NODE, floor).await?;
+    let container = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .map(|c| (c.container_id.clone(), c.restart_count))
+    };
+    ensure!(
+        container(&before) == container(&after),
+        "resized in place on {VM_NODE}: same container, no restart ({:?} → {:?})",
+        container(&before),
+        container(&after)
+    );
+    let request = container_requests(&after)?.0;
+    let (path, applied) = vm.container_cgroup(&after).await?;
+    ensure!(
+        applied.cpu_matches_request(request),
+        "cpu.weight of the running container is that of its new {request}m request: {applied:?} ({path})"
+    );
+    eprintln!(
+        "cgroupv2_node: resized in place to {request}m CPU (floor {floor}m), same container, {applied:?}"
     );
     Ok(())
 }

@@ -36,7 +36,7 @@ use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::shipper::{
     BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER_NS, container_limits, container_requests, create_shipper,
     describe_pods, install_chart, recreate_shipper_pod, resize_in_place, running_pods,
-    wait_for_recommendation,
+    wait_for_kubelet_gates, wait_for_recommendation,
 };
 use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, failure_with, require_real_nodes};
 use serde_json::json;
@@ -69,24 +69,6 @@ async fn chart_on_a_real_node() -> Result<()> {
 
 /// Waits until `NodeFeatureReport/<node>` holds the kubelet's gates without an error; returns how
 /// many gates it lists. Fails with the report's error (e.g. a certificate not verified).
-async fn wait_for_kubelet_gates(client: &kube::Client, node: &str) -> Result<usize> {
-    let reports: Api<nodewarden_api::features::NodeFeatureReport> = Api::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let kubelet = reports
-            .get_opt(node)
-            .await?
-            .and_then(|r| r.spec.components.into_iter().find(|c| c.name == "kubelet"));
-        match &kubelet {
-            Some(c) if c.error.is_none() && !c.gates.is_empty() => return Ok(c.gates.len()),
-            _ if Instant::now() > deadline => {
-                bail!("the agent on {node} did not report its kubelet's gates within 90 s: {kubelet:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_secs(1)).await,
-        }
-    }
-}
-
 /// What explains a failure: the nodes' conditions, every nodewarden and shipper pod's state
 /// (restarts, OOM kills, evictions), then the processes' last log lines.
 async fn failure_details(cluster: &RealCluster) -> String {
