@@ -897,10 +897,21 @@ fn fleet(n: usize) -> Report {
 
 /// The `<tr>`s of the page's table of rows.
 fn html_rows(html: &str) -> Vec<&str> {
+    tagged_rows(html).into_iter().map(|(_, row)| row).collect()
+}
+
+/// The `<tr>`s of the page's table of rows, each with whether it is hidden (by the filter).
+fn tagged_rows(html: &str) -> Vec<(bool, &str)> {
     let start = html.find("<table id=\"rows\"").expect("the table of rows");
     let body = &html[start..];
     let body = &body[..body.find("</table>").expect("end of the table")];
-    body.split("<tr>").skip(2).collect()
+    body.split("<tr")
+        .skip(2)
+        .map(|piece| {
+            let end = piece.find('>').expect("end of the tag");
+            (piece[..end].contains("hidden"), &piece[end + 1..])
+        })
+        .collect()
 }
 
 #[test]
@@ -1005,4 +1016,130 @@ fn the_html_page_of_500_nodes_holds_every_row_in_the_chosen_order() {
         html.len()
     );
     assert_self_contained(&html);
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Chromium on the PATH; `None` (after a loud line) when it is missing outside CI.
+fn chromium() -> Option<std::path::PathBuf> {
+    let found = ["chromium", "chromium-browser"].iter().find_map(|tool| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let msg = "chromium is missing: install it with `tests/node/packages.sh chromium`";
+        assert!(!ci(), "{msg} (CI=true: this test does not skip)");
+        eprintln!("\n!!! SKIPPED: {msg}\n");
+    }
+    found
+}
+
+/// Runs headless Chromium on `args`; its standard output, and its standard error (where the
+/// page's console messages and uncaught errors go).
+fn run_chromium(chromium: &std::path::Path, args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .args(args)
+        .output()
+        .expect("starting chromium");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "chromium {args:?}: {}\n{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
+/// The 500-node page in a real browser: the script runs to its end without an error, sorts the
+/// rows by the address's `#sort=` and filters them by its `q=`. With
+/// `NODEWARDEN_REPORT_SCREENSHOT=<file.png>` it also takes the screenshot of docs/report.png.
+#[test]
+fn the_html_page_runs_in_headless_chromium() {
+    let Some(chromium) = chromium() else { return };
+    let report = fleet(500);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("report.html");
+    let html = render_to_string(|out| render::html(&report, &view(SortBy::Name, true), out));
+    std::fs::write(&path, &html).expect("write the page");
+    let url = format!("file://{}", path.display());
+
+    let (dom, stderr) = run_chromium(
+        &chromium,
+        &["--dump-dom", &format!("{url}#sort=-cpu-delta&q=web")],
+    );
+    assert!(
+        dom.contains("data-ready=\"true\""),
+        "the script ran to its end:\n{stderr}"
+    );
+    for error in ["Uncaught", "SyntaxError", "TypeError", "ReferenceError"] {
+        assert!(!stderr.contains(error), "a script error: {stderr}");
+    }
+    assert!(
+        dom.contains("<span id=\"shown\">1000 of 2000 rows</span>"),
+        "the filter kept web's rows"
+    );
+    assert!(
+        dom.contains("<th data-key=\"cpu-delta\" tabindex=\"0\" aria-sort=\"descending\">"),
+        "the column shows its order"
+    );
+    let rows = tagged_rows(&dom);
+    assert_eq!(rows.len(), 2000, "every row is in the page");
+    let shown: Vec<&str> = rows
+        .iter()
+        .filter(|(hidden, _)| !hidden)
+        .map(|(_, r)| *r)
+        .collect();
+    assert_eq!(shown.len(), 1000);
+    let cpu_delta = |row: &str| -> i64 {
+        let cells: Vec<&str> = row.split("<td").collect();
+        let cell = cells[12];
+        let v = cell.split("data-v=\"").nth(1).expect("data-v");
+        v[..v.find('"').expect("end")].parse().expect("a number")
+    };
+    let want_first = report
+        .rows_sorted(SortBy::Name)
+        .iter()
+        .filter(|(ds, _)| ds.namespace == "web")
+        .map(|(_, r)| r.delta.cpu_millis)
+        .max()
+        .expect("web rows");
+    assert_eq!(
+        cpu_delta(shown[0]),
+        want_first,
+        "the biggest CPU delta of web first"
+    );
+    assert!(
+        shown.windows(2).all(|w| cpu_delta(w[0]) >= cpu_delta(w[1])),
+        "sorted by CPU Δ, descending"
+    );
+    assert!(
+        shown.iter().all(|r| r.starts_with("<td>web</td>")),
+        "only web's rows shown"
+    );
+
+    if let Some(png) = std::env::var_os("NODEWARDEN_REPORT_SCREENSHOT") {
+        let png = std::path::PathBuf::from(png);
+        run_chromium(
+            &chromium,
+            &[
+                "--hide-scrollbars",
+                "--window-size=1400,900",
+                &format!("--screenshot={}", png.display()),
+                &format!("{url}#sort=-cpu-delta"),
+            ],
+        );
+        assert!(png.is_file(), "no screenshot at {}", png.display());
+    }
 }
