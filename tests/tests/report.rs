@@ -5,7 +5,8 @@
 //! 64Mi), a DaemonSetAutoscaler, and `NodeRecommendation`s written by the admin client with
 //! known figures: node A hot (300m / 200Mi, two OOM kills), node B quiet (20m / 32Mi), node C
 //! none. The report runs through the library's `run` with real flags and the admin kubeconfig;
-//! its JSON and table must carry those figures and their sums. Last, a service account with no
+//! its JSON and table must carry those figures and their sums, and kubectl's flags (-A, -l, no -n,
+//! --no-headers, --sort-by) must pick and order them. Last, a service account with no
 //! rights gets the permission error.
 
 use std::collections::BTreeMap;
@@ -59,7 +60,7 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
                 &serde_json::from_value(json!({
                     "apiVersion": "nodewarden.io/v1alpha1",
                     "kind": "DaemonSetAutoscaler",
-                    "metadata": {"name": DS},
+                    "metadata": {"name": DS, "labels": {"team": "obs"}},
                     "spec": {"targetRef": {"kind": "DaemonSet", "name": DS}},
                 }))?,
             )
@@ -127,6 +128,23 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
             ),
             "{table}"
         );
+
+        // kubectl's habits: -A, -l, the context's namespace when -n is not given
+        let title = format!("DaemonSet {}/{DS} ", env.namespace);
+        let all = report(&["--kubeconfig", &kubeconfig, "-A"]).await?;
+        ensure!(all.contains(&title), "-A lists every namespace:\n{all}");
+        let selected = report(&["--kubeconfig", &kubeconfig, "-A", "-l", "team=obs"]).await?;
+        ensure!(selected.contains(&title), "-l team=obs:\n{selected}");
+        let other = report(&["--kubeconfig", &kubeconfig, "-n", &env.namespace, "-l", "team=web"]).await?;
+        ensure!(
+            other.trim() == format!("No DaemonSetAutoscalers found in namespace {} (-A for every namespace).", env.namespace),
+            "-l team=web selects nothing:\n{other}"
+        );
+        let unset = report(&["--kubeconfig", &kubeconfig]).await?;
+        ensure!(!unset.contains(&title), "no -n: the context's namespace, not the test's:\n{unset}");
+        let rows = report(&["--kubeconfig", &kubeconfig, "-n", &env.namespace, "--no-headers", "--sort-by", "node"]).await?;
+        let first: Vec<&str> = rows.lines().map(|l| l.split_whitespace().nth(1).unwrap_or_default()).collect();
+        ensure!(first == [a.as_str(), b.as_str(), c.as_str()], "--no-headers --sort-by node:\n{rows}");
 
         let csv = report(&["--kubeconfig", &kubeconfig, "-n", &env.namespace, "-o", "csv"]).await?;
         ensure!(csv.lines().count() == 4, "header + 3 nodes:\n{csv}");
