@@ -2,12 +2,13 @@
 //! uninstall. Helm's cache, config and data folders live in a temporary folder of their own, so
 //! tests never read or write the user's helm settings.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::controlplane::{Binaries, ControlPlane};
 
@@ -202,4 +203,112 @@ impl Rendered {
             })
             .collect()
     }
+}
+
+// ---- what the chart's tests read from a rendering (tests/tests/helm_render.rs, helm_install.rs)
+
+/// The namespace and release name the chart's tests render and install as.
+pub const NS: &str = "nodewarden";
+pub const RELEASE: &str = "nodewarden";
+pub const FIXTURES: [&str; 3] = ["cert-manager.yaml", "secret-mode.yaml", "everything-on.yaml"];
+/// The APIs of the Prometheus Operator and cert-manager, as `helm template` learns them from a
+/// cluster that has their CRDs (the fixtures ask for their objects).
+pub const CRD_APIS: [&str; 4] = [
+    "--api-versions",
+    "monitoring.coreos.com/v1",
+    "--api-versions",
+    "cert-manager.io/v1",
+];
+
+pub async fn render_default() -> Result<Rendered> {
+    Helm::locate().await?.template::<&str>(RELEASE, NS, &[]).await
+}
+
+pub async fn render_with_fixture(file: &str) -> Result<Rendered> {
+    let path = helm_fixture(file).display().to_string();
+    let mut args = vec!["-f", path.as_str()];
+    args.extend(CRD_APIS);
+    Helm::locate().await?.template(RELEASE, NS, &args).await
+}
+
+pub fn webhook<'a>(config: &'a Value, name: &str) -> Result<&'a Value> {
+    config["webhooks"]
+        .as_array()
+        .and_then(|hs| hs.iter().find(|h| h["name"] == name))
+        .ok_or_else(|| anyhow!("no webhook {name} in {}", config["metadata"]["name"]))
+}
+
+pub fn container<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .ok_or_else(|| anyhow!("no container {name} in {}", workload["metadata"]["name"]))
+}
+
+pub fn volume<'a>(workload: &'a Value, name: &str) -> Result<&'a Value> {
+    workload["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == name))
+        .ok_or_else(|| anyhow!("no volume {name} in {}", workload["metadata"]["name"]))
+}
+
+pub fn mount<'a>(container: &'a Value, name: &str) -> Result<&'a Value> {
+    container["volumeMounts"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == name))
+        .ok_or_else(|| anyhow!("no volumeMount {name} in container {}", container["name"]))
+}
+
+pub fn env_entry<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"].as_array()?.iter().find(|e| e["name"] == name)
+}
+
+pub fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    env_entry(container, name)?["value"].as_str()
+}
+
+pub fn env_field_ref<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    env_entry(container, name)?["valueFrom"]["fieldRef"]["fieldPath"].as_str()
+}
+
+pub fn ports_by_name(container: &Value) -> BTreeMap<String, i64> {
+    container["ports"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| Some((p["name"].as_str()?.to_string(), p["containerPort"].as_i64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn rules_for<'a>(role: &'a Value, resource: &str) -> Vec<&'a Value> {
+    role["rules"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter(|r| {
+                    r["resources"]
+                        .as_array()
+                        .is_some_and(|xs| xs.iter().any(|x| x == resource))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn assert_hardened(c: &Value) -> Result<()> {
+    let sc = &c["securityContext"];
+    ensure!(sc["runAsNonRoot"] == true, "runAsNonRoot: {sc}");
+    ensure!(
+        sc["readOnlyRootFilesystem"] == true,
+        "readOnlyRootFilesystem: {sc}"
+    );
+    ensure!(
+        sc["allowPrivilegeEscalation"] == false,
+        "allowPrivilegeEscalation: {sc}"
+    );
+    ensure!(sc["capabilities"]["drop"] == json!(["ALL"]), "capabilities: {sc}");
+    ensure!(sc["privileged"] != true, "privileged: {sc}");
+    Ok(())
 }
