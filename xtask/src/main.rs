@@ -53,6 +53,25 @@ enum Task {
         #[arg(long)]
         tag: Option<String>,
     },
+    /// Package a release into `<target>/release-artifacts` (publishes nothing): the chart
+    /// (`helm package`, and its OCI layout as `helm push` uploads it), both image archives with
+    /// a CycloneDX SBOM each, the kubectl plugin per platform with its krew manifest
+    /// `nodewarden.yaml`, and `SHA256SUMS` over all of them.
+    Release {
+        /// Platforms of the images and the plugin, comma-separated.
+        #[arg(long, default_value = xtask::image::target::DEFAULT_PLATFORMS)]
+        platform: String,
+        /// Output folder (default: `<target>/release-artifacts`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Where the plugin archives will be downloaded from, for the krew manifest
+        /// (default: the repository's GitHub release `v<version>`).
+        #[arg(long)]
+        url_base: Option<String>,
+        /// The helm binary (default: the one tests/controlplane/build.sh builds and caches).
+        #[arg(long)]
+        helm: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -84,6 +103,26 @@ fn main() -> Result<()> {
             }
             for image in xtask::image::build_nodewarden_images(&opts)? {
                 println!("{} {} {}", image.reference, image.digest, image.archive.display());
+            }
+            Ok(())
+        }
+        Task::Release {
+            platform,
+            out,
+            url_base,
+            helm,
+        } => {
+            let mut opts = xtask::release::ReleaseOptions::for_repo(&root)?;
+            opts.build.targets = xtask::image::target::parse_platforms(&platform).context("--platform")?;
+            if let Some(out) = out {
+                opts.out_dir = out;
+            }
+            if let Some(url_base) = url_base {
+                opts.url_base = url_base;
+            }
+            opts.helm = helm;
+            for file in xtask::release::release(&opts)?.files {
+                println!("{}", file.display());
             }
             Ok(())
         }

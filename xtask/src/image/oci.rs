@@ -180,15 +180,15 @@ struct History {
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
-struct Descriptor {
+pub(crate) struct Descriptor {
     #[serde(rename = "mediaType")]
-    media_type: String,
-    digest: String,
-    size: u64,
+    pub(crate) media_type: String,
+    pub(crate) digest: String,
+    pub(crate) size: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     platform: Option<Platform>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    annotations: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
 }
 
 /// An image's platform as OCI names it: `linux/amd64`, `linux/arm64`. The field order is the
@@ -267,7 +267,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn descriptor(media_type: &str, data: &[u8]) -> Descriptor {
+pub(crate) fn descriptor(media_type: &str, data: &[u8]) -> Descriptor {
     Descriptor {
         media_type: media_type.to_string(),
         digest: format!("sha256:{}", sha256_hex(data)),
@@ -533,7 +533,12 @@ pub fn write_multi_platform_archive(images: &[(Platform, ImageSpec)], archive: &
 
 /// Writes the archive: `blobs/sha256/*` (sorted by digest, each once), `index.json` listing
 /// `top`, `oci-layout`; every entry dated `epoch`.
-fn write_layout(archive: &Path, epoch: u64, top: &Descriptor, blobs: &[(&Descriptor, &[u8])]) -> Result<()> {
+pub(crate) fn write_layout(
+    archive: &Path,
+    epoch: u64,
+    top: &Descriptor,
+    blobs: &[(&Descriptor, &[u8])],
+) -> Result<()> {
     let index = serde_json::to_vec(&Index {
         schema_version: 2,
         media_type: Some(MEDIA_INDEX.to_string()),

@@ -1,0 +1,364 @@
+use super::*;
+use crate::image::{AMD64, ARM64, repo_root};
+
+const EPOCH: u64 = 1_700_000_000;
+
+/// A gzipped tar holding `files` (name, bytes), as helm writes a chart.
+fn tgz(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut t = Vec::new();
+    for (name, data) in files {
+        tar::append(&mut t, name, tar::Kind::File, 0o644, EPOCH, data).unwrap();
+    }
+    tar::finish(&mut t);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&t).unwrap();
+    gz.finish().unwrap()
+}
+
+/// `name`'s bytes in a tar archive.
+fn tar_file(archive: &[u8], name: &str) -> Vec<u8> {
+    tar::entries(archive)
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == name)
+        .map(|e| e.data.to_vec())
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
+fn blob(archive: &[u8], digest: &str) -> Vec<u8> {
+    let hex = digest.strip_prefix("sha256:").unwrap();
+    let data = tar_file(archive, &format!("blobs/sha256/{hex}"));
+    assert_eq!(sha256_hex(&data), hex, "a blob's name is its digest");
+    data
+}
+
+const CHART_YAML: &str = r#"apiVersion: v2
+name: demo
+description: >-
+  A chart & its
+  tests.
+type: application
+version: 1.2.3
+appVersion: "1.2.3"
+kubeVersion: ">=1.30.0-0"
+keywords: [a, b]
+home: https://example.org/demo
+sources:
+  - https://example.org/demo/src
+maintainers:
+  - name: Someone
+    email: someone@example.org
+annotations:
+  org.opencontainers.image.title: not this
+  example.org/extra: kept
+"#;
+
+#[test]
+fn the_chart_layout_is_what_helm_push_uploads() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = tgz(&[
+        ("demo/Chart.yaml", CHART_YAML.as_bytes()),
+        ("demo/values.yaml", b"a: 1\n"),
+    ]);
+    let path = dir.path().join("demo-1.2.3.tgz");
+    std::fs::write(&path, &chart).unwrap();
+    let layout = write_chart_layout(&path, dir.path(), EPOCH).unwrap();
+    assert_eq!(layout.archive, dir.path().join("demo-chart-1.2.3.oci.tar"));
+    let archive = std::fs::read(&layout.archive).unwrap();
+
+    // index.json names the manifest by the chart's version, as `helm push` tags it
+    let index: serde_json::Value = serde_json::from_slice(&tar_file(&archive, "index.json")).unwrap();
+    let top = &index["manifests"][0];
+    assert_eq!(index["manifests"].as_array().unwrap().len(), 1);
+    assert_eq!(top["mediaType"], oci::MEDIA_MANIFEST);
+    assert_eq!(top["digest"], layout.manifest_digest.as_str());
+    assert_eq!(top["annotations"][oci::ANNOTATION_REF_NAME], "1.2.3");
+    assert_eq!(
+        tar_file(&archive, "oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#
+    );
+
+    let manifest_bytes = blob(&archive, &layout.manifest_digest);
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest_bytes).unwrap();
+    assert_eq!(manifest["schemaVersion"], 2);
+    assert!(manifest.get("mediaType").is_none(), "helm's manifest has none");
+    assert_eq!(manifest["config"]["mediaType"], HELM_CONFIG_MEDIA_TYPE);
+    assert_eq!(HELM_CONFIG_MEDIA_TYPE, "application/vnd.cncf.helm.config.v1+json");
+    assert_eq!(
+        HELM_CHART_MEDIA_TYPE,
+        "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+    );
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1);
+    assert_eq!(layers[0]["mediaType"], HELM_CHART_MEDIA_TYPE);
+    assert_eq!(
+        layers[0]["digest"],
+        format!("sha256:{}", sha256_hex(&chart)).as_str()
+    );
+    assert_eq!(layers[0]["size"], chart.len());
+    assert_eq!(blob(&archive, &layout.layer_digest), chart);
+
+    // the config: Chart.yaml's metadata in helm's field order, Go's escapes, folded text
+    let config = blob(&archive, &layout.config_digest);
+    let text = String::from_utf8(config.clone()).unwrap();
+    assert_eq!(
+        text,
+        r#"{"name":"demo","home":"https://example.org/demo","sources":["https://example.org/demo/src"],"version":"1.2.3","description":"A chart \u0026 its tests.","keywords":["a","b"],"maintainers":[{"name":"Someone","email":"someone@example.org"}],"apiVersion":"v2","appVersion":"1.2.3","annotations":{"example.org/extra":"kept","org.opencontainers.image.title":"not this"},"kubeVersion":"\u003e=1.30.0-0","type":"application"}"#
+    );
+    let parsed: serde_json::Value = serde_json::from_slice(&config).unwrap();
+    assert_eq!(parsed["kubeVersion"], ">=1.30.0-0");
+
+    let annotations = &manifest["annotations"];
+    assert_eq!(annotations["org.opencontainers.image.title"], "demo");
+    assert_eq!(annotations["org.opencontainers.image.version"], "1.2.3");
+    assert_eq!(
+        annotations["org.opencontainers.image.created"],
+        "2023-11-14T22:13:20Z"
+    );
+    assert_eq!(
+        annotations["org.opencontainers.image.description"],
+        "A chart & its tests."
+    );
+    assert_eq!(
+        annotations["org.opencontainers.image.source"],
+        "https://example.org/demo/src"
+    );
+    assert_eq!(
+        annotations["org.opencontainers.image.url"],
+        "https://example.org/demo"
+    );
+    assert_eq!(
+        annotations["org.opencontainers.image.authors"],
+        "Someone (someone@example.org)"
+    );
+    assert_eq!(annotations["example.org/extra"], "kept");
+
+    // the same .tgz and date give the same bytes
+    let again = write_chart_layout(&path, &dir.path().join("again"), EPOCH).unwrap();
+    assert_eq!(std::fs::read(&again.archive).unwrap(), archive);
+}
+
+#[test]
+fn a_chart_with_dependencies_or_without_chart_yaml_is_refused() {
+    let deps = format!("{CHART_YAML}dependencies:\n  - name: x\n    version: 1.0.0\n");
+    assert!(read_chart_yaml(deps.as_bytes()).is_err());
+    assert!(chart_yaml_of_tgz(&tgz(&[("demo/values.yaml", b"")])).is_err());
+}
+
+#[test]
+fn go_json_escapes_as_encoding_json_does() {
+    let v = serde_json::json!({"a": "<x> & \u{2028}y\u{2029}"});
+    assert_eq!(
+        String::from_utf8(go_json(&v).unwrap()).unwrap(),
+        r#"{"a":"\u003cx\u003e \u0026 \u2028y\u2029"}"#
+    );
+    assert_eq!(sanitize("a\nb\tc\u{7}d"), "a b cd");
+}
+
+/// A minimal static ELF header of `machine` (62 amd64, 183 arm64) with some padding.
+fn fake_binary(dir: &Path, target: Target) -> PathBuf {
+    let mut h = vec![0u8; 256];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = 2;
+    h[5] = 1;
+    h[0x12..0x14].copy_from_slice(&target.elf_machine.to_le_bytes());
+    h.extend_from_slice(target.arch.as_bytes());
+    let path = dir.join(format!("bin-{}", target.arch)).join(PLUGIN_BIN);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, h).unwrap();
+    path
+}
+
+#[test]
+fn the_plugin_archives_and_their_krew_manifest_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let license = dir.path().join("LICENSE");
+    std::fs::write(&license, "license text\n").unwrap();
+    let mut archives = Vec::new();
+    for target in [AMD64, ARM64] {
+        let bin = fake_binary(dir.path(), target);
+        let archive = package_plugin(&bin, Some(&license), target, "1.2.3", &out, EPOCH).unwrap();
+        assert_eq!(
+            archive.file_name().unwrap().to_str().unwrap(),
+            format!("kubectl-nodewarden_1.2.3_linux_{}.tar.gz", target.arch)
+        );
+        // reproducible: the same binary gives the same bytes
+        let first = std::fs::read(&archive).unwrap();
+        package_plugin(&bin, Some(&license), target, "1.2.3", &out, EPOCH).unwrap();
+        assert_eq!(std::fs::read(&archive).unwrap(), first);
+        // the binary at the top, executable, and the license
+        let mut t = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(first.as_slice()), &mut t).unwrap();
+        let entries = tar::entries(&t).unwrap();
+        let names: Vec<(&str, u32)> = entries.iter().map(|e| (e.name.as_str(), e.mode)).collect();
+        assert_eq!(names, [(PLUGIN_BIN, 0o755), ("LICENSE", 0o644)]);
+        assert_eq!(entries[0].data, std::fs::read(&bin).unwrap().as_slice());
+        archives.push((target, archive));
+    }
+    // a binary of the other architecture is refused
+    let wrong = fake_binary(&dir.path().join("wrong"), ARM64);
+    assert!(package_plugin(&wrong, None, AMD64, "1.2.3", &out, EPOCH).is_err());
+
+    let path = write_krew_manifest(&archives, "1.2.3", "https://example.org/dl/v1.2.3/", &out).unwrap();
+    assert_eq!(path, out.join("nodewarden.yaml"));
+    let manifest: KrewPlugin = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(
+        manifest.api_version,
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(manifest.kind, "Plugin");
+    assert_eq!(manifest.metadata.name, "nodewarden");
+    assert_eq!(manifest.spec.version, "v1.2.3");
+    assert_eq!(manifest.spec.platforms.len(), 2);
+    for ((target, archive), platform) in archives.iter().zip(&manifest.spec.platforms) {
+        assert_eq!(platform.sha256, sha256_file(archive).unwrap());
+        assert_eq!(
+            platform.uri,
+            format!(
+                "https://example.org/dl/v1.2.3/kubectl-nodewarden_1.2.3_linux_{}.tar.gz",
+                target.arch
+            )
+        );
+        assert_eq!(platform.selector.match_labels["os"], "linux");
+        assert_eq!(platform.selector.match_labels["arch"], target.arch);
+        assert_eq!(platform.bin, PLUGIN_BIN);
+        let from: Vec<&str> = platform.files.iter().map(|f| f.from.as_str()).collect();
+        assert_eq!(from, [PLUGIN_BIN, "LICENSE"]);
+    }
+    // the YAML keys krew reads
+    let yaml: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(
+        yaml["spec"]["platforms"][0]["selector"]["matchLabels"]["arch"],
+        "amd64"
+    );
+    assert!(yaml["spec"]["shortDescription"].is_string());
+}
+
+#[test]
+fn sha256sums_lines_verify_and_catch_a_changed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<PathBuf> = ["b.tgz", "a.tar"]
+        .iter()
+        .map(|n| {
+            let p = dir.path().join(n);
+            std::fs::write(&p, n.as_bytes()).unwrap();
+            p
+        })
+        .collect();
+    let sums = write_checksums(dir.path(), &files).unwrap();
+    let text = std::fs::read_to_string(&sums).unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "{}  a.tar\n{}  b.tgz\n",
+            sha256_hex(b"a.tar"),
+            sha256_hex(b"b.tgz")
+        )
+    );
+    assert_eq!(verify_checksums(dir.path()).unwrap(), ["a.tar", "b.tgz"]);
+    if crate::image::target::on_path("sha256sum").is_some() {
+        let status = Command::new("sha256sum")
+            .args(["--check", "--quiet", CHECKSUMS])
+            .current_dir(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "sha256sum -c");
+    }
+    std::fs::write(&files[0], "changed").unwrap();
+    assert!(verify_checksums(dir.path()).is_err());
+    let outside = tempfile::tempdir().unwrap().path().join("x");
+    assert!(write_checksums(dir.path(), &[outside]).is_err());
+}
+
+/// Versions of `name` in the workspace's Cargo.lock.
+fn locked_versions(name: &str) -> Vec<String> {
+    let lock = std::fs::read_to_string(repo_root().join("Cargo.lock")).unwrap();
+    lock.split("[[package]]")
+        .filter(|block| block.lines().any(|l| l == format!("name = \"{name}\"")))
+        .filter_map(|block| {
+            block
+                .lines()
+                .find_map(|l| l.strip_prefix("version = \""))
+                .map(|v| v.trim_end_matches('"').to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_sbom_lists_the_crates_of_cargo_lock_compiled_into_the_program() {
+    let graphs = sbom::CrateGraph::load_all(&repo_root(), &[AMD64.triple, ARM64.triple]).unwrap();
+    let subject = sbom::Subject {
+        name: "nodewarden/nodewarden-webhook".into(),
+        version: "0.1.0".into(),
+        reference: "docker.io/nodewarden/nodewarden-webhook:0.1.0".into(),
+        digest: format!("sha256:{}", sha256_hex(b"index")),
+        archive_sha256: sha256_hex(b"archive"),
+    };
+    let doc = sbom::image_sbom(&subject, "nodewarden-webhook", &graphs, EPOCH).unwrap();
+    let bytes = sbom::to_json(&doc).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(doc["bomFormat"], "CycloneDX");
+    assert_eq!(doc["specVersion"], "1.5");
+    assert!(doc["serialNumber"].as_str().unwrap().starts_with("urn:uuid:"));
+    assert_eq!(
+        doc["serialNumber"].as_str().unwrap().len(),
+        "urn:uuid:".len() + 36
+    );
+    let subject_json = &doc["metadata"]["component"];
+    assert_eq!(subject_json["type"], "container");
+    assert_eq!(subject_json["hashes"][0]["alg"], "SHA-256");
+    assert_eq!(subject_json["hashes"][0]["content"], sha256_hex(b"archive"));
+
+    let components = doc["components"].as_array().unwrap();
+    let find =
+        |name: &str| -> Vec<&serde_json::Value> { components.iter().filter(|c| c["name"] == name).collect() };
+    for name in ["kube", "rustls"] {
+        let listed = find(name);
+        assert!(!listed.is_empty(), "{name} is compiled into the webhook");
+        let locked = locked_versions(name);
+        for c in listed {
+            let version = c["version"].as_str().unwrap();
+            assert!(
+                locked.contains(&version.to_string()),
+                "{name} {version} not in Cargo.lock's {locked:?}"
+            );
+            assert_eq!(c["purl"], format!("pkg:cargo/{name}@{version}"));
+            assert_eq!(c["bom-ref"], c["purl"]);
+            assert!(c["licenses"][0]["expression"].is_string(), "{c}");
+            assert_eq!(c["type"], "library");
+        }
+    }
+    let own = find("nodewarden-webhook");
+    assert_eq!(own.len(), 1);
+    assert_eq!(own[0]["type"], "application");
+    assert_eq!(own[0]["licenses"][0]["expression"], "Apache-2.0");
+    // proc macros and dev-only crates are not in the program
+    for absent in ["serde_derive", "proptest", "tempfile", "nodewarden-agent"] {
+        assert!(find(absent).is_empty(), "{absent} is listed");
+    }
+    // every dependency reference names a listed component
+    let refs: std::collections::BTreeSet<&str> = components
+        .iter()
+        .map(|c| c["bom-ref"].as_str().unwrap())
+        .chain([subject_json["bom-ref"].as_str().unwrap()])
+        .collect();
+    for dep in doc["dependencies"].as_array().unwrap() {
+        assert!(refs.contains(dep["ref"].as_str().unwrap()), "{dep}");
+        for on in dep["dependsOn"].as_array().unwrap() {
+            assert!(refs.contains(on.as_str().unwrap()), "{on}");
+        }
+    }
+    // the same inputs, the same document
+    let again = sbom::image_sbom(&subject, "nodewarden-webhook", &graphs, EPOCH).unwrap();
+    assert_eq!(sbom::to_json(&again).unwrap(), bytes);
+}
+
+#[test]
+fn the_default_download_url_is_the_repositorys_release() {
+    assert_eq!(
+        default_url_base("0.1.0"),
+        "https://github.com/nodewarden/nodewarden/releases/download/v0.1.0"
+    );
+}
