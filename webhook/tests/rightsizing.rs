@@ -976,7 +976,7 @@ fn worked_example_of_the_docs() {
 
 #[test]
 fn status_reports_nodes_fleet_and_conditions() {
-    use nodewarden_webhook::rightsizing::status::{
+    use nodewarden_webhook::rightsizing::controller::{
         CONFIG_UNSUPPORTED, RECOMMENDATION_PROVIDED, desired_status,
     };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
@@ -1052,7 +1052,7 @@ fn validator_lets_an_existing_duplicate_keep_its_target_and_status_flags_bad_pol
     moved["request"]["oldObject"]["spec"]["targetRef"]["name"] = json!("elsewhere");
     assert!(!validator.review(&request(&moved)).allowed);
 
-    use nodewarden_webhook::rightsizing::status::{CONFIG_UNSUPPORTED, desired_status};
+    use nodewarden_webhook::rightsizing::controller::{CONFIG_UNSUPPORTED, desired_status};
     let bad = autoscaler(json!({"resourcePolicy": {"containerPolicies": [
         {"containerName": "*", "minAllowed": {"cpu": "2"}, "maxAllowed": {"cpu": "1"}}]}}));
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
@@ -1402,7 +1402,7 @@ fn an_autoscaler_with_more_policies_than_a_pod_has_containers_is_denied() {
 /// starts over; at most `MAX_GROUPS`, the ones with nodes kept first.
 #[test]
 fn groups_are_computed_per_label_value_and_outlive_their_nodes() {
-    use nodewarden_webhook::rightsizing::status::{MAX_GROUPS, desired_status};
+    use nodewarden_webhook::rightsizing::controller::{MAX_GROUPS, desired_status};
     let t = |s: i64| {
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::from_second(s).expect("time"),

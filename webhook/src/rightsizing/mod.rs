@@ -7,13 +7,13 @@
 //!   from the in-memory [`RightsizingIndex`]; no API call on the request path.
 //! * [`AutoscalerValidator`]: the `/validate/autoscalers` handler: bounds and one autoscaler per
 //!   DaemonSet.
-//! * [`status`]: the controller that keeps `DaemonSetAutoscaler.status`.
+//! * [`controller`]: the controller that keeps `DaemonSetAutoscaler.status`.
 //!
 //! Semantics, annotations and caps are described for users in docs/rightsizing.md.
 
-pub mod index;
+pub mod cache;
 pub use nodewarden_api::domain::sizing as mutate;
-pub mod status;
+pub mod controller;
 
 use std::sync::Arc;
 
@@ -25,7 +25,7 @@ use nodewarden_api::domain::rightsizing::{
 use nodewarden_api::domain::sizing::{Amounts, ContainerFacts, ResourceFacts};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, ResourceName, Scope};
 
-pub use index::{Prepared, RightsizingIndex};
+pub use cache::{Prepared, RightsizingIndex};
 pub use mutate::{Decision, Reason, Source, Targets};
 
 use crate::admission::{self, AdmissionRequest, AdmissionResponse, Handler, OnePass, Operation};
