@@ -24,13 +24,13 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use nodewarden_api::domain::sizing::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use nodewarden_api::rightsizing::{
     DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, GroupRecommendation, ResourceName,
 };
 use tokio_util::sync::CancellationToken;
 
 use super::RightsizingIndex;
-use super::mutate::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use crate::controllers::{LeaderTask, ReconcileObserver, Reconciling, drive, leader_task};
 use crate::events;
 

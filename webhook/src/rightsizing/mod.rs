@@ -1,9 +1,9 @@
 //! Per-node right-sizing of DaemonSet pods (KEP-4943, VPA `scope: node`).
 //!
-//! * [`mutate`](mutate::mutate): the pure decision, (pod, autoscaler, node targets, fleet,
-//!   LimitRanges) → JSON Patch + annotations.
+//! * [`sizing::mutate`] (in the api crate, shared with the agent): the pure decision, (pod,
+//!   autoscaler, node targets, fleet, LimitRanges) → JSON Patch + annotations.
 //! * [`PodMutator`]: the `/mutate/pods` handler. Pod CREATE → controller owner DaemonSet →
-//!   its autoscaler → the pod's node → that node's targets → [`mutate::mutate`]. Everything comes
+//!   its autoscaler → the pod's node → that node's targets → [`sizing::mutate`]. Everything comes
 //!   from the in-memory [`RightsizingIndex`]; no API call on the request path.
 //! * [`AutoscalerValidator`]: the `/validate/autoscalers` handler: bounds and one autoscaler per
 //!   DaemonSet.
@@ -12,7 +12,6 @@
 //! Semantics, annotations and caps are described for users in docs/rightsizing.md.
 
 pub mod cache;
-pub use nodewarden_api::domain::sizing as mutate;
 pub mod controller;
 
 use std::sync::Arc;
@@ -22,11 +21,11 @@ use nodewarden_api::domain::names::check_label_key;
 use nodewarden_api::domain::rightsizing::{
     container_policies, controlling_daemonset, is_controlling_daemonset,
 };
-use nodewarden_api::domain::sizing::{Amounts, ContainerFacts, ResourceFacts};
+use nodewarden_api::domain::sizing::{self, Amounts, ContainerFacts, ResourceFacts};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, ResourceName, Scope};
 
 pub use cache::{Prepared, RightsizingIndex};
-pub use mutate::{Decision, Reason, Source, Targets};
+pub use nodewarden_api::domain::sizing::{Decision, Reason, Source, Targets};
 
 use crate::admission::{self, AdmissionRequest, AdmissionResponse, Handler, OnePass, Operation};
 
@@ -70,8 +69,8 @@ impl PodMutator {
     pub fn decide(&self, namespace: &str, pod: &Pod) -> Option<Decision> {
         let daemonset = owner_daemonset(pod)?;
         let prepared = self.index.prepared_for(namespace, daemonset)?;
-        let node = mutate::target_node(pod);
-        let facts = mutate::PodFacts::of(pod);
+        let node = sizing::target_node(pod);
+        let facts = sizing::PodFacts::of(pod);
         Some(decide_with(&self.index, namespace, &prepared, node, &facts))
     }
 
@@ -80,7 +79,7 @@ impl PodMutator {
         let daemonset = metadata.daemonset.as_deref()?;
         let prepared = self.index.prepared_for(namespace, daemonset)?;
         let node = target_node(spec.as_ref());
-        let facts = mutate::PodFacts {
+        let facts = sizing::PodFacts {
             has_annotations: metadata.annotations.is_some(),
             containers: spec.map(|s| s.containers).unwrap_or_default(),
         };
@@ -88,13 +87,13 @@ impl PodMutator {
     }
 }
 
-/// [`mutate::mutate_on`] of a pod for `node` with its inputs taken from the index.
+/// [`sizing::mutate_on`] of a pod for `node` with its inputs taken from the index.
 pub(crate) fn decide_with(
     index: &RightsizingIndex,
     namespace: &str,
     prepared: &Prepared,
     node: Result<String, String>,
-    pod: &mutate::PodFacts,
+    pod: &sizing::PodFacts,
 ) -> Decision {
     let autoscaler = &prepared.autoscaler;
     let name = autoscaler.metadata.name.as_deref().unwrap_or_default();
@@ -106,7 +105,7 @@ pub(crate) fn decide_with(
     };
     let figures = prepared.figures.for_node(node_targets.as_ref(), group.as_deref());
     let limit_ranges = index.limit_ranges(namespace);
-    mutate::mutate_on(
+    sizing::mutate_on(
         pod,
         autoscaler,
         node.as_deref().map_err(String::as_str),
@@ -322,9 +321,9 @@ struct FieldView {
     values: Option<Vec<String>>,
 }
 
-/// The node a pod with `spec` is for ([`mutate::target_node`]).
+/// The node a pod with `spec` is for ([`sizing::target_node`]).
 fn target_node(spec: Option<&SpecView>) -> Result<String, String> {
-    let spec = spec.ok_or(mutate::NO_SPEC)?;
+    let spec = spec.ok_or(sizing::NO_SPEC)?;
     let terms = spec
         .affinity
         .as_ref()
@@ -332,7 +331,7 @@ fn target_node(spec: Option<&SpecView>) -> Result<String, String> {
         .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
         .map(|s| s.node_selector_terms.as_slice())
         .unwrap_or_default();
-    mutate::node_of(
+    sizing::node_of(
         spec.node_name.as_deref(),
         terms.iter().map(|term| {
             term.match_fields.iter().flatten().map(|f| {
@@ -448,7 +447,7 @@ impl<'de> serde::Deserialize<'de> for AmountsView {
                 f.write_str("a quantity")
             }
             fn visit_str<E>(self, text: &str) -> Result<Option<u64>, E> {
-                Ok(mutate::amount_of(self.0, text))
+                Ok(sizing::amount_of(self.0, text))
             }
         }
         struct List;
@@ -603,7 +602,7 @@ pub fn validate_autoscaler(autoscaler: &DaemonSetAutoscaler) -> Vec<String> {
             let min = policy.min_allowed.as_ref().and_then(|l| l.get(r));
             let max = policy.max_allowed.as_ref().and_then(|l| l.get(r));
             if let (Some(min), Some(max)) = (min, max) {
-                match (mutate::amount(resource, min), mutate::amount(resource, max)) {
+                match (sizing::amount(resource, min), sizing::amount(resource, max)) {
                     (Some(lo), Some(hi)) if lo > hi => problems.push(format!(
                         "{path}: minAllowed.{r} {} is above maxAllowed.{r} {}; minAllowed must be at most maxAllowed",
                         min.0, max.0
