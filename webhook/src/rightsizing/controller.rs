@@ -174,7 +174,7 @@ pub fn desired_status(
         )
     };
     let target = &autoscaler.spec.target_ref.name;
-    let problems = super::validate_autoscaler(autoscaler);
+    let problems = super::rules::validate_autoscaler(autoscaler);
     let unsupported = if !problems.is_empty() {
         condition(
             old,
