@@ -330,3 +330,250 @@ impl<'de> serde::Deserialize<'de> for Count {
         d.deserialize_any(Counting)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::admission::{self, AdmissionResponse};
+
+    /// A DaemonSet pod's CREATE as the API server sent it (managed fields, tolerations, probes
+    /// and all).
+    const REVIEW: &str = include_str!("../../../tests/fixtures/admission/daemonset-pod-create.json");
+
+    /// The pod of [`REVIEW`].
+    fn recorded_pod() -> Value {
+        let review: Value = serde_json::from_str(REVIEW).expect("fixture");
+        review["request"]["object"].clone()
+    }
+
+    fn view_of(pod: &Value) -> Result<PodView, String> {
+        serde_json::from_str(&pod.to_string()).map_err(|e| e.to_string())
+    }
+
+    /// A change that breaks the recorded pod.
+    type Change = fn(&mut Value);
+
+    fn amounts(cpu: &str, memory: &str) -> Amounts {
+        let mut a = Amounts::default();
+        a.set(ResourceName::Cpu, sizing::amount_of(ResourceName::Cpu, cpu));
+        a.set(
+            ResourceName::Memory,
+            sizing::amount_of(ResourceName::Memory, memory),
+        );
+        a
+    }
+
+    #[test]
+    fn the_recorded_pod_is_read_as_the_fields_the_decision_keeps() {
+        let view = view_of(&recorded_pod()).expect("the recorded pod is read");
+        assert_eq!(view.metadata.namespace.as_deref(), Some("webhook-b8hcd8g"));
+        assert!(
+            view.metadata.annotations.is_none(),
+            "the recorded pod has no annotations"
+        );
+        assert_eq!(view.metadata.daemonset.as_deref(), Some("node-agent"));
+        assert_eq!(
+            target_node(view.spec.as_ref()).as_deref(),
+            Ok("webhook-b8hcd8g-node-1")
+        );
+        let spec = view.spec.expect("spec");
+        assert_eq!(
+            spec.containers,
+            vec![ContainerFacts {
+                name: "agent".to_string(),
+                resources: Some(ResourceFacts {
+                    requests: Some(amounts("100m", "64Mi")),
+                    limits: Some(amounts("200m", "128Mi")),
+                }),
+            }]
+        );
+    }
+
+    #[test]
+    fn the_one_pass_read_of_the_review_keeps_the_same_fields() {
+        let mut read = None;
+        let answered = admission::one_pass::<PodView>(REVIEW, |request| {
+            read = request.object.take();
+            AdmissionResponse::allow(&request.uid)
+        });
+        assert!(answered.is_some(), "the recorded review is read in one pass");
+        let view = read.expect("the pod is read as its view");
+        assert_eq!(view.metadata.daemonset.as_deref(), Some("node-agent"));
+        assert_eq!(
+            target_node(view.spec.as_ref()).as_deref(),
+            Ok("webhook-b8hcd8g-node-1")
+        );
+        assert_eq!(view.spec.expect("spec").containers.len(), 1);
+    }
+
+    #[test]
+    fn the_view_finds_the_node_and_the_containers_a_pod_finds() {
+        let mut pods = vec![recorded_pod()];
+        let mut by_name = recorded_pod();
+        by_name["spec"]["nodeName"] = json!("node-by-name");
+        pods.push(by_name);
+        let mut two_terms = recorded_pod();
+        let term = two_terms["spec"]["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            .clone();
+        two_terms["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] =
+            json!([term.clone(), term]);
+        pods.push(two_terms);
+        let mut no_spec = recorded_pod();
+        no_spec.as_object_mut().expect("object").remove("spec");
+        pods.push(no_spec);
+        for pod in pods {
+            let view = view_of(&pod).expect("view");
+            let typed: Pod = serde_json::from_value(pod.clone()).expect("pod");
+            assert_eq!(
+                target_node(view.spec.as_ref()),
+                sizing::target_node(&typed),
+                "{pod}"
+            );
+            assert_eq!(
+                view.spec.map(|s| s.containers).unwrap_or_default(),
+                sizing::PodFacts::of(&typed).containers,
+                "{pod}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_controlling_daemonset_is_kept() {
+        let mut pod = recorded_pod();
+        pod["metadata"]["ownerReferences"] = json!([
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "not-controller", "uid": "1"},
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "replicas", "uid": "2", "controller": true},
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "controller", "uid": "3", "controller": true}
+        ]);
+        pod["metadata"]["annotations"] = json!({"any": "thing"});
+        let view = view_of(&pod).expect("view");
+        assert_eq!(view.metadata.daemonset.as_deref(), Some("controller"));
+        assert!(view.metadata.annotations.is_some());
+
+        pod["metadata"]["ownerReferences"] = Value::Null;
+        assert_eq!(view_of(&pod).expect("view").metadata.daemonset, None);
+        pod["metadata"]
+            .as_object_mut()
+            .expect("object")
+            .remove("ownerReferences");
+        assert_eq!(view_of(&pod).expect("view").metadata.daemonset, None);
+    }
+
+    #[test]
+    fn other_resources_are_skipped_and_an_unreadable_quantity_is_absent() {
+        let mut pod = recorded_pod();
+        pod["spec"]["containers"][0]["resources"] = json!({
+            "requests": {"cpu": "not a quantity", "memory": "64Mi", "nvidia.com/gpu": "1"},
+            "limits": {"ephemeral-storage": "1Gi"}
+        });
+        let spec = view_of(&pod).expect("view").spec.expect("spec");
+        let mut requests = Amounts::default();
+        requests.set(
+            ResourceName::Memory,
+            sizing::amount_of(ResourceName::Memory, "64Mi"),
+        );
+        assert_eq!(
+            spec.containers[0].resources,
+            Some(ResourceFacts {
+                requests: Some(requests),
+                limits: Some(Amounts::default()),
+            })
+        );
+    }
+
+    #[test]
+    fn a_malformed_pod_is_refused_with_a_clear_error() {
+        let cases: [(&str, Change, &str); 5] = [
+            (
+                "a container without a name",
+                |pod| {
+                    pod["spec"]["containers"][0]
+                        .as_object_mut()
+                        .expect("object")
+                        .remove("name");
+                },
+                "missing field `name`",
+            ),
+            (
+                "a quantity that is a number",
+                |pod| pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!(1),
+                "expected a quantity",
+            ),
+            (
+                "containers that are not a list",
+                |pod| pod["spec"]["containers"] = json!({"agent": {}}),
+                "expected a list of at most 1000 containers",
+            ),
+            (
+                "a node selector without its terms",
+                |pod| {
+                    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] =
+                        json!({})
+                },
+                "missing field `nodeSelectorTerms`",
+            ),
+            (
+                "a field requirement without its operator",
+                |pod| {
+                    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                        ["nodeSelectorTerms"][0]["matchFields"][0]
+                        .as_object_mut()
+                        .expect("object")
+                        .remove("operator");
+                },
+                "missing field `operator`",
+            ),
+        ];
+        for (what, change, expected) in cases {
+            let mut pod = recorded_pod();
+            change(&mut pod);
+            let Err(err) = view_of(&pod) else {
+                panic!("{what}: read");
+            };
+            assert!(err.contains(expected), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_pod_with_more_containers_than_read_is_refused() {
+        let mut pod = recorded_pod();
+        let container = pod["spec"]["containers"][0].clone();
+        pod["spec"]["containers"] = Value::Array(vec![container; MAX_POD_CONTAINERS + 1]);
+        let Err(err) = view_of(&pod) else {
+            panic!("read");
+        };
+        assert!(err.contains("more than 1000 containers"), "{err}");
+        pod["spec"]["containers"].as_array_mut().expect("list").pop();
+        assert_eq!(
+            view_of(&pod).expect("view").spec.expect("spec").containers.len(),
+            MAX_POD_CONTAINERS
+        );
+    }
+
+    #[test]
+    fn container_policies_are_counted_without_being_read() {
+        let count = |autoscaler: Value| {
+            serde_json::from_value::<PoliciesCount>(autoscaler)
+                .expect("count")
+                .spec
+                .resource_policy
+                .container_policies
+                .0
+        };
+        let policies = json!([{"containerName": "*"}, {"containerName": "a"}, {"not": "a policy"}]);
+        assert_eq!(
+            count(json!({"spec": {"resourcePolicy": {"containerPolicies": policies}}})),
+            3
+        );
+        assert_eq!(
+            count(json!({"spec": {"resourcePolicy": {"containerPolicies": null}}})),
+            0
+        );
+        assert_eq!(count(json!({"spec": {"targetRef": {"name": "ds"}}})), 0);
+        assert_eq!(count(json!({})), 0);
+    }
+}
