@@ -8,8 +8,8 @@ use clap::{Args, Parser};
 use nodewarden_api::domain::update::Thresholds;
 use nodewarden_api::quantity::parse_milli;
 
-use crate::recommender::{EstimatorConfig, histogram_options};
-use crate::sampler::PublishConfig;
+use crate::rightsizing::recommender::{EstimatorConfig, histogram_options};
+use crate::rightsizing::sampler::PublishConfig;
 use nodewarden_runtime::duration::parse_interval;
 use nodewarden_runtime::telemetry::LogFormat;
 

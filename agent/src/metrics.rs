@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::pods::Key;
+use crate::rightsizing::pods::Key;
 
 /// Labels of a per-container, per-resource series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

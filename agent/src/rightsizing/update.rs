@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::UpdateArgs;
 use crate::metrics::Metrics;
-use crate::pods::{NodePod, Stores, autoscaler_for, daemonset_owner};
+use crate::rightsizing::pods::{NodePod, Stores, autoscaler_for, daemonset_owner};
 
 /// The label on a DaemonSet pod naming its ControllerRevision (`<daemonset>-<hash>`).
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -105,7 +105,7 @@ pub struct Updater {
 pub async fn run(
     mut updater: Updater,
     stores: Stores,
-    desired: watch::Receiver<crate::publish::Desired>,
+    desired: watch::Receiver<crate::rightsizing::publish::Desired>,
     stop: CancellationToken,
 ) {
     if !updater.args.update_running_pods {
@@ -622,7 +622,7 @@ impl Updater {
 #[resource(inherit = "ControllerRevision")]
 pub struct TemplateRevision {
     /// The revision's metadata (without managed fields).
-    #[serde(deserialize_with = "crate::pods::slim_metadata")]
+    #[serde(deserialize_with = "crate::rightsizing::pods::slim_metadata")]
     pub metadata: ObjectMeta,
     /// The DaemonSet's patch this revision records (`spec.template`).
     #[serde(default)]
