@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nodewarden_agent::metrics::Metrics;
-use nodewarden_agent::pods;
-use nodewarden_agent::recommender::EstimatorConfig;
-use nodewarden_agent::sampler::{PublishConfig, Sampler};
+use nodewarden_agent::rightsizing::pods;
+use nodewarden_agent::rightsizing::recommender::EstimatorConfig;
+use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
 use nodewarden_api::rightsizing::DaemonSetAutoscaler;
 use serde_json::json;
 
@@ -262,7 +262,7 @@ fn main() -> anyhow::Result<()> {
                 scrape_bytes = metrics.encode().len();
             }
             if t % 6 == 0 {
-                nodewarden_agent::checkpoint::save(&checkpoint_dir, &sampler.checkpoint(now))?;
+                nodewarden_agent::rightsizing::checkpoint::save(&checkpoint_dir, &sampler.checkpoint(now))?;
             }
             agent_ns += thread_cpu_ns() - a0;
             if !args.wall_interval.is_zero() {
@@ -273,7 +273,7 @@ fn main() -> anyhow::Result<()> {
         }
         let per_tick_ms = agent_ns as f64 / ticks as f64 / 1e6;
         let millicores = per_tick_ms / args.sample_interval.as_secs_f64();
-        let checkpoint_size = fs::metadata(nodewarden_agent::checkpoint::path(&checkpoint_dir, &sampler.checkpoint(0).node))?.len();
+        let checkpoint_size = fs::metadata(nodewarden_agent::rightsizing::checkpoint::path(&checkpoint_dir, &sampler.checkpoint(0).node))?.len();
         println!(
             "containers={} pods={} ticks={} (agent time {:?} at {:?}; wall {:.1?})",
             args.containers,

@@ -4,11 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Args, Parser};
+use nodewarden_api::domain::update::Thresholds;
 use nodewarden_api::quantity::parse_milli;
 
-use crate::recommender::{EstimatorConfig, histogram_options};
-use crate::sampler::PublishConfig;
+use crate::rightsizing::recommender::{EstimatorConfig, histogram_options};
+use crate::rightsizing::sampler::PublishConfig;
 use nodewarden_runtime::duration::parse_interval;
 use nodewarden_runtime::telemetry::LogFormat;
 
@@ -92,7 +93,7 @@ pub struct Config {
 
     /// Updates of running pods (`updateMode` InPlace and Recreate).
     #[command(flatten)]
-    pub update: crate::update::UpdateArgs,
+    pub update: UpdateArgs,
 }
 
 /// The estimator's constants; defaults are the VPA recommender's.
@@ -192,7 +193,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-pub(crate) fn parse_non_negative(s: &str) -> Result<f64, String> {
+fn parse_non_negative(s: &str) -> Result<f64, String> {
     let v = parse_f64(s)?;
     if v < 0.0 {
         return Err(format!("{s} must not be negative"));
@@ -239,6 +240,67 @@ impl EstimatorFlags {
             cpu_options,
             memory_options,
         })
+    }
+}
+
+/// Flags of the updater.
+#[derive(Args, Debug, Clone)]
+pub struct UpdateArgs {
+    /// Act on running pods at all (`false`: every mode behaves like `Initial` on this node).
+    #[arg(long, env = "NODEWARDEN_UPDATE_RUNNING_PODS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub update_running_pods: bool,
+    /// How often running pods are compared with this node's recommendation.
+    #[arg(long, env = "NODEWARDEN_UPDATE_INTERVAL", default_value = "1m", value_parser = parse_interval)]
+    pub update_interval: Duration,
+    /// Inside the recommendation's bounds, a pod is updated only when its requests differ by
+    /// at least this fraction (VPA's resource diff, summed over CPU and memory).
+    #[arg(long, env = "NODEWARDEN_UPDATE_MIN_CHANGE", default_value_t = 0.1, value_parser = parse_non_negative)]
+    pub update_min_change: f64,
+    /// Inside the bounds, a pod is updated only once it has run this long.
+    #[arg(long, env = "NODEWARDEN_UPDATE_MIN_AGE", default_value = "12h", value_parser = parse_interval)]
+    pub update_min_age: Duration,
+    /// A container OOM-killed this soon after it started makes its pod update at once when
+    /// more memory is recommended.
+    #[arg(long, env = "NODEWARDEN_UPDATE_OOM_WINDOW", default_value = "10m", value_parser = parse_interval)]
+    pub update_oom_window: Duration,
+    /// A resize the kubelet defers this long falls back to eviction.
+    #[arg(long, env = "NODEWARDEN_RESIZE_DEFERRED_LIMIT", default_value = "5m", value_parser = parse_interval)]
+    pub resize_deferred_limit: Duration,
+    /// A resize in progress this long falls back to eviction.
+    #[arg(long, env = "NODEWARDEN_RESIZE_IN_PROGRESS_LIMIT", default_value = "1h", value_parser = parse_interval)]
+    pub resize_in_progress_limit: Duration,
+    /// At most one eviction per DaemonSet on this node per this interval.
+    #[arg(long, env = "NODEWARDEN_EVICTION_MIN_INTERVAL", default_value = "10m", value_parser = parse_interval)]
+    pub eviction_min_interval: Duration,
+    /// After an eviction held back (the DaemonSet's budget, a PodDisruptionBudget), the next
+    /// try for that DaemonSet on this node waits this long.
+    #[arg(long, env = "NODEWARDEN_EVICTION_RETRY_INTERVAL", default_value = "2m", value_parser = parse_interval)]
+    pub eviction_retry_interval: Duration,
+    /// Namespace of the disruption leases (the agent's own).
+    #[arg(long, env = "NODEWARDEN_POD_NAMESPACE", default_value = "nodewarden", value_parser = parse_namespace)]
+    pub disruption_namespace: String,
+    /// A disruption lease not released by its holder expires after this long (an agent that
+    /// died holding one blocks no one for longer).
+    #[arg(long, env = "NODEWARDEN_DISRUPTION_LEASE_DURATION", default_value = "10m", value_parser = parse_interval)]
+    pub disruption_lease_duration: Duration,
+}
+
+fn parse_namespace(s: &str) -> Result<String, String> {
+    nodewarden_api::domain::names::check_dns_label(s)
+        .map_err(|why| format!("{s:?} is not a namespace name: {why}"))?;
+    Ok(s.to_string())
+}
+
+impl UpdateArgs {
+    /// The decision's thresholds.
+    pub fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            min_change: self.update_min_change,
+            min_age: self.update_min_age,
+            oom_window: self.update_oom_window,
+            deferred_limit: self.resize_deferred_limit,
+            in_progress_limit: self.resize_in_progress_limit,
+        }
     }
 }
 
@@ -326,5 +388,25 @@ mod tests {
         assert_eq!(e.pod_min_memory_bytes, 1024.0 * 1024.0 * 1024.0);
         assert_eq!(e.lower_confidence_exponent, -3.0);
         assert_eq!(e.memory_interval_ms, 3_600_000);
+    }
+
+    #[test]
+    fn bad_update_flags_are_clear_errors() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["nodewarden-agent", "--node-name", "n1"];
+            args.extend_from_slice(extra);
+            Config::try_parse_from(args)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(parse(&[]).is_ok());
+        let err = parse(&["--disruption-namespace", "Not_A_Namespace"]).unwrap_err();
+        assert!(err.contains("is not a namespace name"), "{err}");
+        let err = parse(&["--update-min-change=-1"]).unwrap_err();
+        assert!(err.contains("must not be negative"), "{err}");
+        let err = parse(&["--update-interval", "soon"]).unwrap_err();
+        assert!(err.contains("use e.g. 500ms"), "{err}");
+        let err = parse(&["--update-running-pods", "maybe"]).unwrap_err();
+        assert!(err.contains("maybe"), "{err}");
     }
 }

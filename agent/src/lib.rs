@@ -1,16 +1,15 @@
 //! nodewarden-agent: measures the autoscaled DaemonSet containers of one node, recommends
 //! their requests with the VPA estimator, and publishes `NodeRecommendation/<node>`.
 //!
-//! Modules, pure logic apart from I/O:
-//! - [`cgroup`]: finding container cgroups (systemd/cgroupfs, containerd/CRI-O) and reading them,
-//! - [`histogram`]: VPA's decaying exponential histogram,
-//! - [`recommender`]: per-container history and the estimator,
-//! - [`checkpoint`]: the history on disk,
-//! - [`pods`]: watches of this node's pods and of autoscalers, and their join,
-//! - [`publish`]: when and how `NodeRecommendation` is written,
-//! - [`sampler`]: one sample tick tying the above together,
-//! - [`features`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`,
-//! - [`metrics`], [`config`].
+//! One folder per capability, as in the webhook:
+//! - [`rightsizing`]: the node's figures for its autoscaled DaemonSet containers (histograms,
+//!   estimator, checkpoint, the watches of pods and autoscalers, `NodeRecommendation/<node>`,
+//!   the updater of running pods),
+//! - [`features`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`.
+//!
+//! Shared by them: [`cgroup`] (the node's I/O: finding container cgroups, systemd/cgroupfs,
+//! containerd/CRI-O, and reading them), [`metrics`], [`config`] (the flags). [`run`] ties them
+//! together.
 //!
 //! Tracing, the admin server, signals and the API server client come from `nodewarden-runtime`,
 //! shared with the webhook.
@@ -18,16 +17,10 @@
 #![warn(missing_docs)]
 
 pub mod cgroup;
-pub mod checkpoint;
 pub mod config;
 pub mod features;
-pub mod histogram;
 pub mod metrics;
-pub mod pods;
-pub mod publish;
-pub mod recommender;
-pub mod sampler;
-pub mod update;
+pub mod rightsizing;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,10 +32,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::Loaded;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::sampler::Sampler;
+use crate::rightsizing::checkpoint::{self, Loaded};
+use crate::rightsizing::sampler::Sampler;
+use crate::rightsizing::{pods, publish, update};
 
 /// Readiness condition: the pod and autoscaler watches have listed (named as `/readyz` shows it
 /// while unmet).

@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::pods::Key;
+use crate::rightsizing::pods::Key;
 
 /// Labels of a per-container, per-resource series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nodewarden_agent::metrics::Metrics;
-use nodewarden_agent::pods::{self, Key, Target};
-use nodewarden_agent::publish::Snapshot;
-use nodewarden_agent::recommender::{EstimatorConfig, MIB};
-use nodewarden_agent::sampler::{PublishConfig, Sampler};
+use nodewarden_agent::rightsizing::pods::{self, Key, Target};
+use nodewarden_agent::rightsizing::publish::Snapshot;
+use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, MIB};
+use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
 use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler};
 use serde_json::json;
 
@@ -244,12 +244,12 @@ fn a_restart_resumes_history_from_the_checkpoint() {
     let before = s.snapshot();
     let dir = tmp.path().join("checkpoint");
     fs::create_dir_all(&dir).expect("test setup");
-    nodewarden_agent::checkpoint::save(&dir, &s.checkpoint(T0 + 50_000)).expect("test setup");
+    nodewarden_agent::rightsizing::checkpoint::save(&dir, &s.checkpoint(T0 + 50_000)).expect("test setup");
 
     let mut restarted = sampler(&root, Arc::new(Metrics::new()));
     let node = s.checkpoint(T0 + 50_000).node;
-    match nodewarden_agent::checkpoint::load(&dir, &node, 1) {
-        nodewarden_agent::checkpoint::Loaded::Found(c) => restarted.restore(&c),
+    match nodewarden_agent::rightsizing::checkpoint::load(&dir, &node, 1) {
+        nodewarden_agent::rightsizing::checkpoint::Loaded::Found(c) => restarted.restore(&c),
         other => panic!("{other:?}"),
     }
     let mut after = restarted.snapshot();

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use nodewarden_agent::recommender::{Estimate, EstimatorConfig, History};
+use nodewarden_agent::rightsizing::recommender::{Estimate, EstimatorConfig, History};
 use serde::{Deserialize, Serialize};
 
 const T0: i64 = 1_700_000_000_000;

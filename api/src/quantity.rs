@@ -2,12 +2,34 @@
 //!
 //! `k8s_openapi`'s `Quantity` accepts any string. Here a quantity must be a non-negative
 //! Kubernetes quantity (`100m`, `0.5`, `256Mi`, `1e9`), and a resource list may only name
-//! the resources nodewarden right-sizes (`cpu`, `memory`).
+//! the resources nodewarden right-sizes ([`ResourceName`]: `cpu`, `memory`).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use schemars::{Schema, SchemaGenerator, json_schema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// A resource nodewarden can right-size.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum ResourceName {
+    /// CPU (`cpu`), in millicores.
+    #[serde(rename = "cpu")]
+    Cpu,
+    /// Memory (`memory`), in bytes.
+    #[serde(rename = "memory")]
+    Memory,
+}
+
+impl ResourceName {
+    /// The resource's name in a resource list: `cpu` or `memory`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceName::Cpu => "cpu",
+            ResourceName::Memory => "memory",
+        }
+    }
+}
 
 /// A non-negative Kubernetes quantity: digits, optional fraction, optional suffix
 /// (decimal SI, binary SI or an exponent).

@@ -9,6 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::quantity::ResourceName;
 use crate::quantity::{ResourceList, resource_list_schema};
 
 /// Right-size the pods of one DaemonSet, node by node.
@@ -284,27 +285,6 @@ pub enum ContainerMode {
     Auto,
     /// Leave the container's resources as its template says.
     Off,
-}
-
-/// A resource nodewarden can right-size.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
-pub enum ResourceName {
-    /// CPU (`cpu`), in millicores.
-    #[serde(rename = "cpu")]
-    Cpu,
-    /// Memory (`memory`), in bytes.
-    #[serde(rename = "memory")]
-    Memory,
-}
-
-impl ResourceName {
-    /// The resource's name in a resource list: `cpu` or `memory`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceName::Cpu => "cpu",
-            ResourceName::Memory => "memory",
-        }
-    }
 }
 
 /// Which of a container's resource values nodewarden sets.

@@ -27,12 +27,12 @@ use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
 use libfuzzer_sys::fuzz_target;
+use nodewarden_api::domain::sizing::ANNOTATION_CAPPED;
 use nodewarden_webhook::admission::{Handler, Outcome, Processed, ReviewIn, process, process_async};
 use nodewarden_webhook::claims::{ClaimsGuard, ClaimsPolicy, Principals, Shape, StaticView};
 use nodewarden_webhook::features::{FeatureCaches, FeaturesGuard};
 use nodewarden_webhook::node_reports::evictions::{EvictionGuard, PodNode, PodNodes};
 use nodewarden_webhook::node_reports::{NODE_NAME_EXTRA, NodeReportsGuard, NodeReportsPolicy};
-use nodewarden_webhook::rightsizing::mutate::ANNOTATION_CAPPED;
 use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 

@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use nodewarden_agent::cgroup::{Reading, Throttling};
-use nodewarden_agent::checkpoint::{self, Loaded};
 use nodewarden_agent::metrics::Metrics;
-use nodewarden_agent::pods::{Policy, Target};
-use nodewarden_agent::recommender::EstimatorConfig;
-use nodewarden_agent::sampler::{PublishConfig, Sampler};
+use nodewarden_agent::rightsizing::checkpoint::{self, Loaded};
+use nodewarden_agent::rightsizing::pods::{Policy, Target};
+use nodewarden_agent::rightsizing::recommender::EstimatorConfig;
+use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
 
 const NODE: &str = "node-1";
 /// A fixed "now" (2027-01-15), so a crash reproduces.
@@ -73,7 +73,7 @@ fuzz_target!(|data: &[u8]| {
         .take(64)
         .enumerate()
         .map(|(i, e)| Target {
-            key: nodewarden_agent::pods::Key {
+            key: nodewarden_agent::rightsizing::pods::Key {
                 autoscaler: e.autoscaler.clone(),
                 container: e.container.clone(),
             },

@@ -338,7 +338,7 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
         stop.cancel();
         agent.await??;
         assert!(
-            nodewarden_agent::checkpoint::path(&checkpoint_dir, &node).exists(),
+            nodewarden_agent::rightsizing::checkpoint::path(&checkpoint_dir, &node).exists(),
             "the agent writes its checkpoint when it stops"
         );
         Ok(())

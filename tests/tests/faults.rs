@@ -898,7 +898,7 @@ fn history_of(rec: &NodeRecommendation) -> (i64, Option<String>) {
 /// checkpoint.
 fn checkpoint_samples(file: &Path) -> Result<u64> {
     let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let c: nodewarden_agent::checkpoint::Checkpoint = serde_json::from_slice(&bytes)
+    let c: nodewarden_agent::rightsizing::checkpoint::Checkpoint = serde_json::from_slice(&bytes)
         .with_context(|| format!("{} is not a whole checkpoint", file.display()))?;
     Ok(c.entries.iter().map(|e| e.history.sample_count).sum())
 }
@@ -923,7 +923,7 @@ async fn agent_killed_during_checkpoint_writes_resumes_its_history() {
         let cgroup = tmp.path().join("cgroup");
         write_cgroup(&cgroup, &uid, 300 * MIB)?;
         let checkpoints = tmp.path().join("checkpoint");
-        let file = nodewarden_agent::checkpoint::path(&checkpoints, &node);
+        let file = nodewarden_agent::rightsizing::checkpoint::path(&checkpoints, &node);
         // the real binary, as a process of the control plane (`agent.log` in its folder):
         // samples and checkpoints every 100 ms, publishes at least every second
         let start = || -> Result<u32> {

@@ -32,7 +32,7 @@ use nodewarden_webhook::admission::{self, Processed, Route};
 use nodewarden_webhook::loadgen::{
     Alpn, BenchCerts, Load, SERVER_NAME, Server, any_answer, connect, resident_bytes,
 };
-use nodewarden_webhook::rightsizing::status::desired_from_index;
+use nodewarden_webhook::rightsizing::controller::desired_from_index;
 use nodewarden_webhook::rightsizing::{PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 

@@ -335,7 +335,7 @@ impl App {
     /// The controllers the flags switch on, run by the replica that leads.
     fn leader_tasks(&self) -> Vec<LeaderTask> {
         let config = &self.config;
-        let mut tasks = vec![rightsizing::status::task(
+        let mut tasks = vec![rightsizing::controller::task(
             self.rightsizing.clone(),
             config.rightsizing_status_interval,
             Some(self.metrics.clone()),

@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{LimitRange, Pod};
+use nodewarden_api::domain::sizing::{
+    self, ANNOTATION_AUTOSCALER, ANNOTATION_CAPPED, ANNOTATION_NODE, ANNOTATION_SKIPPED, ANNOTATION_SOURCE,
+    ANNOTATION_UPDATES, Amounts, Reason, Targets,
+};
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
 use nodewarden_webhook::admission::{AdmissionRequest, AdmissionResponse, Handler, ReviewIn};
-use nodewarden_webhook::rightsizing::mutate::{
-    self, ANNOTATION_AUTOSCALER, ANNOTATION_CAPPED, ANNOTATION_NODE, ANNOTATION_SKIPPED, ANNOTATION_SOURCE,
-    ANNOTATION_UPDATES, Amounts, Reason, Targets,
-};
 use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
 use serde_json::{Value, json};
 
@@ -54,7 +54,7 @@ fn targets(entries: &[(&str, Option<&str>, Option<&str>)]) -> Targets {
         .map(|(c, cpu, mem)| {
             let q = |r, s: &Option<&str>| {
                 s.map(|s| {
-                    mutate::amount(
+                    sizing::amount(
                         r,
                         &k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string()),
                     )
@@ -81,7 +81,7 @@ fn limit_range(limits: Value) -> LimitRange {
 }
 
 /// `pod` with a decision's patch applied.
-fn apply(pod: &Value, patch: &mutate::AddPatch) -> Value {
+fn apply(pod: &Value, patch: &sizing::AddPatch) -> Value {
     let ops = patch
         .to_json_patch()
         .unwrap_or_else(|e| panic!("not a JSON patch: {e}\npatch: {}", patch.to_json()));
@@ -515,12 +515,12 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-fn decide(case: &Case, pod: &Value) -> mutate::Decision {
+fn decide(case: &Case, pod: &Value) -> sizing::Decision {
     let typed: Pod = serde_json::from_value(pod.clone()).expect("pod");
-    mutate::mutate(
+    sizing::mutate(
         &typed,
         &case.autoscaler,
-        mutate::Figures {
+        sizing::Figures {
             node: case.node.as_ref(),
             group: None,
             fleet: case.fleet.as_ref(),
@@ -634,10 +634,10 @@ fn update_mode_off_changes_nothing() {
     let a = autoscaler(json!({"updatePolicy": {"updateMode": "Off"}}));
     let pod: Pod = serde_json::from_value(base_pod()).expect("pod");
     let node = targets(&[("agent", Some("1"), Some("1Gi"))]);
-    let decision = mutate::mutate(
+    let decision = sizing::mutate(
         &pod,
         &a,
-        mutate::Figures {
+        sizing::Figures {
             node: Some(&node),
             ..Default::default()
         },
@@ -655,7 +655,7 @@ fn update_mode_off_changes_nothing() {
     assert_eq!(
         decision
             .annotations
-            .get(mutate::ANNOTATION_SKIPPED)
+            .get(sizing::ANNOTATION_SKIPPED)
             .map(String::as_str),
         Some("updateMode Off: the autoscaler only recommends; resources left as the template says")
     );
@@ -664,11 +664,11 @@ fn update_mode_off_changes_nothing() {
 #[test]
 fn target_node_follows_the_daemonset_controller() {
     let pod: Pod = serde_json::from_value(base_pod()).expect("pod");
-    assert_eq!(mutate::target_node(&pod).as_deref(), Ok(NODE));
+    assert_eq!(sizing::target_node(&pod).as_deref(), Ok(NODE));
     let mut bare = base_pod();
     bare["spec"].as_object_mut().expect("spec").remove("affinity");
     let bare: Pod = serde_json::from_value(bare).expect("pod");
-    let err = mutate::target_node(&bare).expect_err("no node");
+    let err = sizing::target_node(&bare).expect_err("no node");
     assert!(err.contains("no spec.nodeName"), "{err}");
 }
 
@@ -685,7 +685,7 @@ fn fleet_is_the_90th_percentile_of_node_targets() {
             )])
         })
         .collect();
-    let fleet = mutate::fleet_from_nodes(nodes.iter());
+    let fleet = sizing::fleet_from_nodes(nodes.iter());
     assert_eq!(fleet["agent"].cpu, Some(900));
     // memory from the five nodes that report it: 2, 4, 6, 8, 10 Mi → rank ceil(4.5) = 5
     assert_eq!(fleet["agent"].memory, Some(10 << 20));
@@ -917,7 +917,7 @@ fn worked_example_of_the_docs() {
     ceiling_policy["ceiling"] = json!("Template");
     let a = targets(&[("agent", Some("250m"), Some("300Mi"))]);
     let b = targets(&[("agent", Some("500m"), Some("200Mi"))]);
-    let fleet = mutate::fleet_from_nodes([&a, &b]);
+    let fleet = sizing::fleet_from_nodes([&a, &b]);
     let rows: Vec<(Value, Option<&Targets>, Value)> = vec![
         (
             policy.clone(),
@@ -953,10 +953,10 @@ fn worked_example_of_the_docs() {
     for (i, (spec, node, want)) in rows.into_iter().enumerate() {
         let pod = base_pod();
         let typed: Pod = serde_json::from_value(pod.clone()).expect("pod");
-        let decision = mutate::mutate(
+        let decision = sizing::mutate(
             &typed,
             &autoscaler(spec),
-            mutate::Figures {
+            sizing::Figures {
                 node,
                 group: None,
                 fleet: Some(&fleet),
@@ -976,7 +976,7 @@ fn worked_example_of_the_docs() {
 
 #[test]
 fn status_reports_nodes_fleet_and_conditions() {
-    use nodewarden_webhook::rightsizing::status::{
+    use nodewarden_webhook::rightsizing::controller::{
         CONFIG_UNSUPPORTED, RECOMMENDATION_PROVIDED, desired_status,
     };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
@@ -1052,7 +1052,7 @@ fn validator_lets_an_existing_duplicate_keep_its_target_and_status_flags_bad_pol
     moved["request"]["oldObject"]["spec"]["targetRef"]["name"] = json!("elsewhere");
     assert!(!validator.review(&request(&moved)).allowed);
 
-    use nodewarden_webhook::rightsizing::status::{CONFIG_UNSUPPORTED, desired_status};
+    use nodewarden_webhook::rightsizing::controller::{CONFIG_UNSUPPORTED, desired_status};
     let bad = autoscaler(json!({"resourcePolicy": {"containerPolicies": [
         {"containerName": "*", "minAllowed": {"cpu": "2"}, "maxAllowed": {"cpu": "1"}}]}}));
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
@@ -1402,7 +1402,7 @@ fn an_autoscaler_with_more_policies_than_a_pod_has_containers_is_denied() {
 /// starts over; at most `MAX_GROUPS`, the ones with nodes kept first.
 #[test]
 fn groups_are_computed_per_label_value_and_outlive_their_nodes() {
-    use nodewarden_webhook::rightsizing::status::{MAX_GROUPS, desired_status};
+    use nodewarden_webhook::rightsizing::controller::{MAX_GROUPS, desired_status};
     let t = |s: i64| {
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::from_second(s).expect("time"),

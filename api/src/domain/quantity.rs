@@ -6,8 +6,7 @@
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::quantity::parse_milli;
-use crate::rightsizing::ResourceName;
+use crate::quantity::{ResourceName, parse_milli};
 
 /// A quantity as an integer amount: millicores for CPU, bytes (rounded up) for memory.
 pub fn amount(resource: ResourceName, q: &Quantity) -> Option<u64> {

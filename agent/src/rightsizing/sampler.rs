@@ -10,11 +10,11 @@ use std::sync::Arc;
 use nodewarden_api::rightsizing::{AutoscalerRef, NodeRecommendationSpec};
 
 use crate::cgroup::{CgroupError, Hierarchy, Locator, Reading};
-use crate::checkpoint::{self, Checkpoint};
 use crate::metrics::{self, Metrics};
-use crate::pods::{Key, Policy, Target};
-use crate::publish::{self, Entry, Figures, Reason, Snapshot};
-use crate::recommender::{Estimate, EstimatorConfig, History, Resources};
+use crate::rightsizing::checkpoint::{self, Checkpoint};
+use crate::rightsizing::pods::{Key, Policy, Target};
+use crate::rightsizing::publish::{self, Entry, Figures, Reason, Snapshot};
+use crate::rightsizing::recommender::{Estimate, EstimatorConfig, History, Resources};
 
 /// What the sampler remembers about a container between ticks.
 #[derive(Clone, Debug, PartialEq)]

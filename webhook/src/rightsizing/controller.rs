@@ -24,13 +24,13 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use nodewarden_api::domain::sizing::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use nodewarden_api::rightsizing::{
     DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, GroupRecommendation, ResourceName,
 };
 use tokio_util::sync::CancellationToken;
 
 use super::RightsizingIndex;
-use super::mutate::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use crate::controllers::{LeaderTask, ReconcileObserver, Reconciling, drive, leader_task};
 use crate::events;
 
@@ -174,7 +174,7 @@ pub fn desired_status(
         )
     };
     let target = &autoscaler.spec.target_ref.name;
-    let problems = super::validate_autoscaler(autoscaler);
+    let problems = super::rules::validate_autoscaler(autoscaler);
     let unsupported = if !problems.is_empty() {
         condition(
             old,

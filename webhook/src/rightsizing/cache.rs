@@ -19,10 +19,10 @@ use k8s_openapi::api::core::v1::{LimitRange, Node};
 use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::domain::rightsizing::precedence;
+use nodewarden_api::domain::sizing::{Amounts, StatusFigures, Targets, status_figures};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use tokio_util::sync::CancellationToken;
 
-use super::mutate::{Amounts, StatusFigures, Targets, status_figures};
 use crate::watch::{Change, watch_into};
 
 /// (namespace, name).

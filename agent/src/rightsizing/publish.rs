@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::pods::Key;
+use crate::rightsizing::pods::Key;
 
 /// Field manager of every write.
 pub const FIELD_MANAGER: &str = "nodewarden-agent";

@@ -23,7 +23,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Container, LimitRange, Node, Pod, PodSpec, ResourceRequirements};
@@ -43,14 +42,14 @@ use nodewarden_api::domain::update::{
 use nodewarden_api::rightsizing::{
     AutoscalerRef, NodePods, NodeRecommendationSpec, ResourceName, RunningPods,
 };
-use nodewarden_runtime::duration::parse_interval;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::UpdateArgs;
 use crate::metrics::Metrics;
-use crate::pods::{NodePod, Stores, autoscaler_for, daemonset_owner};
+use crate::rightsizing::pods::{NodePod, Stores, autoscaler_for, daemonset_owner};
 
 /// The label on a DaemonSet pod naming its ControllerRevision (`<daemonset>-<hash>`).
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -66,67 +65,6 @@ const TEMPLATE_CACHE: usize = 512;
 const ACTIONS_PER_ROUND: usize = 8;
 /// Every API call of the updater gives up after this long.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Flags of the updater.
-#[derive(Args, Debug, Clone)]
-pub struct UpdateArgs {
-    /// Act on running pods at all (`false`: every mode behaves like `Initial` on this node).
-    #[arg(long, env = "NODEWARDEN_UPDATE_RUNNING_PODS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub update_running_pods: bool,
-    /// How often running pods are compared with this node's recommendation.
-    #[arg(long, env = "NODEWARDEN_UPDATE_INTERVAL", default_value = "1m", value_parser = parse_interval)]
-    pub update_interval: Duration,
-    /// Inside the recommendation's bounds, a pod is updated only when its requests differ by
-    /// at least this fraction (VPA's resource diff, summed over CPU and memory).
-    #[arg(long, env = "NODEWARDEN_UPDATE_MIN_CHANGE", default_value_t = 0.1, value_parser = crate::config::parse_non_negative)]
-    pub update_min_change: f64,
-    /// Inside the bounds, a pod is updated only once it has run this long.
-    #[arg(long, env = "NODEWARDEN_UPDATE_MIN_AGE", default_value = "12h", value_parser = parse_interval)]
-    pub update_min_age: Duration,
-    /// A container OOM-killed this soon after it started makes its pod update at once when
-    /// more memory is recommended.
-    #[arg(long, env = "NODEWARDEN_UPDATE_OOM_WINDOW", default_value = "10m", value_parser = parse_interval)]
-    pub update_oom_window: Duration,
-    /// A resize the kubelet defers this long falls back to eviction.
-    #[arg(long, env = "NODEWARDEN_RESIZE_DEFERRED_LIMIT", default_value = "5m", value_parser = parse_interval)]
-    pub resize_deferred_limit: Duration,
-    /// A resize in progress this long falls back to eviction.
-    #[arg(long, env = "NODEWARDEN_RESIZE_IN_PROGRESS_LIMIT", default_value = "1h", value_parser = parse_interval)]
-    pub resize_in_progress_limit: Duration,
-    /// At most one eviction per DaemonSet on this node per this interval.
-    #[arg(long, env = "NODEWARDEN_EVICTION_MIN_INTERVAL", default_value = "10m", value_parser = parse_interval)]
-    pub eviction_min_interval: Duration,
-    /// After an eviction held back (the DaemonSet's budget, a PodDisruptionBudget), the next
-    /// try for that DaemonSet on this node waits this long.
-    #[arg(long, env = "NODEWARDEN_EVICTION_RETRY_INTERVAL", default_value = "2m", value_parser = parse_interval)]
-    pub eviction_retry_interval: Duration,
-    /// Namespace of the disruption leases (the agent's own).
-    #[arg(long, env = "NODEWARDEN_POD_NAMESPACE", default_value = "nodewarden", value_parser = parse_namespace)]
-    pub disruption_namespace: String,
-    /// A disruption lease not released by its holder expires after this long (an agent that
-    /// died holding one blocks no one for longer).
-    #[arg(long, env = "NODEWARDEN_DISRUPTION_LEASE_DURATION", default_value = "10m", value_parser = parse_interval)]
-    pub disruption_lease_duration: Duration,
-}
-
-fn parse_namespace(s: &str) -> Result<String, String> {
-    nodewarden_api::domain::names::check_dns_label(s)
-        .map_err(|why| format!("{s:?} is not a namespace name: {why}"))?;
-    Ok(s.to_string())
-}
-
-impl UpdateArgs {
-    /// The decision's thresholds.
-    pub fn thresholds(&self) -> Thresholds {
-        Thresholds {
-            min_change: self.update_min_change,
-            min_age: self.update_min_age,
-            oom_window: self.update_oom_window,
-            deferred_limit: self.resize_deferred_limit,
-            in_progress_limit: self.resize_in_progress_limit,
-        }
-    }
-}
 
 /// What one pod's round came to (for tests and logs).
 #[derive(Clone, Debug, PartialEq)]
@@ -167,7 +105,7 @@ pub struct Updater {
 pub async fn run(
     mut updater: Updater,
     stores: Stores,
-    desired: watch::Receiver<crate::publish::Desired>,
+    desired: watch::Receiver<crate::rightsizing::publish::Desired>,
     stop: CancellationToken,
 ) {
     if !updater.args.update_running_pods {
@@ -684,7 +622,7 @@ impl Updater {
 #[resource(inherit = "ControllerRevision")]
 pub struct TemplateRevision {
     /// The revision's metadata (without managed fields).
-    #[serde(deserialize_with = "crate::pods::slim_metadata")]
+    #[serde(deserialize_with = "crate::rightsizing::pods::slim_metadata")]
     pub metadata: ObjectMeta,
     /// The DaemonSet's patch this revision records (`spec.template`).
     #[serde(default)]
@@ -1032,27 +970,6 @@ mod tests {
         assert_eq!(b.max_unavailable, 3);
         let b = Budget::of(&ds(Some(IntOrString::Int(0)), 10, 10));
         assert!(b.allows(0).unwrap_err().contains("maxUnavailable is 0"));
-    }
-
-    #[test]
-    fn bad_update_flags_are_clear_errors() {
-        use clap::Parser;
-        let parse = |extra: &[&str]| {
-            let mut args = vec!["nodewarden-agent", "--node-name", "n1"];
-            args.extend_from_slice(extra);
-            crate::config::Config::try_parse_from(args)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
-        assert!(parse(&[]).is_ok());
-        let err = parse(&["--disruption-namespace", "Not_A_Namespace"]).unwrap_err();
-        assert!(err.contains("is not a namespace name"), "{err}");
-        let err = parse(&["--update-min-change=-1"]).unwrap_err();
-        assert!(err.contains("must not be negative"), "{err}");
-        let err = parse(&["--update-interval", "soon"]).unwrap_err();
-        assert!(err.contains("use e.g. 500ms"), "{err}");
-        let err = parse(&["--update-running-pods", "maybe"]).unwrap_err();
-        assert!(err.contains("maybe"), "{err}");
     }
 
     #[test]

@@ -30,7 +30,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::histogram::{DecayingHistogram, HistogramError, HistogramOptions, StoredHistogram, stored_time};
+use crate::rightsizing::histogram::{
+    DecayingHistogram, HistogramError, HistogramOptions, StoredHistogram, stored_time,
+};
 
 /// One mebibyte, in bytes.
 pub const MIB: f64 = 1024.0 * 1024.0;

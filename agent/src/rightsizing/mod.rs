@@ -1,0 +1,23 @@
+//! Per-node right-sizing on the node: measures the autoscaled DaemonSet containers of this node,
+//! recommends their requests with the VPA estimator, publishes `NodeRecommendation/<node>`, and
+//! makes running pods follow those figures. Pure logic apart from I/O:
+//! - [`histogram`]: VPA's decaying exponential histogram,
+//! - [`recommender`]: per-container history and the estimator,
+//! - [`checkpoint`]: the history on disk,
+//! - [`pods`]: watches of this node's pods and of autoscalers, and their join,
+//! - [`publish`]: when and how `NodeRecommendation` is written,
+//! - [`sampler`]: one sample tick tying the above together (it reads the containers through
+//!   [`cgroup`](crate::cgroup)),
+//! - [`update`]: the updater: running pods of this node follow its figures (resize or evict).
+//!
+//! The rules the webhook applies too (which autoscaler and container policy apply to a pod, the
+//! figures a pod gets, resize, evict or leave) are the api crate's `domain` module. The flags are
+//! in [`config`](crate::config). Semantics for users: docs/rightsizing.md and docs/agent.md.
+
+pub mod checkpoint;
+pub mod histogram;
+pub mod pods;
+pub mod publish;
+pub mod recommender;
+pub mod sampler;
+pub mod update;
