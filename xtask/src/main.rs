@@ -277,12 +277,15 @@ fn cargo() -> String {
 }
 
 /// Debian packages `cargo xtask ci` makes sure of before the tests (see tests/node/packages.sh):
-/// buildah for the Containerfile test, qemu-user-static for the arm64 ones, and what a real node runs on (the same list as
+/// buildah for the Containerfile test, qemu-user-static for the arm64 ones, chromium for the report's
+/// page, and what a real node runs on (the same list as
 /// `nodewarden_tests::node::NODE_PACKAGES`, which the real-node tier installs itself too).
 const TEST_PACKAGES: &[&str] = &[
     "buildah",
     // qemu-aarch64-static runs the arm64 images' programs and the agent's arm64 tests
     xtask::image::target::QEMU_PACKAGE,
+    // headless Chromium loads the report's HTML page (cli/src/report/tests.rs)
+    "chromium",
     "containerd",
     "runc",
     "containernetworking-plugins",
