@@ -362,3 +362,44 @@ fn the_default_download_url_is_the_repositorys_release() {
         "https://github.com/nodewarden/nodewarden/releases/download/v0.1.0"
     );
 }
+
+/// The real chart with the pinned helm (`tests/controlplane/build.sh` builds it on first use,
+/// minutes, hence ignored by default: `cargo test -p xtask -- --ignored`): packaged twice, the
+/// same bytes; helm reads the `.tgz` back; the OCI layout's layer is that `.tgz`.
+#[test]
+#[ignore = "needs the pinned helm of tests/controlplane/build.sh"]
+fn the_real_chart_packages_reproducibly_and_its_layout_holds_it() {
+    let root = repo_root();
+    let helm = pinned_helm(&root).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let a = package_chart(
+        &helm,
+        &root.join("charts/nodewarden"),
+        &dir.path().join("a"),
+        EPOCH,
+    )
+    .unwrap();
+    let b = package_chart(
+        &helm,
+        &root.join("charts/nodewarden"),
+        &dir.path().join("b"),
+        EPOCH,
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    let out = Command::new(&helm)
+        .arg("show")
+        .arg("chart")
+        .arg(&a)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("name: nodewarden"));
+    let layout = write_chart_layout(&a, dir.path(), EPOCH).unwrap();
+    assert_eq!(
+        layout.layer_digest,
+        format!("sha256:{}", sha256_file(&a).unwrap())
+    );
+    assert_eq!(layout.metadata.name, "nodewarden");
+    assert_eq!(layout.metadata.kube_version, ">=1.30.0-0");
+}
