@@ -378,7 +378,9 @@ fn prefetch_script(scripts: &[&str]) -> String {
         .iter()
         .map(|s| format!("echo '==> {s}'; bash {s} || failed=\"$failed {s}\"; "))
         .collect();
-    format!("failed=''; {body}[ -z \"$failed\" ] || {{ echo \"failed:$failed\"; exit 1; }}")
+    format!(
+        "failed=''; {body}echo \"==> finished after ${{SECONDS}}s\"; [ -z \"$failed\" ] || {{ echo \"failed:$failed\"; exit 1; }}"
+    )
 }
 
 impl Drop for Prefetch {
@@ -389,7 +391,20 @@ impl Drop for Prefetch {
         let took = self.started.elapsed();
         match child.try_wait() {
             Ok(Some(status)) if status.success() => {
-                eprintln!("==> prefetch: done ({:.0?} after the start)", took)
+                // the script's own last line says when it finished
+                let finished = std::fs::read_to_string(&self.log)
+                    .ok()
+                    .and_then(|log| {
+                        log.lines()
+                            .rev()
+                            .find(|l| l.starts_with("==> finished after"))
+                            .map(|l| l.trim_start_matches("==> ").to_string())
+                    })
+                    .unwrap_or_else(|| "finished".to_string());
+                eprintln!(
+                    "==> prefetch: all built, {finished} (log: {})",
+                    self.log.display()
+                )
             }
             Ok(Some(status)) => eprintln!(
                 "==> prefetch: {status}; the tests built what they needed themselves (see {})",
@@ -558,10 +573,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(ran, "a-ran\nb-ran\n");
         assert!(!out.status.success());
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("failed: a.sh\n"),
-            "{out:?}"
-        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("failed: a.sh\n"), "{out:?}");
+        assert!(stdout.contains("==> finished after "), "{out:?}");
     }
 
     #[test]
