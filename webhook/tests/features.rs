@@ -10,7 +10,7 @@ use nodewarden_api::features::{
     NodeFeatureReport, NodeFeatureReportSpec, OnDisable, OwnedField, ReadFailure, ResourceRef, TaskState,
 };
 use nodewarden_webhook::admission::{AdmissionRequest, Handler, Processed, process};
-use nodewarden_webhook::features::controller::{Action, Outcome, step, uses_summary};
+use nodewarden_webhook::features::lifecycle::{Action, Outcome, step, uses_summary};
 use nodewarden_webhook::features::{
     Decision, FeatureCaches, FeaturesGuard, FeaturesObserver, MAX_WARNING, guard_index, review_owned,
 };

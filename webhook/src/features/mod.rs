@@ -23,6 +23,7 @@
 pub mod cache;
 pub mod controller;
 pub mod guard;
+pub mod lifecycle;
 pub mod path;
 pub mod rules;
 
