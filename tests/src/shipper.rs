@@ -161,6 +161,15 @@ pub async fn resize_in_place(client: &Client, node: &str, min_cpu_milli: u64) ->
     }
 }
 
+/// The id and restart count of `pod`'s first container: the same after an in-place resize.
+pub fn running_container(pod: &Pod) -> Option<(Option<String>, i32)> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| (c.container_id.clone(), c.restart_count))
+}
+
 /// What the shipper burns and holds on each node.
 #[derive(Debug, Clone, Copy)]
 pub struct Load {

@@ -36,7 +36,8 @@ use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::shipper::{
     self, QUIET, SHIPPER, SHIPPER_NS, container_limits, container_requests, describe_pods, install_chart,
-    recreate_shipper_pod, resize_in_place, wait_for_kubelet_gates, wait_for_recommendation,
+    recreate_shipper_pod, resize_in_place, running_container, wait_for_kubelet_gates,
+    wait_for_recommendation,
 };
 use nodewarden_tests::vm::{VM_TAINT_KEY, VmConfig, VmNode};
 use nodewarden_tests::{RealCluster, RealClusterConfig, create_namespace, failure_with, require_real_nodes};
@@ -249,13 +250,7 @@ async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages) -> Re
     //    through pods/resize, and the guest's kubelet changes cpu.weight of the same container
     let floor = cpu + 100;
     let (before, after) = resize_in_place(&client, VM_NODE, floor).await?;
-    let container = |p: &Pod| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c.first())
-            .map(|c| (c.container_id.clone(), c.restart_count))
-    };
+    let container = running_container;
     ensure!(
         container(&before) == container(&after),
         "resized in place on {VM_NODE}: same container, no restart ({:?} → {:?})",

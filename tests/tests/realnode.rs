@@ -35,7 +35,7 @@ use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::shipper::{
     BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER_NS, container_limits, container_requests, create_shipper,
-    describe_pods, install_chart, recreate_shipper_pod, resize_in_place, running_pods,
+    describe_pods, install_chart, recreate_shipper_pod, resize_in_place, running_container, running_pods,
     wait_for_kubelet_gates, wait_for_recommendation,
 };
 use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, failure_with, require_real_nodes};
@@ -209,13 +209,7 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     let floor = busy.0.max(quiet.0) + 100;
     for (node, _) in nodes {
         let (before, after) = resize_in_place(&client, &node.name, floor).await?;
-        let container = |p: &Pod| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|c| c.first())
-                .map(|c| (c.container_id.clone(), c.restart_count))
-        };
+        let container = running_container;
         ensure!(
             container(&before) == container(&after),
             "resized in place on {}: same container, no restart ({:?} → {:?})",
