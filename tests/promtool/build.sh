@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds promtool (from the Prometheus Go module pinned in go.mod) for the chart's alert-rule
-# tests: `promtool check rules` and `promtool test rules`.
+# Builds promtool and the Prometheus server (both from the Prometheus Go module pinned in go.mod):
+# promtool for the chart's alert-rule tests (`promtool check rules`, `promtool test rules`) and
+# for the history tests' backfill (`promtool tsdb create-blocks-from openmetrics`), the server
+# for the history tests (tests/src/prometheus.rs), which query its HTTP API.
 #
-# Output: ${NODEWARDEN_CACHE:-$HOME/.cache/nodewarden}/promtool/<key>/bin/promtool, where <key>
-# is a short hash of the Go version and of this folder's build.sh, go.mod, go.sum and tools.go.
-# When that file exists the script prints the folder and exits at once. Otherwise it builds into
+# Output: ${NODEWARDEN_CACHE:-$HOME/.cache/nodewarden}/promtool/<key>/bin/{promtool,prometheus},
+# where <key> is a short hash of the Go version and of this folder's build.sh, go.mod, go.sum and
+# tools.go. When both files exist the script prints the folder and exits at once. Otherwise it builds into
 # a temporary folder beside it and renames that into place, so an interrupted build never leaves
 # a half-filled folder behind.
 #
@@ -32,7 +34,9 @@ key="$(
 )"
 dest="$cache_root/$key/bin"
 
-if [[ -x "$dest/promtool" ]]; then
+built() { [[ -x "$dest/promtool" && -x "$dest/prometheus" ]]; }
+
+if built; then
     echo "$dest"
     exit 0
 fi
@@ -46,7 +50,7 @@ if command -v flock >/dev/null 2>&1; then
         log "another build of $key is running; waiting for it"
         flock 9
     fi
-    if [[ -x "$dest/promtool" ]]; then
+    if built; then
         echo "$dest"
         exit 0
     fi
@@ -61,12 +65,14 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 version="$(go list -m -f '{{.Version}}' github.com/prometheus/prometheus)"
 start=$SECONDS
-log "building promtool from github.com/prometheus/prometheus $version into $tmp"
-go build -trimpath -ldflags "-s -w" -o "$tmp/promtool" github.com/prometheus/prometheus/cmd/promtool
-log "promtool built in $((SECONDS - start))s"
+for cmd in promtool prometheus; do
+    log "building $cmd from github.com/prometheus/prometheus $version into $tmp"
+    go build -trimpath -ldflags "-s -w" -o "$tmp/$cmd" "github.com/prometheus/prometheus/cmd/$cmd"
+done
+log "promtool and prometheus built in $((SECONDS - start))s"
 
 if ! mv -T "$tmp" "$dest" 2>/dev/null; then
-    [[ -x "$dest/promtool" ]] || { log "could not move the build into $dest"; exit 1; }
+    built || { log "could not move the build into $dest"; exit 1; }
 fi
 trap - EXIT
 echo "$dest"
