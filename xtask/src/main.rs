@@ -302,8 +302,8 @@ fn is_root() -> bool {
 
 /// The builds the tests need that do not depend on the Rust build, in the order the tests ask for
 /// them: VPA's recommender model (the agent's differential test), the control plane and Helm,
-/// promtool (the alert-rule tests), and, as root on Linux, the cgroup v2 node's disk image
-/// (which waits for the control plane's kubelet). Each script caches its result and lets one
+/// (as root on Linux, the cgroup v2 node's disk image: [`PREFETCH_ROOT_SCRIPTS`], next), then
+/// promtool (the alert-rule tests). Each script caches its result and lets one
 /// build run at a time, so a test that asks before the background got there waits for it, and
 /// nothing is built twice.
 const PREFETCH_SCRIPTS: &[&str] = &[
@@ -313,10 +313,11 @@ const PREFETCH_SCRIPTS: &[&str] = &[
 ];
 const PREFETCH_ROOT_SCRIPTS: &[&str] = &["tests/node/vm/build.sh"];
 
-/// The Go builds and the VM image, started in the background when `cargo xtask ci` begins, at a
-/// low priority (`nice 10`): on a fresh machine their downloads (Go modules, Debian's archive)
-/// overlap with the Rust steps, and their compiles take the cores those leave idle (the fuzz
-/// runs use one). Nothing waits for it; the tests call the same scripts. Dropped, it stops the
+/// The Go builds, the VM image and the release images (`cargo xtask image`, beside the scripts),
+/// started in the background when `cargo xtask ci` begins, at a low priority (`nice 10`): on a
+/// fresh machine their downloads (Go modules, Debian's archive) overlap with the Rust steps,
+/// and their compiles take the cores those leave idle (the fuzz runs use one, the release
+/// builds' LTO tails one). Nothing waits for it; the tests call the same scripts. Dropped, it stops the
 /// scripts if they still run (each builds beside its cache folder and renames the result into
 /// place, so a stopped build leaves nothing half made) and says how it ended. Its output is in
 /// `target/ci-prefetch.log`.
@@ -329,11 +330,18 @@ struct Prefetch {
 impl Prefetch {
     fn start(root: &Path) -> Prefetch {
         let log = root.join("target").join("ci-prefetch.log");
+        // the VM image (which needs the control plane's kubelet) before promtool: the cgroup v2
+        // node's test runs early in the tests' order, the alert-rule tests late
         let mut scripts: Vec<&str> = PREFETCH_SCRIPTS.to_vec();
         if cfg!(target_os = "linux") && is_root() {
-            scripts.extend(PREFETCH_ROOT_SCRIPTS);
+            scripts.splice(2..2, PREFETCH_ROOT_SCRIPTS.iter().copied());
         }
-        let script = prefetch_script(&scripts);
+        // the release images too (what the real-node tests and the demo import): cargo's lock on
+        // their build folders makes a test that asks early wait for this build, not repeat it
+        let beside: Vec<String> = std::env::current_exe()
+            .map(|xtask| vec![format!("'{}' image", xtask.display())])
+            .unwrap_or_default();
+        let script = prefetch_script(&beside, &scripts);
         let child = std::fs::create_dir_all(root.join("target"))
             .and_then(|()| std::fs::File::create(&log))
             .and_then(|out| {
@@ -353,7 +361,12 @@ impl Prefetch {
             Ok(child) => {
                 eprintln!(
                     "==> prefetch: {} in the background at low priority (log: {})",
-                    scripts.join(", "),
+                    beside
+                        .iter()
+                        .map(String::as_str)
+                        .chain(scripts.iter().copied())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     log.display()
                 );
                 Some(child)
@@ -371,15 +384,24 @@ impl Prefetch {
     }
 }
 
-/// One shell command running `scripts` in order with bash; every one runs even when an earlier
-/// one fails, and the command fails naming those that did.
-fn prefetch_script(scripts: &[&str]) -> String {
+/// One shell command running `scripts` in order with bash, and beside them (started first) each
+/// command of `beside`; every one runs even when another fails, and the command fails naming
+/// those that did.
+fn prefetch_script(beside: &[String], scripts: &[&str]) -> String {
+    let started: String = beside
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("echo '==> {c}'; ( {c} ) & pid{i}=$!; "))
+        .collect();
     let body: String = scripts
         .iter()
         .map(|s| format!("echo '==> {s}'; bash {s} || failed=\"$failed {s}\"; "))
         .collect();
+    let waited: String = (0..beside.len())
+        .map(|i| format!("wait $pid{i} || failed=\"$failed {}\"; ", beside[i]))
+        .collect();
     format!(
-        "failed=''; {body}echo \"==> finished after ${{SECONDS}}s\"; [ -z \"$failed\" ] || {{ echo \"failed:$failed\"; exit 1; }}"
+        "failed=''; {started}{body}{waited}echo \"==> finished after ${{SECONDS}}s\"; [ -z \"$failed\" ] || {{ echo \"failed:$failed\"; exit 1; }}"
     )
 }
 
@@ -565,17 +587,36 @@ mod tests {
         std::fs::write(dir.join("a.sh"), "echo a-ran >> ran; exit 3\n").unwrap();
         std::fs::write(dir.join("b.sh"), "echo b-ran >> ran\n").unwrap();
         let out = Command::new("bash")
-            .args(["-c", &prefetch_script(&["a.sh", "b.sh"])])
+            .args([
+                "-c",
+                &prefetch_script(&["sleep 1; echo c-ran >> beside".to_string()], &["a.sh", "b.sh"]),
+            ])
             .current_dir(&dir)
             .output()
             .unwrap();
         let ran = std::fs::read_to_string(dir.join("ran")).unwrap();
+        // waited for, although it ends after the scripts
+        let beside = std::fs::read_to_string(dir.join("beside")).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(ran, "a-ran\nb-ran\n");
+        assert_eq!(beside, "c-ran\n");
         assert!(!out.status.success());
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("failed: a.sh\n"), "{out:?}");
         assert!(stdout.contains("==> finished after "), "{out:?}");
+    }
+
+    #[test]
+    fn a_failed_command_beside_the_scripts_is_named() {
+        let out = Command::new("bash")
+            .args(["-c", &prefetch_script(&["exit 4".to_string()], &[])])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("failed: exit 4\n"),
+            "{out:?}"
+        );
     }
 
     #[test]

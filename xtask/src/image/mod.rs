@@ -396,33 +396,35 @@ pub fn nodewarden_spec(opts: &BuildOptions, component: Component, binaries: &[Pa
 /// `images.txt` there: one `reference digest archive` line per image (the index's digest).
 /// Missing Rust targets and cross linkers are installed first (see [`Target::ensure_toolchain`]),
 /// so a machine that lacks one fails before minutes of building.
+///
+/// The two programs build at the same time, each its platforms one after the other. Their
+/// profiles differ (`webhook-release`, `agent-release`), so the two cargo runs hold different
+/// build-folder locks and never wait for each other, while two platforms of one profile would
+/// (they share the profile's folder of build scripts). Both profiles end in whole-program LTO
+/// in one codegen unit, minutes of work on one core; one after the other, the second core sat
+/// idle through each of those four tails (docs/benchmarks.md, "Image builds").
 pub fn build_nodewarden_images(opts: &BuildOptions) -> Result<Vec<BuiltImage>> {
     let started = Instant::now();
     anyhow::ensure!(!opts.targets.is_empty(), "no platform to build for");
     for target in &opts.targets {
         target.ensure_toolchain(&opts.root)?;
     }
+    let specs = std::thread::scope(|scope| {
+        let builds: Vec<_> = COMPONENTS
+            .iter()
+            .map(|&component| scope.spawn(move || component_specs(opts, component)))
+            .collect();
+        builds
+            .into_iter()
+            .map(|b| {
+                b.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("an image build thread panicked")))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
     let mut built = Vec::new();
-    for component in COMPONENTS {
-        let mut specs = Vec::new();
-        for &target in &opts.targets {
-            let platform_started = Instant::now();
-            let binaries = build_static_binaries_for(
-                opts,
-                target,
-                component.package,
-                &component.bins(),
-                component.profile,
-            )?;
-            opts.say(format_args!(
-                "{} for {}: {:.0?}",
-                component.package,
-                target.platform(),
-                platform_started.elapsed()
-            ));
-            specs.push((target.platform(), nodewarden_spec(opts, component, &binaries)));
-        }
-        let image = write_multi_platform_archive(&specs, &opts.archive(component))?;
+    for (component, specs) in COMPONENTS.iter().zip(specs) {
+        let image = write_multi_platform_archive(&specs, &opts.archive(*component))?;
         for manifest in &image.manifests {
             opts.say(format_args!(
                 "{} {}: manifest {}, layer {:.1} MiB",
@@ -448,6 +450,29 @@ pub fn build_nodewarden_images(opts: &BuildOptions) -> Result<Vec<BuiltImage>> {
     std::fs::write(opts.out_dir.join("images.txt"), list)?;
     opts.say(format_args!("done in {:.0?}", started.elapsed()));
     Ok(built)
+}
+
+/// One program's binaries for every platform of `opts.targets`, in that order, as image specs.
+fn component_specs(opts: &BuildOptions, component: Component) -> Result<Vec<(Platform, ImageSpec)>> {
+    let mut specs = Vec::new();
+    for &target in &opts.targets {
+        let platform_started = Instant::now();
+        let binaries = build_static_binaries_for(
+            opts,
+            target,
+            component.package,
+            &component.bins(),
+            component.profile,
+        )?;
+        opts.say(format_args!(
+            "{} for {}: {:.0?}",
+            component.package,
+            target.platform(),
+            platform_started.elapsed()
+        ));
+        specs.push((target.platform(), nodewarden_spec(opts, component, &binaries)));
+    }
+    Ok(specs)
 }
 
 #[cfg(test)]
