@@ -6,7 +6,6 @@
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -441,10 +440,11 @@ impl Metrics {
         }
     }
 
-    /// OpenMetrics text of every metric.
+    /// OpenMetrics text of every metric, followed by the process's own (`process_*`: CPU, memory,
+    /// open files, threads, start time).
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if let Err(err) = encode(&mut out, &self.registry) {
+        if let Err(err) = nodewarden_runtime::process::encode(&mut out, &self.registry) {
             tracing::error!(%err, "encoding metrics failed");
         }
         out

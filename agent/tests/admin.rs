@@ -54,5 +54,15 @@ async fn readiness_follows_the_caches_and_metrics_are_openmetrics() {
         m.contains("nodewarden_agent_recommendation_writes_total 0"),
         "{m}"
     );
+    // the process's own metrics, unprefixed, after the agent's (one `# EOF`, at the end)
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_start_time_seconds ",
+    ] {
+        assert!(m.contains(&format!("\n{name}")), "{name}: {m}");
+    }
+    assert_eq!(m.matches("# EOF").count(), 1, "{m}");
     assert!(m.trim_end().ends_with("# EOF"), "{m}");
 }

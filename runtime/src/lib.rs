@@ -7,7 +7,8 @@
 //!   conditions, `/metrics`),
 //! - [`signals`]: a cancellation token for SIGTERM and SIGINT,
 //! - [`client`]: the API server client and the backoff of its retries,
-//! - [`events`]: Events on the objects acted on (one publisher, notes kept within the API's limit).
+//! - [`events`]: Events on the objects acted on (one publisher, notes kept within the API's limit),
+//! - [`process`]: the standard `process_*` metrics (CPU, memory, open files, threads, start time).
 
 #![warn(missing_docs)]
 
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod client;
 pub mod duration;
 pub mod events;
+pub mod process;
 pub mod signals;
 pub mod telemetry;
 

@@ -191,6 +191,8 @@ fn dashboard_is_valid_and_queries_only_exported_metrics() -> Result<()> {
         "nodewarden_admission_duration_seconds_bucket",
         "nodewarden_agent_container_request",
         "nodewarden_agent_oom_kills_total",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
     ] {
         ensure!(exported.contains(must), "{must} not among {exported:?}");
     }

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -285,10 +284,11 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// OpenMetrics text of every metric.
+    /// OpenMetrics text of every metric, followed by the process's own (`process_*`: CPU, memory,
+    /// open files, threads, start time).
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if let Err(err) = encode(&mut out, &self.registry) {
+        if let Err(err) = nodewarden_runtime::process::encode(&mut out, &self.registry) {
             tracing::error!(%err, "encoding metrics failed");
         }
         out
