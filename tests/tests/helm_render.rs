@@ -1363,6 +1363,12 @@ async fn monitoring_and_cert_manager_objects_need_their_apis_and_take_relabeling
         agent["spec"]["endpoints"][0]["relabelings"][0]["targetLabel"] == "node",
         "the chart's node label comes first: {agent}"
     );
+    // the autoscaler's `namespace` label of the per-container series is kept, not moved to
+    // `exported_namespace` (the dashboard's and the OOM alert's namespace is the autoscaler's)
+    ensure!(
+        agent["spec"]["endpoints"][0]["honorLabels"] == true,
+        "the agent's series keep their namespace label: {agent}"
+    );
     Ok(())
 }
 

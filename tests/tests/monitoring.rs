@@ -68,6 +68,12 @@ fn exported_metrics() -> BTreeSet<String> {
     agent.checkpoint(false);
     agent.gate_scrape("kubelet", true);
     agent.feature_report_write(true);
+    agent.pod_update("resize", "ok");
+    agent.update_round(
+        &[(("obs".to_string(), "logs".to_string()), (2, 1))]
+            .into_iter()
+            .collect(),
+    );
 
     let text = format!("{}\n{}", webhook.encode(), agent.encode());
     text.lines()
@@ -232,6 +238,106 @@ fn dashboard_is_valid_and_queries_only_exported_metrics() -> Result<()> {
     Ok(())
 }
 
+/// The label matchers of each selector of `name` in `expr` (`None` for a bare name).
+fn selectors_of(expr: &str, name: &str) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = expr[from..].find(name).map(|i| i + from) {
+        from = at + name.len();
+        let before = expr[..at].chars().next_back();
+        let after = expr[from..].chars().next();
+        let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if word(before) || word(after) {
+            continue;
+        }
+        out.push(
+            expr[from..]
+                .strip_prefix('{')
+                .and_then(|rest| rest.split_once('}'))
+                .map(|(matchers, _)| matchers.to_string()),
+        );
+    }
+    out
+}
+
+/// The updater's metrics and the process metrics have panels; the dashboard lets the user pick
+/// the install's namespace and scrape jobs (by default this release's), and every selector of a
+/// nodewarden or process metric is filtered by the job it comes from, so two installs (or another
+/// program's `process_*` series) do not mix.
+#[test]
+fn dashboard_shows_the_updater_and_the_processes_filtered_by_job() -> Result<()> {
+    let d = dashboard()?;
+    let exported = exported_metrics();
+    let panels = d["panels"].as_array().context("panels")?;
+    for must in [
+        "nodewarden_agent_pod_updates_total",
+        "nodewarden_agent_update_pods",
+        "nodewarden_agent_update_pods_up_to_date",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        ensure!(exported.contains(must), "{must} is not exported: {exported:?}");
+        let panel = panels.iter().find(|p| {
+            dashboard_queries(&serde_json::json!({ "panels": [p] }))
+                .iter()
+                .any(|q| metric_names(q).contains(must))
+        });
+        ensure!(panel.is_some(), "no panel queries {must}");
+    }
+    let vars = d["templating"]["list"].as_array().context("templating")?;
+    let var = |name: &str| vars.iter().find(|v| v["name"] == name);
+    for (name, metric) in [
+        ("install_namespace", "nodewarden_build_info"),
+        ("webhook_job", "nodewarden_build_info"),
+        ("agent_job", "nodewarden_agent_build_info"),
+    ] {
+        let v = var(name).with_context(|| format!("no variable {name}"))?;
+        ensure!(
+            v["type"] == "query" && v["hide"] == 0 && v["multi"] == true && v["includeAll"] == true,
+            "{name} is not a visible multi-value query variable: {v}"
+        );
+        let def = v["definition"].as_str().context("definition")?;
+        ensure!(
+            def.starts_with(&format!("label_values({metric}")) && v["query"]["query"] == def,
+            "{name}: {def}"
+        );
+    }
+    for q in dashboard_queries(&d) {
+        for name in metric_names(&q) {
+            let job = if name.ends_with("_build_info") || name == "up" {
+                continue;
+            } else if name.starts_with("nodewarden_agent_") {
+                r#"job=~"$agent_job""#
+            } else if name.starts_with("nodewarden_") {
+                r#"job=~"$webhook_job""#
+            } else if name.starts_with("process_") {
+                r#"job=~"$webhook_job|$agent_job""#
+            } else {
+                bail!("{name} in {q:?} is neither nodewarden's nor a process metric");
+            };
+            for sel in selectors_of(&q, &name) {
+                ensure!(
+                    sel.as_deref().is_some_and(|m| m.contains(job)),
+                    "{name} in {q:?} is not filtered by {job}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn selectors_are_read_with_their_matchers() {
+    let q = r#"sum(a_b{job=~"x"}) / sum(a_b) + a_bc{y="1"}"#;
+    assert_eq!(
+        selectors_of(q, "a_b"),
+        vec![Some(r#"job=~"x""#.to_string()), None]
+    );
+}
+
 #[tokio::test]
 async fn dashboard_and_rules_are_off_by_default_and_name_this_releases_jobs() -> Result<()> {
     let helm = Helm::locate().await?;
@@ -258,17 +364,25 @@ async fn dashboard_and_rules_are_off_by_default_and_name_this_releases_jobs() ->
     let var = |name: &str| {
         vars.iter()
             .find(|v| v["name"] == name)
-            .map(|v| v["query"].clone())
+            .map(|v| v["current"]["value"].clone())
     };
     ensure!(
-        var("webhook_job") == Some("nw-webhook".into()),
+        var("webhook_job") == Some(serde_json::json!(["nw-webhook"])),
         "{:?}",
         var("webhook_job")
     );
     ensure!(
-        var("agent_job") == Some("nw-agent-metrics".into()),
+        var("agent_job") == Some(serde_json::json!(["nw-agent-metrics"])),
         "{:?}",
         var("agent_job")
+    );
+    ensure!(
+        rendered["templating"] != dashboard()?["templating"]
+            && serde_json::to_string(&rendered["templating"])?
+                .replace("nw-agent-metrics", "nodewarden-agent-metrics")
+                .replace("nw-webhook", "nodewarden-webhook")
+                == serde_json::to_string(&dashboard()?["templating"])?,
+        "only the default jobs differ from the file's variables"
     );
     ensure!(
         rendered["panels"] == dashboard()?["panels"],
