@@ -1,0 +1,315 @@
+//! The cAdvisor queries: per namespace, pod, container and node, CPU in cores and the memory
+//! working set in bytes, one point per step.
+//!
+//! - CPU: `max by (namespace, pod, container, node) (rate(container_cpu_usage_seconds_total{…}[W]))`.
+//!   `rate()` handles counter resets (a counter that goes down started again from 0), as in
+//!   VPA's provider; the rate window `W` is a flag (VPA uses its resolution, 1 h, for both).
+//! - Memory: `max by (…) (max_over_time(container_memory_working_set_bytes{…}[step]))`: the
+//!   highest scrape within each step, so the daily peak the estimator keeps is the highest
+//!   scrape of the day. VPA reads the instantaneous value once per step and misses peaks
+//!   between steps.
+//! - `{…}` is `namespace="…", pod=~"…", container!="", container!="POD"`: no pod-level and no
+//!   pause-container series, as VPA's selector. `max by` drops the labels that differ between a
+//!   container's instances (`id`, `name`, `image`, `instance`, `job`), so a restarted container
+//!   is one series (the new instance's counter starts at 0, which `rate()` already handled per
+//!   instance), and a container scraped twice (two jobs) is not counted twice.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::{Error, Prometheus, Series};
+
+/// The cAdvisor counter of CPU seconds used.
+pub const CPU_SERIES: &str = "container_cpu_usage_seconds_total";
+/// The cAdvisor gauge of the memory working set, in bytes.
+pub const MEMORY_SERIES: &str = "container_memory_working_set_bytes";
+
+/// Names of the labels that say whose a series is (the kubelet's cAdvisor endpoint scraped as
+/// kube-prometheus and the Prometheus Helm chart scrape it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Labels {
+    /// The pod's namespace (`namespace`).
+    pub namespace: String,
+    /// The pod's name (`pod`).
+    pub pod: String,
+    /// The container's name (`container`).
+    pub container: String,
+    /// The node's name (`node`).
+    pub node: String,
+}
+
+impl Default for Labels {
+    fn default() -> Self {
+        Labels {
+            namespace: "namespace".into(),
+            pod: "pod".into(),
+            container: "container".into(),
+            node: "node".into(),
+        }
+    }
+}
+
+/// The time range and resolution of a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Start, in milliseconds since the Unix epoch.
+    pub start_ms: i64,
+    /// End, in milliseconds since the Unix epoch.
+    pub end_ms: i64,
+    /// One point per this interval.
+    pub step: Duration,
+    /// The range of CPU's `rate()`.
+    pub rate_window: Duration,
+}
+
+/// One container of one pod: its node (when the series carry it) and its points.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ContainerUsage {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// The container's name.
+    pub container: String,
+    /// The node's name, if the series carry it.
+    pub node: Option<String>,
+    /// CPU used, in cores, averaged over the rate window ending at each point: `(ms, cores)`.
+    pub cpu: Vec<(i64, f64)>,
+    /// The highest working set of each step: `(ms, bytes)`.
+    pub memory: Vec<(i64, f64)>,
+}
+
+/// The regular expression (anchored by Prometheus) of the names of a DaemonSet's pods: the
+/// controller names them `<daemonset>-<5 characters>`, the prefix cut to 58 characters as the
+/// API server cuts a `generateName`.
+pub fn daemonset_pods(daemonset: &str) -> String {
+    let prefix: String = format!("{daemonset}-").chars().take(58).collect();
+    format!("{}[a-z0-9]{{5}}", escape_regex(&prefix))
+}
+
+/// `s` with the characters that mean something in a regular expression escaped.
+pub fn escape_regex(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `s` as a PromQL string literal.
+fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A PromQL duration: whole minutes, seconds or milliseconds.
+pub fn promql_duration(d: Duration) -> String {
+    let ms = d.as_millis().max(1);
+    if ms.is_multiple_of(60_000) {
+        format!("{}m", ms / 60_000)
+    } else if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+fn selector(labels: &Labels, namespace: &str, pods: &str) -> String {
+    format!(
+        "{}={}, {}=~{}, {c}!=\"\", {c}!=\"POD\"",
+        labels.namespace,
+        quoted(namespace),
+        labels.pod,
+        quoted(pods),
+        c = labels.container
+    )
+}
+
+fn by(labels: &Labels) -> String {
+    format!(
+        "{}, {}, {}, {}",
+        labels.namespace, labels.pod, labels.container, labels.node
+    )
+}
+
+/// The CPU query for the pods of `namespace` whose names match `pods`.
+pub fn cpu_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
+    format!(
+        "max by ({}) (rate({CPU_SERIES}{{{}}}[{}]))",
+        by(labels),
+        selector(labels, namespace, pods),
+        promql_duration(window.rate_window)
+    )
+}
+
+/// The memory query for the pods of `namespace` whose names match `pods`.
+pub fn memory_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
+    format!(
+        "max by ({}) (max_over_time({MEMORY_SERIES}{{{}}}[{}]))",
+        by(labels),
+        selector(labels, namespace, pods),
+        promql_duration(window.step)
+    )
+}
+
+/// CPU and memory of every container of the pods of `namespace` whose names match `pods` (a
+/// regular expression, e.g. [`daemonset_pods`]s joined by `|`), ordered by pod and container.
+pub async fn read(
+    prometheus: &Prometheus,
+    labels: &Labels,
+    namespace: &str,
+    pods: &str,
+    window: &Window,
+) -> Result<Vec<ContainerUsage>, Error> {
+    let cpu = prometheus
+        .query_range(
+            &cpu_query(labels, namespace, pods, window),
+            window.start_ms,
+            window.end_ms,
+            window.step,
+        )
+        .await?;
+    let memory = prometheus
+        .query_range(
+            &memory_query(labels, namespace, pods, window),
+            window.start_ms,
+            window.end_ms,
+            window.step,
+        )
+        .await?;
+    Ok(join(labels, cpu, memory))
+}
+
+/// Whether the series every read needs are there over the window: the first one missing is
+/// an [`Error::MissingSeries`].
+pub async fn check_series(prometheus: &Prometheus, window: &Window) -> Result<(), Error> {
+    for series in [CPU_SERIES, MEMORY_SERIES] {
+        if !prometheus
+            .has_series(series, window.start_ms, window.end_ms)
+            .await?
+        {
+            return Err(Error::MissingSeries {
+                url: prometheus.url().to_string(),
+                series: series.to_string(),
+                start: window.start_ms.div_euclid(1000),
+                end: window.end_ms.div_euclid(1000),
+            });
+        }
+    }
+    Ok(())
+}
+
+type Key = (String, String, String, Option<String>);
+
+/// The CPU and memory series of the same container put together; series without a pod or
+/// container label are left out.
+pub fn join(labels: &Labels, cpu: Vec<Series>, memory: Vec<Series>) -> Vec<ContainerUsage> {
+    let key = |s: &Series| -> Option<Key> {
+        let get = |name: &str| s.labels.get(name).filter(|v| !v.is_empty()).cloned();
+        Some((
+            get(&labels.namespace).unwrap_or_default(),
+            get(&labels.pod)?,
+            get(&labels.container)?,
+            get(&labels.node),
+        ))
+    };
+    let mut out: BTreeMap<Key, ContainerUsage> = BTreeMap::new();
+    for (series, is_cpu) in cpu
+        .into_iter()
+        .map(|s| (s, true))
+        .chain(memory.into_iter().map(|s| (s, false)))
+    {
+        let Some(k) = key(&series) else { continue };
+        let usage = out.entry(k.clone()).or_insert_with(|| ContainerUsage {
+            namespace: k.0,
+            pod: k.1,
+            container: k.2,
+            node: k.3,
+            ..ContainerUsage::default()
+        });
+        if is_cpu {
+            usage.cpu.extend(series.points);
+        } else {
+            usage.memory.extend(series.points);
+        }
+    }
+    out.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_select_containers_of_the_daemonsets_pods() {
+        let window = Window {
+            start_ms: 0,
+            end_ms: 0,
+            step: Duration::from_secs(60),
+            rate_window: Duration::from_secs(120),
+        };
+        let pods = daemonset_pods("log.shipper");
+        assert_eq!(pods, "log\\.shipper-[a-z0-9]{5}");
+        assert_eq!(
+            cpu_query(&Labels::default(), "logging", &pods, &window),
+            "max by (namespace, pod, container, node) (rate(container_cpu_usage_seconds_total{namespace=\"logging\", \
+             pod=~\"log\\\\.shipper-[a-z0-9]{5}\", container!=\"\", container!=\"POD\"}[2m]))"
+        );
+        assert_eq!(
+            memory_query(&Labels::default(), "logging", &pods, &window),
+            "max by (namespace, pod, container, node) (max_over_time(container_memory_working_set_bytes{namespace=\
+             \"logging\", pod=~\"log\\\\.shipper-[a-z0-9]{5}\", container!=\"\", container!=\"POD\"}[1m]))"
+        );
+        // a long name is cut as the API server cuts generateName
+        let long = "a".repeat(70);
+        assert_eq!(daemonset_pods(&long), format!("{}[a-z0-9]{{5}}", "a".repeat(58)));
+    }
+
+    #[test]
+    fn durations_read_as_promql() {
+        assert_eq!(promql_duration(Duration::from_secs(120)), "2m");
+        assert_eq!(promql_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(promql_duration(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn cpu_and_memory_of_a_container_are_joined() {
+        let series = |pod: &str, node: Option<&str>, points: Vec<(i64, f64)>| {
+            let mut labels: BTreeMap<String, String> =
+                [("namespace", "ns"), ("pod", pod), ("container", "c")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+            if let Some(node) = node {
+                labels.insert("node".into(), node.into());
+            }
+            Series { labels, points }
+        };
+        let joined = join(
+            &Labels::default(),
+            vec![
+                series("a", Some("n1"), vec![(1, 0.5)]),
+                series("b", None, vec![(1, 0.1)]),
+            ],
+            vec![series("a", Some("n1"), vec![(1, 100.0)])],
+        );
+        assert_eq!(joined.len(), 2);
+        assert_eq!(joined[0].node.as_deref(), Some("n1"));
+        assert_eq!(joined[0].cpu, vec![(1, 0.5)]);
+        assert_eq!(joined[0].memory, vec![(1, 100.0)]);
+        assert_eq!(joined[1].node, None);
+    }
+}

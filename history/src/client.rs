@@ -1,0 +1,404 @@
+//! The HTTP side: one POST per query (the query in a form body, so long selectors fit), read
+//! within the time and size limits, and the answer's JSON turned into [`Series`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+
+use crate::{Endpoint, Error, Limits, Series};
+
+/// A client of one Prometheus server's HTTP API, with its limits.
+#[derive(Clone)]
+pub struct Prometheus {
+    endpoint: Endpoint,
+    base: String,
+    limits: Limits,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for Prometheus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prometheus")
+            .field("url", &self.base)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `{"status": "success" | "error", "data": …, "errorType": …, "error": …}`
+#[derive(Deserialize)]
+struct Answer<T> {
+    status: String,
+    data: Option<T>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Matrix {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: Vec<RawSeries>,
+}
+
+#[derive(Deserialize)]
+struct RawSeries {
+    metric: BTreeMap<String, String>,
+    #[serde(default)]
+    values: Vec<(f64, String)>,
+}
+
+fn file_error(what: &'static str, path: &std::path::Path, reason: impl ToString) -> Error {
+    Error::File {
+        what,
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The error and its causes, on one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// Seconds since the Unix epoch, as Prometheus reads a time.
+fn seconds(ms: i64) -> String {
+    format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000))
+}
+
+/// The first `n` characters of an answer, for an error message.
+fn excerpt(body: &[u8], n: usize) -> String {
+    String::from_utf8_lossy(body).trim().chars().take(n).collect()
+}
+
+impl Prometheus {
+    /// A client for `endpoint`; checks the URL and reads the CA file (the token file is read
+    /// for every query).
+    pub fn new(endpoint: Endpoint, limits: Limits) -> Result<Self, Error> {
+        let bad = |reason: &str| Error::BadUrl {
+            url: endpoint.url.clone(),
+            reason: reason.to_string(),
+        };
+        let uri: Uri = endpoint
+            .url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            _ => return Err(bad("it must start with http:// or https://")),
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(bad("it has no host"));
+        }
+        if uri.query().is_some() {
+            return Err(bad("it must not have a query (?…)"));
+        }
+        let base = endpoint.url.trim_end_matches('/').to_string();
+
+        let mut roots = rustls::RootCertStore::empty();
+        match &endpoint.ca_file {
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| file_error("CA file", path, e))?;
+                for cert in rustls_pemfile::certs(&mut &pem[..]) {
+                    let cert = cert.map_err(|e| file_error("CA file", path, e))?;
+                    roots.add(cert).map_err(|e| file_error("CA file", path, e))?;
+                }
+                if roots.is_empty() {
+                    return Err(file_error("CA file", path, "holds no PEM certificate"));
+                }
+            }
+            None => {
+                // the system's roots; ones that cannot be read are skipped, as curl does
+                let native = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(native.certs);
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(&format!("TLS set-up: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(limits.query_timeout));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let http = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Prometheus {
+            endpoint,
+            base,
+            limits,
+            http,
+        })
+    }
+
+    /// The limits every query keeps to.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The base URL, without a trailing `/`.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// `query` evaluated every `step` from `start_ms` to `end_ms` (both in milliseconds since
+    /// the Unix epoch), in pages of at most [`Limits::steps_per_page`] steps. Series with the
+    /// same labels in several pages are joined; series come ordered by their labels.
+    pub async fn query_range(
+        &self,
+        query: &str,
+        start_ms: i64,
+        end_ms: i64,
+        step: Duration,
+    ) -> Result<Vec<Series>, Error> {
+        let step_ms = i64::try_from(step.as_millis()).unwrap_or(i64::MAX).max(1);
+        let per_page = i64::try_from(self.limits.steps_per_page()).unwrap_or(i64::MAX);
+        let mut joined: BTreeMap<BTreeMap<String, String>, Vec<(i64, f64)>> = BTreeMap::new();
+        let mut page_start = start_ms;
+        while page_start <= end_ms {
+            let page_end = page_start
+                .saturating_add(step_ms.saturating_mul(per_page - 1))
+                .min(end_ms);
+            let form = form_urlencoded::Serializer::new(String::new())
+                .append_pair("query", query)
+                .append_pair("start", &seconds(page_start))
+                .append_pair("end", &seconds(page_end))
+                .append_pair("step", &seconds(step_ms))
+                .append_pair("timeout", &format!("{}ms", self.limits.query_timeout.as_millis()))
+                .finish();
+            let body = self.post("/api/v1/query_range", form, query).await?;
+            let answer: Answer<Matrix> =
+                serde_json::from_slice(&body).map_err(|e| self.bad_answer(query, e))?;
+            let data = answer
+                .data
+                .filter(|_| answer.status == "success")
+                .ok_or_else(|| self.bad_answer(query, answer.error.unwrap_or_else(|| "no data".into())))?;
+            if data.result_type != "matrix" {
+                return Err(self.bad_answer(
+                    query,
+                    format!("resultType {} (a range query gives a matrix)", data.result_type),
+                ));
+            }
+            if data.result.len() > self.limits.max_series {
+                return Err(Error::TooManySeries {
+                    query: query.to_string(),
+                    count: data.result.len(),
+                    limit: self.limits.max_series,
+                });
+            }
+            for raw in data.result {
+                let points = joined.entry(raw.metric).or_default();
+                points.extend(raw.values.iter().filter_map(|(t, v)| {
+                    let value: f64 = v.parse().ok()?;
+                    // times are whole milliseconds in Prometheus
+                    #[allow(clippy::cast_possible_truncation)]
+                    let ms = (t * 1000.0).round() as i64;
+                    (value.is_finite() && t.is_finite()).then_some((ms, value))
+                }));
+            }
+            if joined.len() > self.limits.max_series {
+                return Err(Error::TooManySeries {
+                    query: query.to_string(),
+                    count: joined.len(),
+                    limit: self.limits.max_series,
+                });
+            }
+            page_start = page_end.saturating_add(step_ms);
+        }
+        Ok(joined
+            .into_iter()
+            .map(|(labels, mut points)| {
+                points.sort_by_key(|p| p.0);
+                points.dedup_by_key(|p| p.0);
+                Series { labels, points }
+            })
+            .collect())
+    }
+
+    /// Whether Prometheus holds any series named `name` between `start_ms` and `end_ms`
+    /// (`/api/v1/series` with `limit=1`; a server too old for `limit` answers with every
+    /// such series, within [`Limits::max_response_bytes`]).
+    pub async fn has_series(&self, name: &str, start_ms: i64, end_ms: i64) -> Result<bool, Error> {
+        let query = format!("{{__name__=\"{name}\"}}");
+        let form = form_urlencoded::Serializer::new(String::new())
+            .append_pair("match[]", &query)
+            .append_pair("start", &seconds(start_ms))
+            .append_pair("end", &seconds(end_ms))
+            .append_pair("limit", "1")
+            .finish();
+        let body = self.post("/api/v1/series", form, &query).await?;
+        let answer: Answer<Vec<serde::de::IgnoredAny>> =
+            serde_json::from_slice(&body).map_err(|e| self.bad_answer(&query, e))?;
+        match answer.data {
+            Some(list) if answer.status == "success" => Ok(!list.is_empty()),
+            _ => Err(self.bad_answer(&query, answer.error.unwrap_or_else(|| "no data".into()))),
+        }
+    }
+
+    fn bad_answer(&self, query: &str, reason: impl ToString) -> Error {
+        Error::BadAnswer {
+            url: self.base.clone(),
+            query: query.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// One POST of `form` to `path`, within the timeout and size limit; the body of a 2xx answer.
+    async fn post(&self, path: &str, form: String, query: &str) -> Result<Bytes, Error> {
+        let mut request = Request::post(format!("{}{path}", self.base))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(header::ACCEPT, "application/json");
+        if let Some(path) = &self.endpoint.bearer_token_file {
+            let token =
+                std::fs::read_to_string(path).map_err(|e| file_error("bearer token file", path, e))?;
+            let token = token.trim();
+            if token.is_empty() {
+                return Err(file_error("bearer token file", path, "is empty"));
+            }
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::from(form)))
+            .map_err(|e| self.bad_answer(query, format!("building the request: {e}")))?;
+        let limit = self.limits.max_response_bytes;
+        let exchange = async {
+            let response = self.http.request(request).await.map_err(|e| Error::Unreachable {
+                url: self.base.clone(),
+                reason: chain(&e),
+            })?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        self.bad_answer(
+                            query,
+                            format!("larger than {limit} bytes; narrow the query or shorten --window"),
+                        )
+                    } else {
+                        Error::Unreachable {
+                            url: self.base.clone(),
+                            reason: format!("reading the answer: {e}"),
+                        }
+                    }
+                })?
+                .to_bytes();
+            Ok::<_, Error>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(self.limits.query_timeout, exchange)
+            .await
+            .map_err(|_| Error::Timeout {
+                url: self.base.clone(),
+                timeout: self.limits.query_timeout,
+                query: query.to_string(),
+            })??;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(Error::Unauthorized {
+                url: self.base.clone(),
+                status: status.as_u16(),
+                detail: excerpt(&body, 200),
+            });
+        }
+        if !status.is_success() {
+            let detail = serde_json::from_slice::<Answer<serde::de::IgnoredAny>>(&body)
+                .ok()
+                .and_then(|a| a.error)
+                .unwrap_or_else(|| excerpt(&body, 300));
+            return Err(Error::Query {
+                url: self.base.clone(),
+                status: status.as_u16(),
+                query: query.to_string(),
+                detail,
+            });
+        }
+        Ok(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_seconds_with_milliseconds() {
+        assert_eq!(seconds(1_700_000_000_123), "1700000000.123");
+        assert_eq!(seconds(60_000), "60.000");
+        assert_eq!(seconds(-1), "-1.999");
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        let endpoint = |url: &str| Endpoint {
+            url: url.to_string(),
+            bearer_token_file: None,
+            ca_file: None,
+        };
+        for bad in [
+            "prometheus:9090",
+            "ftp://x",
+            "http://",
+            "http://x/?a=b",
+            "not a url",
+        ] {
+            let err = Prometheus::new(endpoint(bad), Limits::default()).expect_err(bad);
+            assert!(matches!(err, Error::BadUrl { .. }), "{bad}: {err}");
+        }
+        let p = Prometheus::new(endpoint("http://127.0.0.1:9090/prefix/"), Limits::default()).unwrap();
+        assert_eq!(p.url(), "http://127.0.0.1:9090/prefix");
+    }
+
+    #[test]
+    fn a_missing_ca_file_is_named() {
+        let err = Prometheus::new(
+            Endpoint {
+                url: "https://127.0.0.1:9090".into(),
+                bearer_token_file: None,
+                ca_file: Some("/nonexistent/ca.pem".into()),
+            },
+            Limits::default(),
+        )
+        .expect_err("missing file");
+        assert!(
+            err.to_string().starts_with("CA file /nonexistent/ca.pem: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pages_fit_the_series_limit() {
+        let limits = Limits::default();
+        assert_eq!(limits.steps_per_page(), 1000);
+        let few = Limits {
+            max_series: 10,
+            ..Limits::default()
+        };
+        assert_eq!(few.steps_per_page(), 10_000);
+    }
+}
