@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
 /// Watches the test process and, once it is gone, kills every pid listed in `$2/pids`, puts the
 /// host back as it was when a real node recorded its state in `$2/host-state` (see
@@ -232,6 +232,25 @@ pub fn tail(path: &Path, lines: usize) -> String {
 pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// The first global IPv4 address of this host: the API server reaches webhooks behind a
+/// Service at their endpoints' addresses, which may not be loopback.
+pub fn host_address() -> Result<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .context("running ip -4 addr")?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "inet")?;
+            words.next()?.split('/').next().map(str::to_string)
+        })
+        .ok_or_else(|| {
+            anyhow!("this host has no global IPv4 address for an EndpointSlice (loopback is refused)")
+        })
 }
 
 /// `n` distinct free ports (held open together while choosing, so they differ).

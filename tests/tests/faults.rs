@@ -31,7 +31,7 @@ use kube::{Api, Client, ResourceExt};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use nodewarden_api::{ClusterClaim, ClusterClaimSpec};
 use nodewarden_certs::ServingSpec;
-use nodewarden_tests::process::{free_port, free_ports, write_file};
+use nodewarden_tests::process::{free_port, free_ports, host_address, write_file};
 use nodewarden_tests::{
     ControlPlane, Hook, InProcessWebhook, LoopbackEndpoint, apply_crds, cgroupfs, chart_crd_files,
     create_namespace, create_ready_node, http_get, read_crds, register_mutating_webhooks,
@@ -443,25 +443,6 @@ fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf> {
     let path = profile_dir.join(bin);
     ensure!(path.is_file(), "{} missing after cargo build", path.display());
     Ok(path)
-}
-
-/// The first global IPv4 address of this host: the API server reaches webhooks behind a
-/// Service at their endpoints' addresses, which may not be loopback.
-fn host_address() -> Result<String> {
-    let out = std::process::Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "scope", "global"])
-        .output()
-        .context("running ip -4 addr")?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next().map(str::to_string)
-        })
-        .ok_or_else(|| {
-            anyhow!("this host has no global IPv4 address for an EndpointSlice (loopback is refused)")
-        })
 }
 
 /// A `nodewarden-webhook` process of the control plane (its log `<name>.log` in its folder).

@@ -812,3 +812,468 @@ async fn check_rbac(client: &Client) -> Result<()> {
     }
     Ok(())
 }
+
+// ---- upgrade from the previous chart, and rollback ---------------------------------------------
+
+/// The chart a user upgrades from, as `(commit, why)`: the last commit at the previous `version`
+/// of `Chart.yaml`; while the history has no earlier version (the chart has been 0.1.0 since it
+/// was written), the chart just before its CRDs last changed, so that the upgrade carries a CRD
+/// schema change as a real one would.
+fn previous_chart() -> Result<(String, String)> {
+    let git = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(chart_dir())
+            .output()
+            .context("running git")?;
+        ensure!(
+            out.status.success(),
+            "git {} failed (the test needs the repository's history: a clone that is not shallow): {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let version_of = |chart_yaml: &str| {
+        chart_yaml
+            .lines()
+            .find_map(|l| l.strip_prefix("version:"))
+            .map(|v| v.trim().trim_matches('"').to_string())
+    };
+    let current = version_of(&std::fs::read_to_string(chart_dir().join("Chart.yaml"))?)
+        .context("Chart.yaml has no version")?;
+    for commit in git(&["log", "--format=%H", "--", "Chart.yaml"])?.lines() {
+        let Ok(before) = git(&["show", &format!("{commit}^:charts/nodewarden/Chart.yaml")]) else {
+            continue;
+        };
+        if let Some(v) = version_of(&before).filter(|v| *v != current) {
+            return Ok((
+                git(&["rev-parse", &format!("{commit}^")])?,
+                format!("the last commit at the previous chart version {v} (before {current})"),
+            ));
+        }
+    }
+    let crds = git(&["log", "-1", "--format=%H", "--", "crds"])?;
+    ensure!(!crds.is_empty(), "no commit changed the chart's CRDs");
+    Ok((
+        git(&["rev-parse", &format!("{crds}^")])?,
+        format!(
+            "no earlier chart version than {current} in the history: the chart just before its CRDs last \
+             changed ({}), so the upgrade carries a CRD schema change",
+            &crds[..12]
+        ),
+    ))
+}
+
+/// The chart folder of `commit`, extracted into `dir` (`git archive`).
+fn extract_chart(commit: &str, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let tar = dir.join("chart.tar");
+    let status = std::process::Command::new("git")
+        .args(["archive", "--format=tar", "-o"])
+        .arg(&tar)
+        .arg(commit)
+        .arg("charts/nodewarden")
+        .current_dir(chart_dir().join("../.."))
+        .status()?;
+    ensure!(status.success(), "git archive {commit} failed");
+    let status = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(dir)
+        .status()?;
+    ensure!(status.success(), "tar -xf failed");
+    Ok(dir.join("charts/nodewarden"))
+}
+
+/// `helm upgrade` from the previous chart to this one, then `helm rollback`, with nodewarden in
+/// use, on a control plane of its own: the webhook (this tree's, in the test process, behind the
+/// chart's Service through an EndpointSlice, as the API server reaches a pod) keeps answering
+/// (a DaemonSet pod gets its node's figures, a ClusterClaim passes the fail-closed guard) after
+/// each step; the CRD upgrade (the hook's command; no kubelet runs the hook's Job here) brings
+/// the new schema, whose new field then sticks; no DaemonSetAutoscaler is lost, none changes
+/// its uid; rollback leaves the CRDs as they are (Helm never touches CRDs, and neither does the
+/// hook on rollback) and the objects too.
+#[tokio::test]
+async fn upgrade_from_the_previous_chart_and_rollback_keep_nodewarden_working() {
+    let cp = match ControlPlane::start().await {
+        Ok(cp) => cp,
+        Err(e) => panic!("starting a control plane: {e:#}"),
+    };
+    if let Err(e) = upgrade_and_rollback(&cp).await {
+        panic!(
+            "{e:#}\ncontrol plane logs ({}):\n{}",
+            cp.dir().display(),
+            cp.log_tails(40)
+        );
+    }
+}
+
+const APPS: &str = "apps";
+
+fn autoscalers(client: &Client) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        APPS,
+        &ApiResource {
+            group: "nodewarden.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "nodewarden.io/v1alpha1".into(),
+            kind: "DaemonSetAutoscaler".into(),
+            plural: "daemonsetautoscalers".into(),
+        },
+    )
+}
+
+/// Name → uid of the DaemonSetAutoscalers in `apps`.
+async fn autoscaler_uids(client: &Client) -> Result<BTreeMap<String, String>> {
+    Ok(autoscalers(client)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|o| {
+            (
+                o.metadata.name.unwrap_or_default(),
+                o.metadata.uid.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// What a user notices of nodewarden at `step`: a new pod of the autoscaled DaemonSet gets the
+/// node's memory figure, and a ClusterClaim write is answered by the claims guard.
+async fn nodewarden_answers(cp: &ControlPlane, client: &Client, ds_uid: &str, step: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), APPS);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("shipper-{step}"), "ownerReferences": [{"apiVersion": "apps/v1",
+            "kind": "DaemonSet", "name": "shipper", "uid": ds_uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"nodeName": "helm-upgrade-node", "containers": [{"name": "agent", "image": "nodewarden-e2e/pause:never-pulled",
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}}]}
+    }))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    cp.poll(
+        &format!("{step}: a DaemonSet pod gets its node's 300Mi"),
+        || async {
+            let got = pods.create(&dry_run, &pod).await?;
+            let memory = got
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("memory"))
+                .map(|q| q.0.clone());
+            Ok((memory.as_deref() == Some("300Mi")).then_some(()))
+        },
+    )
+    .await?;
+    let claims: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource {
+            group: "nodewarden.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "nodewarden.io/v1alpha1".into(),
+            kind: "ClusterClaim".into(),
+            plural: "clusterclaims".into(),
+        },
+    );
+    let claim: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "ClusterClaim",
+        "metadata": {"name": format!("{step}.example.com")}, "spec": {"value": step},
+    }))?;
+    claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .with_context(|| format!("{step}: a ClusterClaim through the claims guard"))?;
+    Ok(())
+}
+
+/// Whether the DaemonSetAutoscaler CRD's stored schema has `spec.<field>`.
+async fn autoscaler_spec_has(client: &Client, field: &str) -> Result<bool> {
+    let crd = Api::<CustomResourceDefinition>::all(client.clone())
+        .get("daemonsetautoscalers.nodewarden.io")
+        .await?;
+    Ok(crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref())
+        .and_then(|p| p.get("spec"))
+        .and_then(|s| s.properties.as_ref())
+        .is_some_and(|p| p.contains_key(field)))
+}
+
+/// The caBundle the webhook injects (file certificates here: the test does it as the webhook's
+/// field manager would), into both configurations.
+async fn inject_ca_bundle(cp: &ControlPlane, client: &Client) -> Result<()> {
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(cp.ca_pem());
+    let inject = PatchParams::apply("nodewarden-webhook");
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get("nodewarden-validating")
+        .await?;
+    let entries: Vec<Value> = validating
+        .webhooks
+        .unwrap_or_default()
+        .iter()
+        .map(|w| json!({"name": w.name, "clientConfig": {"caBundle": ca_bundle}}))
+        .collect();
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .patch(
+            "nodewarden-validating",
+            &inject,
+            &Patch::Apply(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "nodewarden-validating"}, "webhooks": entries,
+            })),
+        )
+        .await?;
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .patch(
+            "nodewarden-mutating",
+            &inject,
+            &Patch::Apply(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "nodewarden-mutating"},
+                "webhooks": [{"name": "pods.rightsizing.nodewarden.io", "clientConfig": {"caBundle": ca_bundle}}],
+            })),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn upgrade_and_rollback(cp: &ControlPlane) -> Result<()> {
+    use nodewarden_tests::process::{free_ports, host_address, write_file};
+
+    let (commit, why) = previous_chart()?;
+    eprintln!("upgrading from the chart of {}: {why}", &commit[..12]);
+    let work = tempfile::tempdir()?;
+    let previous = extract_chart(&commit, work.path())?;
+
+    // The API server calls a webhook Service at its endpoints only with aggregator routing (a
+    // real cluster's reaches the pod network; this one has none): start it again with the flag.
+    let mut args = cp.kill_apiserver()?;
+    args.push("--enable-aggregator-routing=true".to_string());
+    cp.start_apiserver(&args).await?;
+    let client = cp.admin_client().await?;
+    let helm = Helm::for_control_plane(cp)?;
+    let started = std::time::Instant::now();
+
+    // 1. the previous chart, as a user installed it
+    helm.ok(&[
+        "install",
+        RELEASE,
+        &previous.display().to_string(),
+        "--namespace",
+        NS,
+        "--create-namespace",
+    ])
+    .await
+    .context("helm install of the previous chart")?;
+    // The chart before node groups (the baseline while the chart has had one version) has no
+    // `nodeGroupLabel`: then a user's autoscaler takes the new fields only after the upgrade.
+    // A later baseline may have it; the generic checks below hold for any.
+    let node_groups_are_new = !autoscaler_spec_has(&client, "nodeGroupLabel").await?;
+    let crds_differ = {
+        let files = |dir: std::path::PathBuf| -> Result<BTreeMap<String, Vec<u8>>> {
+            let mut out = BTreeMap::new();
+            for e in std::fs::read_dir(&dir).with_context(|| dir.display().to_string())? {
+                let e = e?;
+                out.insert(
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path())?,
+                );
+            }
+            Ok(out)
+        };
+        files(previous.join("crds"))? != files(chart_dir().join("crds"))?
+    };
+
+    // This tree's webhook behind the chart's Service (its pods stay Pending: no kubelet).
+    let address = host_address()?;
+    let [port, admin]: [u16; 2] = free_ports(2)?.try_into().map_err(|_| anyhow!("two ports"))?;
+    let cert = cp.ca().issue_serving(&nodewarden_certs::ServingSpec {
+        dns_names: vec![format!("nodewarden-webhook.{NS}.svc")],
+        ip_addresses: vec![],
+        validity: std::time::Duration::from_secs(3600),
+    })?;
+    write_file(&work.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+    write_file(&work.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+    let webhook = nodewarden_tests::InProcessWebhook::start(
+        &[
+            format!("--listen-addr={address}:{port}"),
+            format!("--admin-addr=127.0.0.1:{admin}"),
+            format!("--tls-cert-file={}", work.path().join("tls.crt").display()),
+            format!("--tls-key-file={}", work.path().join("tls.key").display()),
+            format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+            format!("--namespace={NS}"),
+            "--pod-name=nodewarden-webhook-upgrade".to_string(),
+            "--log-format=text".to_string(),
+            "--log-level=warn".to_string(),
+            "--shutdown-grace=1s".to_string(),
+        ],
+        admin,
+    )
+    .await?;
+    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "nodewarden-webhook-test", "namespace": NS, "labels": {
+            "kubernetes.io/service-name": "nodewarden-webhook",
+            "endpointslice.kubernetes.io/managed-by": "e2e.nodewarden.io"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    }))?;
+    Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &slice)
+        .await?;
+    inject_ca_bundle(cp, &client).await?;
+
+    // What a user has in place: an autoscaled DaemonSet (no node matches it: its pods are made
+    // by the test), its node's figures, two autoscalers.
+    nodewarden_tests::create_namespace(cp, &client, APPS).await?;
+    let nowhere = BTreeMap::from([("nodewarden.io/e2e-nowhere".to_string(), "true".to_string())]);
+    let ds = Api::<DaemonSet>::namespaced(client.clone(), APPS)
+        .create(
+            &PostParams::default(),
+            &nodewarden_tests::simple_daemonset("shipper", &nowhere)?,
+        )
+        .await?;
+    let ds_uid = ds.metadata.uid.clone().context("DaemonSet uid")?;
+    for (name, target) in [("shipper", "shipper"), ("exporter", "exporter")] {
+        let dsa: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+            "metadata": {"name": name, "namespace": APPS},
+            "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": target}},
+        }))?;
+        let api = autoscalers(&client);
+        cp.poll(&format!("DaemonSetAutoscaler {name} admitted"), || async {
+            Ok(api.create(&PostParams::default(), &dsa).await.ok().map(|_| ()))
+        })
+        .await?;
+    }
+    let rec: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "NodeRecommendation",
+        "metadata": {"name": "helm-upgrade-node"},
+        "spec": {"recommendations": [{"autoscaler": {"namespace": APPS, "name": "shipper"}, "containerName": "agent",
+                 "target": {"cpu": "250m", "memory": "300Mi"}, "sampleCount": 1440}]}
+    }))?;
+    Api::<DynamicObject>::all_with(
+        client.clone(),
+        &ApiResource {
+            group: "nodewarden.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "nodewarden.io/v1alpha1".into(),
+            kind: "NodeRecommendation".into(),
+            plural: "noderecommendations".into(),
+        },
+    )
+    .create(&PostParams::default(), &rec)
+    .await?;
+    nodewarden_answers(cp, &client, &ds_uid, "installed").await?;
+    // the previous schema knows only `scope: Node`
+    let scoped = json!({"spec": {"scope": "NodeGroup", "nodeGroupLabel": "topology.kubernetes.io/zone"}});
+    if node_groups_are_new {
+        match autoscalers(&client)
+            .patch("exporter", &PatchParams::default(), &Patch::Merge(&scoped))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 422 => {}
+            other => bail!("the previous CRD took scope: NodeGroup: {other:?}"),
+        }
+    } else {
+        eprintln!("the previous chart has node groups already: the new-field steps are left out");
+    }
+    let before = autoscaler_uids(&client).await?;
+    ensure!(before.len() == 2, "autoscalers: {before:?}");
+    let installed = started.elapsed();
+
+    // 2. upgrade: the pre-upgrade hook's command first (as the hook's Job runs it), then helm
+    let applied = nodewarden_webhook::crds::apply(&client, std::time::Duration::from_secs(60)).await?;
+    use nodewarden_webhook::crds::Applied;
+    ensure!(applied.len() == 5, "{applied:?}");
+    ensure!(
+        !crds_differ
+            || applied
+                .iter()
+                .any(|(_, a)| matches!(a, Applied::Created | Applied::Replaced { changed: true })),
+        "the chart's CRDs changed since the previous chart, but the CRD upgrade changed none: {applied:?}"
+    );
+    ensure!(
+        autoscaler_spec_has(&client, "nodeGroupLabel").await?,
+        "the CRD upgrade did not bring spec.nodeGroupLabel"
+    );
+    let chart = chart_dir().display().to_string();
+    helm.ok(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NS,
+        // no kubelet runs the hook's Job here: its command ran above
+        "--set",
+        "crds.upgrade.enabled=false",
+    ])
+    .await
+    .context("helm upgrade to this chart")?;
+    nodewarden_answers(cp, &client, &ds_uid, "upgraded").await?;
+    ensure!(
+        autoscaler_uids(&client).await? == before,
+        "after the upgrade the autoscalers are not the same objects: {:?}",
+        autoscaler_uids(&client).await?
+    );
+    let grouped = autoscalers(&client)
+        .patch("exporter", &PatchParams::default(), &Patch::Merge(&scoped))
+        .await
+        .context("scope: NodeGroup after the upgrade")?;
+    ensure!(
+        grouped.data["spec"]["scope"] == "NodeGroup"
+            && grouped.data["spec"]["nodeGroupLabel"] == "topology.kubernetes.io/zone",
+        "the upgraded CRD does not keep scope: NodeGroup and nodeGroupLabel: {}",
+        grouped.data
+    );
+    let upgraded = started.elapsed();
+
+    // 3. rollback to the previous chart's revision
+    helm.ok(&["rollback", RELEASE, "1", "--namespace", NS])
+        .await
+        .context("helm rollback")?;
+    let history = helm
+        .ok(&["history", RELEASE, "--namespace", NS, "-o", "json"])
+        .await?;
+    let history: Value = serde_json::from_str(&history)?;
+    let last = history
+        .as_array()
+        .and_then(|h| h.last())
+        .context("helm history")?;
+    ensure!(
+        last["revision"] == 3 && last["status"] == "deployed",
+        "after rollback: {history}"
+    );
+    nodewarden_answers(cp, &client, &ds_uid, "rolled-back").await?;
+    ensure!(
+        autoscaler_uids(&client).await? == before,
+        "after the rollback the autoscalers are not the same objects"
+    );
+    ensure!(
+        autoscaler_spec_has(&client, "nodeGroupLabel").await?,
+        "the rollback took the CRD back (Helm does not touch CRDs)"
+    );
+    let kept = autoscalers(&client).get("exporter").await?;
+    ensure!(
+        kept.data["spec"]["scope"] == "NodeGroup"
+            && kept.data["spec"]["nodeGroupLabel"] == "topology.kubernetes.io/zone",
+        "the rollback lost the upgraded fields: {}",
+        kept.data
+    );
+    eprintln!(
+        "previous chart installed and in use after {:.1} s, upgraded after {:.1} s, rolled back after {:.1} s",
+        installed.as_secs_f64(),
+        upgraded.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    webhook.stop().await?;
+    Ok(())
+}
