@@ -50,6 +50,18 @@ pub enum Error {
         /// The API server's message.
         message: String,
     },
+    #[error("{}", no_daemonset(name, namespace.as_deref()))]
+    /// A DaemonSet named with `--daemonset` does not exist.
+    NoDaemonSet {
+        /// Its name.
+        name: String,
+        /// The namespace read (none: every namespace).
+        namespace: Option<String>,
+    },
+    #[error("{0}")]
+    /// Prometheus could not give the history (`--prometheus`): unreachable, refused, a limit, a
+    /// missing series; the message says which and what to do.
+    Prometheus(#[from] nodewarden_history::Error),
     #[error("cannot write the report: {0}")]
     /// The report could not be written to the output; the I/O error.
     Output(String),
@@ -62,6 +74,13 @@ impl Error {
             Error::Output(_) | Error::Api { .. } => 1,
             _ => 2,
         }
+    }
+}
+
+fn no_daemonset(name: &str, namespace: Option<&str>) -> String {
+    match namespace {
+        Some(ns) => format!("DaemonSet {ns}/{name} does not exist (-A for every namespace)"),
+        None => format!("no DaemonSet {name} in any namespace"),
     }
 }
 

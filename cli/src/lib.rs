@@ -12,6 +12,7 @@ pub mod report;
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use kube::Client;
@@ -67,6 +68,60 @@ pub struct ReportArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Format::Table, env = "NODEWARDEN_OUTPUT")]
     pub output: Format,
+    /// Compute each node's figures from this Prometheus server's history of the kubelet's
+    /// cAdvisor series (container_cpu_usage_seconds_total, container_memory_working_set_bytes)
+    /// with the agent's estimator, instead of reading NodeRecommendations: works before
+    /// nodewarden is installed. Reports every DaemonSet of the namespace (or --daemonset);
+    /// one without a DaemonSetAutoscaler gets the defaults. Base URL, e.g.
+    /// http://localhost:9090 (docs/history.md).
+    #[arg(long, env = "NODEWARDEN_PROMETHEUS", value_name = "URL")]
+    pub prometheus: Option<String>,
+    /// With --prometheus: only this DaemonSet (repeat for more).
+    #[arg(long = "daemonset", value_name = "NAME", requires = "prometheus")]
+    pub daemonsets: Vec<String>,
+    /// With --prometheus: how far back to read (the estimator weighs a day-old sample half as
+    /// much as a new one). At most 90d.
+    #[arg(long, default_value = "14d", value_parser = parse_window, value_name = "DURATION")]
+    pub window: Duration,
+    /// With --prometheus: one sample per this interval (the query's step). 1m gives VPA's
+    /// one sample per minute, on which the estimator's confidence counts.
+    #[arg(long, default_value = "1m", value_parser = parse_step, value_name = "DURATION")]
+    pub resolution: Duration,
+    /// With --prometheus: the range of CPU's rate(); at least twice the scrape interval.
+    #[arg(long, default_value = "2m", value_parser = parse_step, value_name = "DURATION")]
+    pub rate_window: Duration,
+    /// With --prometheus: a file holding a bearer token to send (read again for each query).
+    #[arg(long, env = "NODEWARDEN_PROMETHEUS_TOKEN_FILE", value_name = "FILE")]
+    pub prometheus_token_file: Option<PathBuf>,
+    /// With --prometheus: a PEM file of CA certificates to trust for https (else the system's).
+    #[arg(long, env = "NODEWARDEN_PROMETHEUS_CA_FILE", value_name = "FILE")]
+    pub prometheus_ca_file: Option<PathBuf>,
+    /// With --prometheus: how long one query may take.
+    #[arg(long, default_value = "30s", value_parser = parse_step, value_name = "DURATION")]
+    pub prometheus_timeout: Duration,
+    /// With --prometheus: most series one query may return (one per pod and container); more
+    /// is an error that says to narrow the report.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=100_000), value_name = "N")]
+    pub max_series: u32,
+}
+
+/// The longest `--window`.
+pub const MAX_WINDOW: Duration = Duration::from_secs(90 * 24 * 3600);
+
+fn parse_window(s: &str) -> Result<Duration, String> {
+    let d = nodewarden_runtime::duration::parse_at_least(s, Duration::from_secs(60))?;
+    if d > MAX_WINDOW {
+        return Err(format!("{s} is longer than 90d"));
+    }
+    Ok(d)
+}
+
+fn parse_step(s: &str) -> Result<Duration, String> {
+    let d = nodewarden_runtime::duration::parse_at_least(s, Duration::from_secs(1))?;
+    if d > Duration::from_secs(24 * 3600) {
+        return Err(format!("{s} is longer than 24h"));
+    }
+    Ok(d)
 }
 
 impl ReportArgs {
@@ -102,6 +157,27 @@ pub enum Format {
     Html,
 }
 
+/// What `--prometheus` and its flags ask for.
+pub fn history_request(args: &ReportArgs, url: &str) -> report::history::Request {
+    report::history::Request {
+        endpoint: nodewarden_history::Endpoint {
+            url: url.to_string(),
+            bearer_token_file: args.prometheus_token_file.clone(),
+            ca_file: args.prometheus_ca_file.clone(),
+        },
+        limits: nodewarden_history::Limits {
+            query_timeout: args.prometheus_timeout,
+            max_series: usize::try_from(args.max_series).unwrap_or(usize::MAX),
+            ..nodewarden_history::Limits::default()
+        },
+        window: args.window,
+        resolution: args.resolution,
+        rate_window: args.rate_window,
+        daemonsets: args.daemonsets.clone(),
+        labels: nodewarden_history::cadvisor::Labels::default(),
+    }
+}
+
 /// A client for the kubeconfig and context given, as kubectl would pick them.
 pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<&str>) -> Result<Client, Error> {
     let options = KubeConfigOptions {
@@ -132,9 +208,32 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
         Command::Report(args) => {
             let client = client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
             let namespace = args.scope(client.default_namespace());
-            let snapshot =
-                report::fetch::snapshot(&client, namespace.as_deref(), args.selector.as_deref()).await?;
-            let mut report = report::compute(&snapshot);
+            let mut report = match &args.prometheus {
+                None => {
+                    let snapshot =
+                        report::fetch::snapshot(&client, namespace.as_deref(), args.selector.as_deref())
+                            .await?;
+                    report::compute(&snapshot)
+                }
+                Some(url) => {
+                    let request = history_request(args, url);
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                        .unwrap_or(0);
+                    let (snapshot, source) =
+                        report::history::snapshot(&client, namespace.as_deref(), &request, now_ms).await?;
+                    let mut report = report::compute(&snapshot);
+                    for ds in &mut report.daemonsets {
+                        let name = format!("{}/{}", ds.namespace, ds.daemonset);
+                        if source.without_autoscaler.contains(&name) {
+                            ds.mode = "none".to_string();
+                        }
+                    }
+                    report.history = Some(source);
+                    report
+                }
+            };
             report.sort(args.sort_by);
             let view = report::render::View {
                 sort: args.sort_by,

@@ -20,6 +20,7 @@
 //!   what it *needs on top* the sum of the positive ones, per node and overall.
 
 pub mod fetch;
+pub mod history;
 pub mod render;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -277,6 +278,10 @@ pub struct Report {
     pub nodes: Vec<NodeTotals>,
     /// What the whole fleet would free and need on top.
     pub totals: Totals,
+    /// Where the figures come from when they are computed from Prometheus history
+    /// (`--prometheus`) rather than read from the nodes' `NodeRecommendation`s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<history::Source>,
 }
 
 /// How rows are ordered (`--sort-by`). Ties keep the order by name.
@@ -548,6 +553,7 @@ pub fn compute(snapshot: &Snapshot) -> Report {
         daemonsets,
         nodes: by_node.into_values().collect(),
         totals,
+        history: None,
     }
 }
 

@@ -140,7 +140,43 @@ pub fn row_header(wide: bool) -> Vec<&'static str> {
     header
 }
 
-fn no_autoscalers(view: &View) -> String {
+/// Where `--prometheus` figures come from, in one sentence.
+pub fn history_line(h: &super::history::Source) -> String {
+    let time = |ms: i64| {
+        k8s_openapi::jiff::Timestamp::from_millisecond(ms)
+            .map(|t| t.strftime("%Y-%m-%d %H:%M UTC").to_string())
+            .unwrap_or_else(|_| ms.to_string())
+    };
+    let mut line = format!(
+        "Figures computed from Prometheus history ({}, {} to {}, one sample per {}s, CPU rate over {}s), \
+         not read from the cluster.",
+        h.prometheus,
+        time(h.start_ms),
+        time(h.end_ms),
+        h.resolution_seconds,
+        h.rate_window_seconds
+    );
+    if !h.without_autoscaler.is_empty() {
+        line.push_str(" Without a DaemonSetAutoscaler (defaults used, mode none): ");
+        line.push_str(&h.without_autoscaler.join(", "));
+        line.push('.');
+    }
+    if h.unplaced_containers > 0 {
+        line.push_str(&format!(
+            " Left out: {} containers whose series have no node label and whose pod is gone.",
+            h.unplaced_containers
+        ));
+    }
+    line
+}
+
+fn no_autoscalers(view: &View, history: bool) -> String {
+    if history {
+        return match &view.namespace {
+            Some(ns) => format!("No DaemonSets found in namespace {ns} (-A for every namespace)."),
+            None => "No DaemonSets found.".to_string(),
+        };
+    }
     match &view.namespace {
         Some(ns) => format!("No DaemonSetAutoscalers found in namespace {ns} (-A for every namespace)."),
         None => "No DaemonSetAutoscalers found.".to_string(),
@@ -168,8 +204,11 @@ pub fn table(report: &Report, view: &View, wide: bool, out: &mut dyn Write) -> s
         }
         return Ok(());
     }
+    if let Some(h) = &report.history {
+        writeln!(out, "{}\n", history_line(h))?;
+    }
     if report.daemonsets.is_empty() {
-        return writeln!(out, "{}", no_autoscalers(view));
+        return writeln!(out, "{}", no_autoscalers(view, report.history.is_some()));
     }
     for ds in &report.daemonsets {
         writeln!(
@@ -686,9 +725,16 @@ pub fn html(report: &Report, view: &View, out: &mut dyn Write) -> std::io::Resul
             None => "Every namespace.".to_string(),
         })
     );
+    if let Some(h) = &report.history {
+        let _ = writeln!(page, "<p id=\"history\">{}</p>", escape(&history_line(h)));
+    }
     page.push_str(&summary(report));
     if report.daemonsets.is_empty() {
-        let _ = writeln!(page, "<p>{}</p>", escape(&no_autoscalers(view)));
+        let _ = writeln!(
+            page,
+            "<p>{}</p>",
+            escape(&no_autoscalers(view, report.history.is_some()))
+        );
     }
     page.push_str("<h2>Rows</h2>\n<p><input id=\"filter\" type=\"search\" placeholder=\"filter: words of a node, DaemonSet, container, source…\" aria-label=\"filter the rows\"><span id=\"shown\"></span></p>\n");
     page.push_str("<table id=\"rows\" class=\"sortable\"><thead><tr>");
