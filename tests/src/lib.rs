@@ -21,6 +21,7 @@ pub mod helm;
 pub mod images;
 pub mod node;
 pub mod process;
+pub mod prometheus;
 pub mod recorder;
 pub mod shipper;
 pub mod vm;

@@ -1,0 +1,252 @@
+//! A real Prometheus server for the history tests, with history backfilled by promtool.
+//!
+//! Both binaries come from `tests/promtool/build.sh` (the Prometheus Go module pinned there,
+//! cached). [`Synthetic`] writes cAdvisor-shaped series (`container_cpu_usage_seconds_total`,
+//! a counter, and `container_memory_working_set_bytes`, a gauge, labelled `namespace`, `pod`,
+//! `container`, `node`) as OpenMetrics text, `promtool tsdb create-blocks-from openmetrics`
+//! turns them into blocks, and [`Prometheus::start`] serves them from a temporary TSDB on a
+//! free loopback port; dropping it stops the server and removes the folder (a watchdog kills
+//! it if the test process ends without dropping it).
+//!
+//! The synthetic series are scraped every 30 s from a minute boundary: in minute `m` (the
+//! interval `(start + m min, start + (m+1) min]`) the container uses `cpu[m]` cores and its
+//! working set is `memory[m]` at both scrapes. So a `query_range` with a 1-minute step on
+//! minute boundaries sees, at the end of minute `m`, exactly `cpu[m]` from
+//! `rate(…[1m])` and `memory[m]` from `max_over_time(…[1m])`: [`Synthetic::expected`].
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::process::{Processes, free_port, write_file};
+
+/// Scrape interval of the synthetic series.
+pub const SCRAPE_SECS: i64 = 30;
+
+/// The bin folder holding `prometheus` and `promtool`, built (or found cached) by
+/// `tests/promtool/build.sh`.
+pub fn binaries() -> Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("promtool/build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    ensure!(
+        out.status.success(),
+        "{} failed ({}):\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    for bin in ["prometheus", "promtool"] {
+        ensure!(
+            dir.join(bin).is_file(),
+            "{} printed {}, which holds no {bin}",
+            script.display(),
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// One container's synthetic usage, minute by minute from `start_ms`.
+#[derive(Clone, Debug)]
+pub struct Synthetic {
+    /// The `namespace` label.
+    pub namespace: String,
+    /// The `pod` label.
+    pub pod: String,
+    /// The `container` label.
+    pub container: String,
+    /// The `node` label.
+    pub node: String,
+    /// Start, in milliseconds since the Unix epoch (a whole minute).
+    pub start_ms: i64,
+    /// Cores used in each minute.
+    pub cpu: Vec<f64>,
+    /// Working set in each minute, in bytes.
+    pub memory: Vec<f64>,
+}
+
+impl Synthetic {
+    fn labels(&self) -> String {
+        format!(
+            "namespace=\"{}\",pod=\"{}\",container=\"{}\",node=\"{}\",id=\"/kubepods/{}/{}\"",
+            self.namespace, self.pod, self.container, self.node, self.pod, self.container
+        )
+    }
+
+    /// What a 1-minute `query_range` on minute boundaries gives: `(end of minute m in ms,
+    /// cpu[m], memory[m])`.
+    pub fn expected(&self) -> Vec<(i64, f64, f64)> {
+        self.cpu
+            .iter()
+            .zip(&self.memory)
+            .enumerate()
+            .map(|(m, (&cpu, &memory))| (self.start_ms + (m as i64 + 1) * 60_000, cpu, memory))
+            .collect()
+    }
+}
+
+fn seconds(ms: i64) -> String {
+    format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000))
+}
+
+/// Writes `series` as OpenMetrics text to `path`: the counter family, then the gauge family,
+/// each series' points in time order, ending with `# EOF`.
+pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
+    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(
+        out,
+        "# HELP container_cpu_usage_seconds Cumulative cpu time consumed in seconds."
+    )?;
+    writeln!(out, "# TYPE container_cpu_usage_seconds counter")?;
+    for s in series {
+        let labels = s.labels();
+        let mut total = 0.0;
+        writeln!(
+            out,
+            "container_cpu_usage_seconds_total{{{labels}}} 0 {}",
+            seconds(s.start_ms)
+        )?;
+        for (m, &cores) in s.cpu.iter().enumerate() {
+            for k in 1..=(60 / SCRAPE_SECS) {
+                total += cores * SCRAPE_SECS as f64;
+                let at = s.start_ms + m as i64 * 60_000 + k * SCRAPE_SECS * 1000;
+                writeln!(
+                    out,
+                    "container_cpu_usage_seconds_total{{{labels}}} {total} {}",
+                    seconds(at)
+                )?;
+            }
+        }
+    }
+    writeln!(
+        out,
+        "# HELP container_memory_working_set_bytes Current working set in bytes."
+    )?;
+    writeln!(out, "# TYPE container_memory_working_set_bytes gauge")?;
+    for s in series {
+        let labels = s.labels();
+        for (m, &bytes) in s.memory.iter().enumerate() {
+            for k in 1..=(60 / SCRAPE_SECS) {
+                let at = s.start_ms + m as i64 * 60_000 + k * SCRAPE_SECS * 1000;
+                writeln!(
+                    out,
+                    "container_memory_working_set_bytes{{{labels}}} {bytes} {}",
+                    seconds(at)
+                )?;
+            }
+        }
+    }
+    writeln!(out, "# EOF")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// A running Prometheus server.
+pub struct Prometheus {
+    processes: Processes,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Backfills `series` (none: an empty server) into a new TSDB and serves it on a free
+    /// loopback port; `web_config` (YAML), when given, is its `--web.config.file` (e.g.
+    /// `basic_auth_users`, which makes it answer 401 to anyone else). Waits until `/-/ready`.
+    pub async fn start(series: &[Synthetic], web_config: Option<&str>) -> Result<Self> {
+        let bin = binaries()?;
+        let dir = tempfile::Builder::new()
+            .prefix("nodewarden-prometheus")
+            .tempdir()
+            .context("creating the Prometheus folder")?;
+        let tsdb = dir.path().join("tsdb");
+        std::fs::create_dir_all(&tsdb)?;
+        if !series.is_empty() {
+            let text = dir.path().join("history.om");
+            write_openmetrics(&text, series)?;
+            let started = std::time::Instant::now();
+            let out = Command::new(bin.join("promtool"))
+                .args(["tsdb", "create-blocks-from", "openmetrics"])
+                .arg(&text)
+                .arg(&tsdb)
+                .output()
+                .context("running promtool tsdb create-blocks-from openmetrics")?;
+            ensure!(
+                out.status.success(),
+                "promtool tsdb create-blocks-from openmetrics failed ({}):\n{}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            eprintln!(
+                "prometheus: backfilled {} series in {:.1}s",
+                series.len() * 2,
+                started.elapsed().as_secs_f64()
+            );
+            std::fs::remove_file(&text)?;
+        }
+        let config = dir.path().join("prometheus.yml");
+        write_file(&config, b"global:\n  scrape_interval: 30s\n", false)?;
+        let port = free_port()?;
+        let mut args = vec![
+            format!("--config.file={}", config.display()),
+            format!("--storage.tsdb.path={}", tsdb.display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--storage.tsdb.retention.time=30d".to_string(),
+            "--log.level=warn".to_string(),
+        ];
+        if let Some(web) = web_config {
+            let path = dir.path().join("web.yml");
+            write_file(&path, web.as_bytes(), false)?;
+            args.push(format!("--web.config.file={}", path.display()));
+        }
+        let mut processes = Processes::new(dir.path(), false)?;
+        processes.spawn("prometheus", &bin.join("prometheus"), &args)?;
+        let prometheus = Prometheus { processes, port, dir };
+        prometheus.wait_ready().await?;
+        Ok(prometheus)
+    }
+
+    async fn wait_ready(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            // with basic auth every path answers 401: the server is up
+            if let Ok((status, _)) = crate::http_get(self.port, "/-/ready").await
+                && (status == 200 || status == 401)
+            {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "Prometheus on port {} not ready within 60 s:\n{}",
+                    self.port,
+                    self.processes.log_tails(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Its base URL, `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Its folder (the TSDB and its log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The end of its log, for a failure's message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.processes.log_tails(lines)
+    }
+}
