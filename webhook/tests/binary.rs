@@ -185,6 +185,26 @@ fn live_but_not_ready_without_an_api_server_and_a_clean_exit_on_sigterm() {
         )),
         "{metrics}"
     );
+    // the process's own figures (unprefixed, after the webhook's): this binary's memory and start
+    let sample = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    let rss = sample("process_resident_memory_bytes");
+    assert!((1048576.0..1073741824.0).contains(&rss), "resident {rss}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let start = sample("process_start_time_seconds");
+    assert!(
+        now - start < 60.0 && start < now + 1.0,
+        "started {start}, now {now}"
+    );
+    assert!(sample("process_open_fds") >= 3.0);
 
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
