@@ -55,7 +55,7 @@ pub struct ReportArgs {
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
     /// Only the DaemonSetAutoscalers with these labels, as kubectl's selector: `app=logs`,
-    /// `tier in (infra),team!=web`.
+    /// `tier in (infra),team!=web`. With --prometheus: the DaemonSets with these labels.
     #[arg(short = 'l', long, value_name = "SELECTOR")]
     pub selector: Option<String>,
     /// Order of the rows (and of the nodes).
@@ -174,6 +174,7 @@ pub fn history_request(args: &ReportArgs, url: &str) -> report::history::Request
         resolution: args.resolution,
         rate_window: args.rate_window,
         daemonsets: args.daemonsets.clone(),
+        selector: args.selector.clone(),
         labels: nodewarden_history::cadvisor::Labels::default(),
     }
 }

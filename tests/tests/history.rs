@@ -148,12 +148,9 @@ async fn report_from_prometheus_history_matches_the_agents_estimator() {
     e2e("history", |env| async move {
         let kubeconfig = env.cp.kubeconfig_path().display().to_string();
         let nodes = env.create_nodes(3).await?;
-        env.api::<DaemonSet>()
-            .create(
-                &PostParams::default(),
-                &simple_daemonset(DS, &env.node_selector())?,
-            )
-            .await?;
+        let mut ds = simple_daemonset(DS, &env.node_selector())?;
+        ds.metadata.labels = Some([("app".to_string(), DS.to_string())].into());
+        env.api::<DaemonSet>().create(&PostParams::default(), &ds).await?;
         wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, &nodes).await?;
         let pods: BTreeMap<String, String> = Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
             .list(&ListParams::default().labels(&format!("app={DS}")))
@@ -296,6 +293,12 @@ async fn report_from_prometheus_history_matches_the_agents_estimator() {
         ensure!(csv.lines().count() == 4 && csv.contains(",588,"), "{csv}");
         let html = run(with(&["-o", "html"])).await?;
         ensure!(html.contains("<p id=\"history\">Figures computed"), "html");
+
+        // -l selects DaemonSets by their labels
+        let none = run(with(&["-l", "app=nothing"])).await?;
+        ensure!(none.contains("No DaemonSets found in namespace"), "{none}");
+        let selected = run(with(&["-l", &format!("app={DS}"), "-o", "json"])).await?;
+        ensure!(selected.contains("\"cpuMillis\": 588"), "{selected}");
 
         // errors: too many series for the limit (4 pods' series)
         let err = run(with(&["--max-series", "3"]))

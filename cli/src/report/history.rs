@@ -1,6 +1,7 @@
 //! `report --prometheus`: what nodewarden would recommend from Prometheus history alone.
 //!
-//! The DaemonSets come from the cluster (all of the namespace, or those `--daemonset` names),
+//! The DaemonSets come from the cluster (all of the namespace, those with the `-l` labels, or
+//! those `--daemonset` names),
 //! with their pods (current requests, and which node a pod ran on when its series carry no
 //! `node` label). A DaemonSet's `DaemonSetAutoscaler`, when there is one, gives the policy;
 //! otherwise (nothing installed yet) the report uses an autoscaler with every default
@@ -70,6 +71,8 @@ pub struct Request {
     pub rate_window: Duration,
     /// Only these DaemonSets (all of the namespace when empty).
     pub daemonsets: Vec<String>,
+    /// Only the DaemonSets with these labels (`-l`, kubectl's syntax).
+    pub selector: Option<String>,
     /// The label names of the cAdvisor series.
     pub labels: Labels,
 }
@@ -192,8 +195,12 @@ pub async fn snapshot(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    let mut params = ListParams::default();
+    if let Some(selector) = request.selector.as_deref().filter(|s| !s.is_empty()) {
+        params = params.labels(selector);
+    }
     let mut daemonsets = api
-        .list(&ListParams::default())
+        .list(&params)
         .await
         .map_err(|e| classify("daemonsets.apps", e))?
         .items;
@@ -430,6 +437,7 @@ mod tests {
             resolution: Duration::from_secs(60),
             rate_window: Duration::from_secs(120),
             daemonsets: Vec::new(),
+            selector: None,
             labels: Labels::default(),
         };
         let w = window(&request, 1_700_000_123_456);
