@@ -391,6 +391,169 @@ mod tests {
         );
     }
 
+    /// A server on a free loopback port that answers every request with `answer` (after
+    /// reading its head), or never answers when `answer` is `None`; the requests it read.
+    async fn canned(answer: Option<String>) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let answer = answer.clone();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    log.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                    match answer {
+                        Some(a) => {
+                            let _ = stream.write_all(a.as_bytes()).await;
+                        }
+                        None => tokio::time::sleep(Duration::from_secs(30)).await,
+                    }
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    fn http(status: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    fn client(url: &str, limits: Limits) -> Prometheus {
+        Prometheus::new(
+            Endpoint {
+                url: url.to_string(),
+                bearer_token_file: None,
+                ca_file: None,
+            },
+            limits,
+        )
+        .unwrap()
+    }
+
+    const MATRIX: &str = r#"{"status":"success","data":{"resultType":"matrix","result":[
+        {"metric":{"pod":"a"},"values":[[60,"1.5"],[120,"NaN"],[180,"2"]]}]}}"#;
+
+    #[tokio::test]
+    async fn a_matrix_is_read_and_long_windows_are_paged() {
+        let (url, seen) = canned(Some(http("200 OK", MATRIX))).await;
+        let limits = Limits {
+            max_points_per_series: 10,
+            ..Limits::default()
+        };
+        let p = client(&url, limits);
+        // 30 steps of 60 s: three pages of 10 steps
+        let series = p
+            .query_range("up", 60_000, 60_000 * 30, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(series.len(), 1);
+        // the same points in every page: joined, NaN left out
+        assert_eq!(series[0].points, vec![(60_000, 1.5), (180_000, 2.0)]);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(seen[0].starts_with("POST /api/v1/query_range "), "{}", seen[0]);
+        assert!(
+            seen[1].contains("start=660.000&end=1200.000&step=60.000"),
+            "{}",
+            seen[1]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out() {
+        let (url, _) = canned(None).await;
+        let limits = Limits {
+            query_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let err = client(&url, limits)
+            .query_range("up", 0, 0, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn answers_over_the_size_limit_or_not_json_are_refused() {
+        let (url, _) = canned(Some(http("200 OK", MATRIX))).await;
+        let limits = Limits {
+            max_response_bytes: 50,
+            ..Limits::default()
+        };
+        let err = client(&url, limits)
+            .query_range("up", 0, 0, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("larger than 50 bytes"), "{err}");
+        let (url, _) = canned(Some(http("200 OK", "<html>a login page</html>"))).await;
+        let err = client(&url, Limits::default())
+            .query_range("up", 0, 0, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::BadAnswer { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn prometheus_errors_and_401_say_what_happened() {
+        let body = r#"{"status":"error","errorType":"bad_data","error":"parse error at char 3"}"#;
+        let (url, _) = canned(Some(http("400 Bad Request", body))).await;
+        let err = client(&url, Limits::default())
+            .query_range("up{", 0, 0, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("Prometheus at {url} answered HTTP 400 to up{{: parse error at char 3")
+        );
+        let (url, _) = canned(Some(http("401 Unauthorized", "Unauthorized"))).await;
+        let err = client(&url, Limits::default())
+            .has_series("up", 0, 0)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "Prometheus at {url} refused the query: HTTP 401 (Unauthorized)"
+            )),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn too_many_series_is_an_error() {
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"pod":"a"},"values":[]},{"metric":{"pod":"b"},"values":[]}]}}"#;
+        let (url, _) = canned(Some(http("200 OK", body))).await;
+        let limits = Limits {
+            max_series: 1,
+            ..Limits::default()
+        };
+        let err = client(&url, limits)
+            .query_range("up", 0, 0, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::TooManySeries {
+                    count: 2,
+                    limit: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
     #[test]
     fn pages_fit_the_series_limit() {
         let limits = Limits::default();
