@@ -8,6 +8,9 @@
 //!   highest scrape within each step, so the daily peak the estimator keeps is the highest
 //!   scrape of the day. VPA reads the instantaneous value once per step and misses peaks
 //!   between steps.
+//! - OOM kills: `max by (…) (max_over_time(container_oom_events_total{…}[step]))`, the
+//!   counter's rises counted on this side (VPA reads no OOM kills from Prometheus; the agent
+//!   counts the cgroup's counter the same way). Optional: a kubelet without it gives none.
 //! - `{…}` is `namespace="…", pod=~"…", container!="", container!="POD"`: no pod-level and no
 //!   pause-container series, as VPA's selector. `max by` drops the labels that differ between a
 //!   container's instances (`id`, `name`, `image`, `instance`, `job`), so a restarted container
@@ -23,6 +26,8 @@ use crate::{Error, Prometheus, Series};
 pub const CPU_SERIES: &str = "container_cpu_usage_seconds_total";
 /// The cAdvisor gauge of the memory working set, in bytes.
 pub const MEMORY_SERIES: &str = "container_memory_working_set_bytes";
+/// The cAdvisor counter of OOM kills of a container (optional: older kubelets lack it).
+pub const OOM_SERIES: &str = "container_oom_events_total";
 
 /// Names of the labels that say whose a series is (the kubelet's cAdvisor endpoint scraped as
 /// kube-prometheus and the Prometheus Helm chart scrape it).
@@ -77,6 +82,11 @@ pub struct ContainerUsage {
     pub cpu: Vec<(i64, f64)>,
     /// The highest working set of each step: `(ms, bytes)`.
     pub memory: Vec<(i64, f64)>,
+    /// OOM kills counted in each step where there were some: `(ms, kills)`. From the counter's
+    /// rises after its first point in the window (the first is the baseline, as the agent takes
+    /// its first reading); a counter that goes down started again from 0, so its new value
+    /// counts.
+    pub oom: Vec<(i64, u64)>,
 }
 
 /// The regular expression (anchored by Prometheus) of the names of a DaemonSet's pods: the
@@ -165,6 +175,32 @@ pub fn memory_query(labels: &Labels, namespace: &str, pods: &str, window: &Windo
     )
 }
 
+/// The OOM-kill query (the counter's highest value in each step) for the pods of `namespace`
+/// whose names match `pods`.
+pub fn oom_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
+    format!(
+        "max by ({}) (max_over_time({OOM_SERIES}{{{}}}[{}]))",
+        by(labels),
+        selector(labels, namespace, pods),
+        promql_duration(window.step)
+    )
+}
+
+/// The steps where a counter rose, and by how much; a fall is a reset (its new value counts).
+pub fn counter_rises(points: &[(i64, f64)]) -> Vec<(i64, u64)> {
+    points
+        .windows(2)
+        .filter_map(|w| {
+            let (before, (at, now)) = (w[0].1, w[1]);
+            let rise = if now >= before { now - before } else { now };
+            // counts are whole numbers; saturating float → int conversion
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let n = rise.round() as u64;
+            (n > 0).then_some((at, n))
+        })
+        .collect()
+}
+
 /// CPU and memory of every container of the pods of `namespace` whose names match `pods` (a
 /// regular expression, e.g. [`daemonset_pods`]s joined by `|`), ordered by pod and container.
 pub async fn read(
@@ -190,7 +226,15 @@ pub async fn read(
             window.step,
         )
         .await?;
-    Ok(join(labels, cpu, memory))
+    let oom = prometheus
+        .query_range(
+            &oom_query(labels, namespace, pods, window),
+            window.start_ms,
+            window.end_ms,
+            window.step,
+        )
+        .await?;
+    Ok(join(labels, cpu, memory, oom))
 }
 
 /// Whether the series every read needs are there over the window: the first one missing is
@@ -214,9 +258,9 @@ pub async fn check_series(prometheus: &Prometheus, window: &Window) -> Result<()
 
 type Key = (String, String, String, Option<String>);
 
-/// The CPU and memory series of the same container put together; series without a pod or
-/// container label are left out.
-pub fn join(labels: &Labels, cpu: Vec<Series>, memory: Vec<Series>) -> Vec<ContainerUsage> {
+/// The CPU, memory and OOM-kill series of the same container put together; series without a
+/// pod or container label are left out.
+pub fn join(labels: &Labels, cpu: Vec<Series>, memory: Vec<Series>, oom: Vec<Series>) -> Vec<ContainerUsage> {
     let key = |s: &Series| -> Option<Key> {
         let get = |name: &str| s.labels.get(name).filter(|v| !v.is_empty()).cloned();
         Some((
@@ -227,10 +271,11 @@ pub fn join(labels: &Labels, cpu: Vec<Series>, memory: Vec<Series>) -> Vec<Conta
         ))
     };
     let mut out: BTreeMap<Key, ContainerUsage> = BTreeMap::new();
-    for (series, is_cpu) in cpu
+    for (series, kind) in cpu
         .into_iter()
-        .map(|s| (s, true))
-        .chain(memory.into_iter().map(|s| (s, false)))
+        .map(|s| (s, 0))
+        .chain(memory.into_iter().map(|s| (s, 1)))
+        .chain(oom.into_iter().map(|s| (s, 2)))
     {
         let Some(k) = key(&series) else { continue };
         let usage = out.entry(k.clone()).or_insert_with(|| ContainerUsage {
@@ -240,10 +285,10 @@ pub fn join(labels: &Labels, cpu: Vec<Series>, memory: Vec<Series>) -> Vec<Conta
             node: k.3,
             ..ContainerUsage::default()
         });
-        if is_cpu {
-            usage.cpu.extend(series.points);
-        } else {
-            usage.memory.extend(series.points);
+        match kind {
+            0 => usage.cpu.extend(series.points),
+            1 => usage.memory.extend(series.points),
+            _ => usage.oom.extend(counter_rises(&series.points)),
         }
     }
     out.into_values().collect()
@@ -305,11 +350,21 @@ mod tests {
                 series("b", None, vec![(1, 0.1)]),
             ],
             vec![series("a", Some("n1"), vec![(1, 100.0)])],
+            vec![series("a", Some("n1"), vec![(1, 2.0), (2, 3.0), (3, 3.0)])],
         );
         assert_eq!(joined.len(), 2);
         assert_eq!(joined[0].node.as_deref(), Some("n1"));
         assert_eq!(joined[0].cpu, vec![(1, 0.5)]);
         assert_eq!(joined[0].memory, vec![(1, 100.0)]);
+        assert_eq!(joined[0].oom, vec![(2, 1)]);
         assert_eq!(joined[1].node, None);
+    }
+
+    #[test]
+    fn oom_kills_are_the_counters_rises_and_a_reset_counts_its_new_value() {
+        // baseline 2 (before the window), +1, flat, reset to 1, +2
+        let points = [(1, 2.0), (2, 3.0), (3, 3.0), (4, 1.0), (5, 3.0)];
+        assert_eq!(counter_rises(&points), vec![(2, 1), (4, 1), (5, 2)]);
+        assert_eq!(counter_rises(&[(1, 5.0)]), vec![]);
     }
 }

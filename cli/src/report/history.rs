@@ -150,6 +150,8 @@ pub struct Samples {
     pub cpu: Vec<(i64, f64)>,
     /// `(ms, bytes)`, oldest first, one per time (the highest where pods overlap).
     pub memory: Vec<(i64, f64)>,
+    /// `(ms, OOM kills)`, oldest first (the pods' kills at the same time added up).
+    pub oom: Vec<(i64, u64)>,
 }
 
 fn merge(into: &mut Vec<(i64, f64)>) {
@@ -157,18 +159,48 @@ fn merge(into: &mut Vec<(i64, f64)>) {
     into.dedup_by_key(|p| p.0);
 }
 
-/// The estimator fed with `samples` as the agent feeds it: every CPU sample, every memory
-/// sample, in time order. `None` when `cfg`'s half-lives are not usable (never with the
-/// defaults).
-pub fn history_of(cfg: &EstimatorConfig, samples: &Samples) -> Option<History> {
+/// The estimator fed with `samples` as the agent feeds it: every CPU sample, then memory
+/// samples and OOM kills in time order (at the same time the memory sample first, as in one
+/// agent tick); an OOM kill is recorded against `memory_request` bytes (the container's
+/// request, as the agent passes it) and counts its further kills of that step. `None` when
+/// `cfg`'s half-lives are not usable (never with the defaults).
+pub fn history_of(cfg: &EstimatorConfig, samples: &Samples, memory_request: f64) -> Option<History> {
     let mut h = History::new(cfg).ok()?;
     for &(at, cores) in &samples.cpu {
         h.add_cpu(cfg, at, cores);
     }
+    let mut ooms = samples.oom.iter().peekable();
     for &(at, bytes) in &samples.memory {
+        while let Some(&&(oom_at, kills)) = ooms.peek()
+            && oom_at < at
+        {
+            record_oom(cfg, &mut h, oom_at, kills, memory_request);
+            ooms.next();
+        }
         h.add_memory(cfg, at, bytes);
     }
+    for &(oom_at, kills) in ooms {
+        record_oom(cfg, &mut h, oom_at, kills, memory_request);
+    }
     Some(h)
+}
+
+fn record_oom(cfg: &EstimatorConfig, h: &mut History, at: i64, kills: u64, memory_request: f64) {
+    if kills > 0 && h.record_oom(cfg, at, memory_request).is_some() {
+        h.oom_count = h.oom_count.saturating_add(kills - 1);
+    }
+}
+
+fn merge_oom(into: &mut Vec<(i64, u64)>) {
+    into.sort_by_key(|p| p.0);
+    let mut out: Vec<(i64, u64)> = Vec::with_capacity(into.len());
+    for &(at, n) in into.iter() {
+        match out.last_mut() {
+            Some(last) if last.0 == at => last.1 = last.1.saturating_add(n),
+            _ => out.push((at, n)),
+        }
+    }
+    *into = out;
 }
 
 /// Which DaemonSet (index into `daemonsets`) a pod's name belongs to.
@@ -307,6 +339,7 @@ pub async fn snapshot(
         let s = samples.entry((node, i, c.container)).or_default();
         s.cpu.extend(c.cpu);
         s.memory.extend(c.memory);
+        s.oom.extend(c.oom);
     }
 
     let cfg = EstimatorConfig::default();
@@ -325,13 +358,14 @@ pub async fn snapshot(
         };
         merge(&mut s.cpu);
         merge(&mut s.memory);
-        let Some(history) = history_of(&cfg, &s) else {
+        merge_oom(&mut s.oom);
+        let requests = current_requests(&pods, ds, &node, &container);
+        let Some(history) = history_of(&cfg, &s, requests.1.unwrap_or(0) as f64) else {
             continue;
         };
         if history.sample_count == 0 && s.memory.is_empty() {
             continue;
         }
-        let requests = current_requests(&pods, ds, &node, &container);
         let estimate = history.estimate(&cfg, template.containers.len());
         let entry = sampler::entry(&estimate, &history, &policy, requests);
         let key = Key {
@@ -422,6 +456,32 @@ mod tests {
         let mut v = vec![(2, 0.1), (1, 0.5), (2, 0.3), (1, 0.2)];
         merge(&mut v);
         assert_eq!(v, vec![(1, 0.5), (2, 0.3)]);
+    }
+
+    #[test]
+    fn oom_kills_are_fed_between_memory_samples_as_an_agent_sees_them() {
+        let cfg = EstimatorConfig::default();
+        let mib = 1024.0 * 1024.0;
+        let t0 = 1_700_000_000_000;
+        let samples = Samples {
+            cpu: vec![(t0, 0.1)],
+            memory: vec![(t0, 300.0 * mib), (t0 + 60_000, 200.0 * mib)],
+            oom: vec![(t0, 2)],
+        };
+        let h = history_of(&cfg, &samples, 64.0 * mib).unwrap();
+        // two kills in one step: one bump, both counted
+        assert_eq!(h.oom_count, 2);
+        // the bump is on the interval's peak, 300 MiB (the memory sample of the same time first)
+        let mut agent = History::new(&cfg).unwrap();
+        agent.add_cpu(&cfg, t0, 0.1);
+        agent.add_memory(&cfg, t0, 300.0 * mib);
+        agent.record_oom(&cfg, t0, 64.0 * mib);
+        agent.oom_count += 1;
+        agent.add_memory(&cfg, t0 + 60_000, 200.0 * mib);
+        assert_eq!(h, agent);
+        let mut oom = vec![(2, 1), (1, 1), (2, 2)];
+        merge_oom(&mut oom);
+        assert_eq!(oom, vec![(1, 1), (2, 3)]);
     }
 
     #[test]
