@@ -12,7 +12,8 @@
 //! interval `(start + m min, start + (m+1) min]`) the container uses `cpu[m]` cores and its
 //! working set is `memory[m]` at both scrapes. So a `query_range` with a 1-minute step on
 //! minute boundaries sees, at the end of minute `m`, exactly `cpu[m]` from
-//! `rate(…[1m])` and `memory[m]` from `max_over_time(…[1m])`: [`Synthetic::expected`].
+//! `rate(…[1m])` and `memory[m]` from `max_over_time(…[1m])`: [`Synthetic::expected`]; an OOM
+//! kill in minute `m` shows at its end ([`Synthetic::expected_oom`]).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -71,6 +72,9 @@ pub struct Synthetic {
     pub cpu: Vec<f64>,
     /// Working set in each minute, in bytes.
     pub memory: Vec<f64>,
+    /// Minutes in which the container was OOM-killed once (`container_oom_events_total`, a
+    /// counter; written only for containers with a kill).
+    pub oom_minutes: Vec<usize>,
 }
 
 impl Synthetic {
@@ -91,13 +95,22 @@ impl Synthetic {
             .map(|(m, (&cpu, &memory))| (self.start_ms + (m as i64 + 1) * 60_000, cpu, memory))
             .collect()
     }
+
+    /// The OOM kills a 1-minute `query_range` shows: `(end of minute m in ms, kills)`.
+    pub fn expected_oom(&self) -> Vec<(i64, u64)> {
+        self.oom_minutes
+            .iter()
+            .map(|&m| (self.start_ms + (m as i64 + 1) * 60_000, 1))
+            .collect()
+    }
 }
 
 fn seconds(ms: i64) -> String {
     format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000))
 }
 
-/// Writes `series` as OpenMetrics text to `path`: the counter family, then the gauge family,
+/// Writes `series` as OpenMetrics text to `path`: the CPU counter family, the gauge family, the
+/// OOM counter family (when a series has kills),
 /// each series' points in time order, ending with `# EOF`.
 pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
     let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
@@ -145,6 +158,29 @@ pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
             }
         }
     }
+    if series.iter().any(|s| !s.oom_minutes.is_empty()) {
+        writeln!(
+            out,
+            "# HELP container_oom_events Count of out of memory events observed for the container."
+        )?;
+        writeln!(out, "# TYPE container_oom_events counter")?;
+    }
+    for s in series.iter().filter(|s| !s.oom_minutes.is_empty()) {
+        let labels = s.labels();
+        let mut kills = 0;
+        for m in 0..s.memory.len() {
+            // a kill in minute m shows from its first scrape on
+            kills += s.oom_minutes.iter().filter(|&&k| k == m).count();
+            for k in 1..=(60 / SCRAPE_SECS) {
+                let at = s.start_ms + m as i64 * 60_000 + k * SCRAPE_SECS * 1000;
+                writeln!(
+                    out,
+                    "container_oom_events_total{{{labels}}} {kills} {}",
+                    seconds(at)
+                )?;
+            }
+        }
+    }
     writeln!(out, "# EOF")?;
     out.flush()?;
     Ok(())
@@ -187,8 +223,8 @@ impl Prometheus {
                 String::from_utf8_lossy(&out.stderr)
             );
             eprintln!(
-                "prometheus: backfilled {} series in {:.1}s",
-                series.len() * 2,
+                "prometheus: backfilled the series of {} containers in {:.1}s",
+                series.len(),
                 started.elapsed().as_secs_f64()
             );
             std::fs::remove_file(&text)?;

@@ -6,7 +6,7 @@
 //! controller creates. The history (tests/src/prometheus.rs, one value per minute, scraped
 //! every 30 s) for those pods:
 //! - node A, busy: 0.2 core, 0.5 core in 3 minutes of every 20 (15 %); 200 MiB, 300 MiB in the
-//!   first hour of every day;
+//!   first hour of every day; one OOM kill on the last day (`container_oom_events_total`);
 //! - node B, quiet: 0.02 core, 40 MiB;
 //! - node C: a pod that is gone now (0.1 core, 100 MiB) for the first 5 days, then the current
 //!   pod (0.3 core, 150 MiB) from day 4 on: a day of overlap, as a replaced pod's series have.
@@ -64,22 +64,26 @@ fn history(
         start_ms: start_ms + start_min as i64 * 60_000,
         cpu,
         memory,
+        oom_minutes: Vec::new(),
     };
     let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let mut busy = series(
+        &pods[a],
+        a,
+        0,
+        minutes(0, total, |m| if m % 20 < 3 { 0.5 } else { 0.2 }),
+        minutes(0, total, |m| {
+            if m % DAY_MIN < 60 {
+                300.0 * MIB
+            } else {
+                200.0 * MIB
+            }
+        }),
+    );
+    // one OOM kill on the last day, at 10:00 of the history's day
+    busy.oom_minutes = vec![7 * DAY_MIN + 600];
     vec![
-        series(
-            &pods[a],
-            a,
-            0,
-            minutes(0, total, |m| if m % 20 < 3 { 0.5 } else { 0.2 }),
-            minutes(0, total, |m| {
-                if m % DAY_MIN < 60 {
-                    300.0 * MIB
-                } else {
-                    200.0 * MIB
-                }
-            }),
-        ),
+        busy,
         series(
             &pods[b],
             b,
@@ -118,12 +122,18 @@ fn agent_figures(series: &[&Synthetic]) -> ((u64, u64), (u64, u64), (u64, u64)) 
         *m = m.max(bytes);
     }
     points.dedup_by_key(|p| p.0);
+    let ooms: Vec<(i64, u64)> = series.iter().flat_map(|s| s.expected_oom()).collect();
     let mut h = History::new(&cfg).expect("default configuration");
     for &(at, cores, _) in &points {
         h.add_cpu(&cfg, at, cores);
     }
+    // as one agent tick: the working set, then the OOM kill seen in the same tick, recorded
+    // against the pod's memory request (64Mi)
     for (&at, &bytes) in &memory {
         h.add_memory(&cfg, at, bytes);
+        for _ in ooms.iter().filter(|o| o.0 == at) {
+            h.record_oom(&cfg, at, 64.0 * MIB);
+        }
     }
     let e = sampler::entry(&h.estimate(&cfg, 1), &h, &Policy::default(), (None, None));
     let pair = |f: &nodewarden_agent::rightsizing::publish::Figures| {
@@ -225,11 +235,14 @@ async fn report_from_prometheus_history_matches_the_agents_estimator() {
             figures(busy, "target")
                 == (
                     milli(edge(0.01, 0.5) * 1.15),
-                    bytes(edge(1e7, 300.0 * MIB) * 1.15)
+                    bytes(edge(1e7, 400.0 * MIB) * 1.15)
                 ),
             "busy node target: {busy}"
         );
         ensure!(figures(busy, "target").0 == 588, "{busy}");
+        // the OOM kill of the last day: that day's peak is max(300Mi + 100Mi, 300Mi × 1.2) =
+        // 400Mi, and weighs about half of all the days' peaks → p90 is its bucket
+        ensure!(busy["oomKills"] == 1, "{busy}");
         ensure!(
             figures(busy, "upperBound").0 == milli(edge(0.01, 0.5) * 1.15 * (1.0 + 1.0 / conf)),
             "{busy}"
