@@ -94,6 +94,78 @@ pub struct Config {
     /// Updates of running pods (`updateMode` InPlace and Recreate).
     #[command(flatten)]
     pub update: UpdateArgs,
+
+    /// Seeding from Prometheus history when there is no checkpoint.
+    #[command(flatten)]
+    pub history: HistoryArgs,
+}
+
+/// Flags of the seeding from Prometheus (docs/agent.md, docs/history.md). Off without
+/// `--history-prometheus-url`.
+#[derive(Args, Debug, Clone)]
+pub struct HistoryArgs {
+    /// Without a checkpoint, start this node's histories from this Prometheus server's history
+    /// of the kubelet's cAdvisor series (base URL, e.g. http://prometheus.monitoring:9090).
+    /// Unset (the default): no seeding. A checkpoint present: no seeding.
+    #[arg(long, env = "NODEWARDEN_HISTORY_PROMETHEUS_URL", value_name = "URL", value_parser = parse_url)]
+    pub history_prometheus_url: Option<String>,
+    /// A file holding a bearer token sent to Prometheus (read again for each query).
+    #[arg(long, env = "NODEWARDEN_HISTORY_PROMETHEUS_TOKEN_FILE", value_name = "FILE")]
+    pub history_prometheus_token_file: Option<PathBuf>,
+    /// A PEM file of CA certificates to trust for an https URL (else the system's).
+    #[arg(long, env = "NODEWARDEN_HISTORY_PROMETHEUS_CA_FILE", value_name = "FILE")]
+    pub history_prometheus_ca_file: Option<PathBuf>,
+    /// How far back to read (VPA's 8 days; at most 90d).
+    #[arg(long, env = "NODEWARDEN_HISTORY_WINDOW", default_value = "8d", value_parser = parse_history_window)]
+    pub history_window: Duration,
+    /// How long one query may take.
+    #[arg(long, env = "NODEWARDEN_HISTORY_PROMETHEUS_TIMEOUT", default_value = "30s", value_parser = parse_interval)]
+    pub history_prometheus_timeout: Duration,
+    /// The whole seeding, retries included, gives up after this long (the agent then starts
+    /// empty, as without the flag).
+    #[arg(long, env = "NODEWARDEN_HISTORY_BUDGET", default_value = "2m", value_parser = parse_interval)]
+    pub history_budget: Duration,
+}
+
+/// The longest `--history-window`.
+pub const MAX_HISTORY_WINDOW: Duration = Duration::from_secs(90 * 24 * 3600);
+
+fn parse_history_window(s: &str) -> Result<Duration, String> {
+    let d = nodewarden_runtime::duration::parse_at_least(s, Duration::from_secs(60))?;
+    if d > MAX_HISTORY_WINDOW {
+        return Err(format!("{s} is longer than 90d"));
+    }
+    Ok(d)
+}
+
+fn parse_url(s: &str) -> Result<String, String> {
+    // empty: off, as the chart's default
+    if s.is_empty() || s.starts_with("http://") || s.starts_with("https://") {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not an http:// or https:// URL"))
+    }
+}
+
+impl HistoryArgs {
+    /// The seeding these flags ask for; `None` without `--history-prometheus-url` (or with it
+    /// empty, as the chart leaves it).
+    pub fn seed(&self) -> Option<crate::rightsizing::seed::Config> {
+        let url = self.history_prometheus_url.as_deref().filter(|u| !u.is_empty())?;
+        Some(crate::rightsizing::seed::Config {
+            endpoint: nodewarden_history::Endpoint {
+                url: url.to_string(),
+                bearer_token_file: self.history_prometheus_token_file.clone(),
+                ca_file: self.history_prometheus_ca_file.clone(),
+            },
+            limits: nodewarden_history::Limits {
+                query_timeout: self.history_prometheus_timeout,
+                ..nodewarden_history::Limits::default()
+            },
+            window: self.history_window,
+            budget: self.history_budget,
+        })
+    }
 }
 
 /// The estimator's constants; defaults are the VPA recommender's.
@@ -338,6 +410,54 @@ mod tests {
         assert_eq!(c.admin_addr.port(), 8080);
         let e = c.estimator.estimator().unwrap();
         assert_eq!(e, EstimatorConfig::default());
+        // no seeding unless asked for
+        assert!(c.history.seed().is_none());
+    }
+
+    #[test]
+    fn history_flags_make_the_seeding() {
+        let c = Config::try_parse_from([
+            "nodewarden-agent",
+            "--node-name",
+            "x",
+            "--history-prometheus-url",
+            "https://prom.example/prometheus",
+            "--history-prometheus-token-file",
+            "token",
+            "--history-window",
+            "2d",
+        ])
+        .unwrap();
+        let s = c.history.seed().expect("seeding");
+        assert_eq!(s.endpoint.url, "https://prom.example/prometheus");
+        assert_eq!(s.endpoint.bearer_token_file, Some(PathBuf::from("token")));
+        assert_eq!(s.window, Duration::from_secs(2 * 24 * 3600));
+        assert_eq!(s.limits.query_timeout, Duration::from_secs(30));
+        assert_eq!(s.budget, Duration::from_secs(120));
+        // the chart's empty default: off
+        let d = Config::try_parse_from([
+            "nodewarden-agent",
+            "--node-name",
+            "x",
+            "--history-prometheus-url",
+            "",
+        ]);
+        assert!(d.unwrap().history.seed().is_none());
+        let d = Config::try_parse_from([
+            "nodewarden-agent",
+            "--node-name",
+            "x",
+            "--history-prometheus-url",
+            "prom:9090",
+        ]);
+        assert!(d.unwrap_err().to_string().contains("not an http"));
+        let err =
+            Config::try_parse_from(["nodewarden-agent", "--node-name", "x", "--history-window", "100d"])
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("longer than 90d"), "{err}");
+        let c = Config::try_parse_from(["nodewarden-agent", "--node-name", "x"]).unwrap();
+        assert_eq!(c.history.history_window, Duration::from_secs(8 * 24 * 3600));
     }
 
     #[test]

@@ -69,12 +69,13 @@ pub async fn run_with_kube_config(
     run_with_clients(config, client, evictions, shutdown).await
 }
 
-/// Loads the checkpoint into `sampler`, logging what happened.
-fn restore(sampler: &mut Sampler, config: &Config) {
+/// Loads the checkpoint into `sampler`, logging what happened: whether there was one to resume.
+fn restore(sampler: &mut Sampler, config: &Config) -> bool {
     let now_secs = u64::try_from(now_ms() / 1000).unwrap_or(0);
     match checkpoint::load(&config.checkpoint_dir, &config.node_name, now_secs) {
         Loaded::Missing => {
-            tracing::info!(dir = %config.checkpoint_dir.display(), "no checkpoint; starting without history")
+            tracing::info!(dir = %config.checkpoint_dir.display(), "no checkpoint; starting without history");
+            false
         }
         Loaded::Found(c) => {
             if c.node != config.node_name {
@@ -85,12 +86,67 @@ fn restore(sampler: &mut Sampler, config: &Config) {
                 histories = sampler.history_count(),
                 "resumed history from the checkpoint"
             );
+            true
         }
-        Loaded::MovedAside { moved_to, why } => tracing::warn!(
-            moved_to = %moved_to.display(), why = %why, "checkpoint unusable; moved aside, starting without history"
-        ),
+        Loaded::MovedAside { moved_to, why } => {
+            tracing::warn!(
+                moved_to = %moved_to.display(), why = %why, "checkpoint unusable; moved aside, starting without history"
+            );
+            false
+        }
         Loaded::Unreadable { why } => {
-            tracing::warn!(why = %why, "checkpoint unreadable; starting without history")
+            tracing::warn!(why = %why, "checkpoint unreadable; starting without history");
+            false
+        }
+    }
+}
+
+/// Seeds the histories of this node's autoscaled containers from Prometheus when
+/// `--history-prometheus-url` is set and no checkpoint was resumed (the checkpoint wins), within
+/// `--history-budget`; any failure is logged and counted, and the agent goes on empty.
+async fn seed_from_history(
+    sampler: &mut Sampler,
+    config: &Config,
+    targets: &[pods::Target],
+    resumed: bool,
+    estimator: &rightsizing::recommender::EstimatorConfig,
+    metrics: &Metrics,
+) {
+    let Some(seed) = config.history.seed() else {
+        return;
+    };
+    if resumed {
+        tracing::info!("a checkpoint was resumed; not seeding from Prometheus");
+        metrics.history_seed("checkpoint", 0);
+        return;
+    }
+    let started = Instant::now();
+    match rightsizing::seed::seed(&seed, &config.node_name, targets, estimator, now_ms()).await {
+        Ok(seeded) if seeded.histories.is_empty() => {
+            tracing::info!(
+                prometheus = %seed.endpoint.url, containers = targets.len(),
+                "Prometheus has no history of this node's autoscaled containers; starting without history"
+            );
+            metrics.history_seed("empty", 0);
+        }
+        Ok(seeded) => {
+            let mut taken = 0;
+            for (key, history, per_pod) in seeded.histories {
+                taken += usize::from(sampler.seed(key, history, per_pod));
+            }
+            tracing::info!(
+                prometheus = %seed.endpoint.url,
+                histories = taken,
+                samples = seeded.samples,
+                first_sample_ms = seeded.first_sample_ms,
+                took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "seeded history from Prometheus"
+            );
+            metrics.history_seed("seeded", seeded.samples);
+        }
+        Err(err) => {
+            tracing::warn!(prometheus = %seed.endpoint.url, error = %err, "seeding from Prometheus failed; starting without history");
+            metrics.history_seed("failed", 0);
         }
     }
 }
@@ -114,6 +170,7 @@ pub async fn run_with_clients(
 ) -> anyhow::Result<()> {
     let hierarchy = cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
     let estimator = config.estimator.estimator()?;
+    let sampler_estimator = estimator.clone();
     if let Err(err) = std::fs::create_dir_all(&config.checkpoint_dir) {
         tracing::warn!(dir = %config.checkpoint_dir.display(), error = %err, "cannot create the checkpoint folder; history will not survive a restart");
     }
@@ -121,11 +178,11 @@ pub async fn run_with_clients(
     let mut sampler = Sampler::new(
         config.node_name.clone(),
         hierarchy.clone(),
-        estimator,
+        sampler_estimator,
         config.publish(),
         metrics.clone(),
     );
-    restore(&mut sampler, &config);
+    let resumed = restore(&mut sampler, &config);
 
     let readiness = Arc::new(Readiness::default());
     readiness.require(READY_CACHES);
@@ -185,6 +242,15 @@ pub async fn run_with_clients(
         }
     }
     readiness.set(READY_CACHES, true);
+    let (targets, _) = stores.targets();
+    tokio::select! {
+        _ = shutdown.cancelled() => {
+            stop.cancel();
+            let _ = admin_task.await;
+            return Ok(());
+        }
+        () = seed_from_history(&mut sampler, &config, &targets, resumed, &estimator, &metrics) => {}
+    }
     tracing::info!("caches synced; measuring");
 
     let mut ticker = tokio::time::interval(config.sample_interval);

@@ -73,6 +73,13 @@ pub struct UpdateLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of the seeding's outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `seeded`, `empty`, `failed` or `checkpoint`.
+    pub outcome: &'static str,
+}
+
 /// Label of a write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -113,6 +120,8 @@ pub struct Metrics {
     pod_updates: Family<UpdateLabels, Counter>,
     pods_running: Family<AutoscalerLabels, Gauge>,
     pods_up_to_date: Family<AutoscalerLabels, Gauge>,
+    history_seed: Family<OutcomeLabels, Gauge>,
+    history_seed_samples: Gauge,
 }
 
 fn labels(key: &Key, resource: &'static str) -> ResourceLabels {
@@ -259,7 +268,23 @@ impl Metrics {
             "Of those, the pods whose requests and limits are already this node's figures",
             pods_up_to_date.clone(),
         );
+        let history_seed = Family::<OutcomeLabels, Gauge>::default();
+        registry.register(
+            "history_seed",
+            "1 for how seeding from Prometheus ended at start (seeded, empty: no history found, failed: \
+             Prometheus could not be read, checkpoint: not tried, a checkpoint was there); absent without \
+             --history-prometheus-url",
+            history_seed.clone(),
+        );
+        let history_seed_samples = Gauge::default();
+        registry.register(
+            "history_seed_samples",
+            "Samples (CPU and memory) read from Prometheus into the histories at start",
+            history_seed_samples.clone(),
+        );
         Metrics {
+            history_seed,
+            history_seed_samples,
             pod_updates,
             pods_running,
             pods_up_to_date,
@@ -429,6 +454,15 @@ impl Metrics {
         self.feature_report_writes
             .get_or_create(&ResultLabels { result })
             .inc();
+    }
+
+    /// How seeding from Prometheus ended (`seeded`, `empty`, `failed`, `checkpoint`), and the
+    /// samples it read.
+    pub fn history_seed(&self, outcome: &'static str, samples: u64) {
+        self.history_seed.clear();
+        self.history_seed.get_or_create(&OutcomeLabels { outcome }).set(1);
+        self.history_seed_samples
+            .set(i64::try_from(samples).unwrap_or(i64::MAX));
     }
 
     /// One checkpoint write, successful or not.

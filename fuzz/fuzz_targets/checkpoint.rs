@@ -79,6 +79,7 @@ fuzz_target!(|data: &[u8]| {
             },
             pod_namespace: e.autoscaler.namespace.clone(),
             pod_name: format!("pod-{i}"),
+            daemonset: "ds".to_string(),
             cgroup_uid: format!("uid-{i}"),
             container_id: format!("{i:064x}"),
             cpu_request_milli: Some(100),

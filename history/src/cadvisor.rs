@@ -137,9 +137,10 @@ pub fn promql_duration(d: Duration) -> String {
     }
 }
 
-fn selector(labels: &Labels, namespace: &str, pods: &str) -> String {
+fn selector(labels: &Labels, namespace: &str, pods: &str, node: Option<&str>) -> String {
+    let on_node = node.map_or_else(String::new, |n| format!(", {}={}", labels.node, quoted(n)));
     format!(
-        "{}={}, {}=~{}, {c}!=\"\", {c}!=\"POD\"",
+        "{}={}, {}=~{}{on_node}, {c}!=\"\", {c}!=\"POD\"",
         labels.namespace,
         quoted(namespace),
         labels.pod,
@@ -157,20 +158,42 @@ fn by(labels: &Labels) -> String {
 
 /// The CPU query for the pods of `namespace` whose names match `pods`.
 pub fn cpu_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
+    cpu_query_on(labels, namespace, pods, None, window)
+}
+
+/// [`cpu_query`] narrowed to the series of one node (its `node` label), when `node` is given.
+pub fn cpu_query_on(
+    labels: &Labels,
+    namespace: &str,
+    pods: &str,
+    node: Option<&str>,
+    window: &Window,
+) -> String {
     format!(
         "max by ({}) (rate({CPU_SERIES}{{{}}}[{}]))",
         by(labels),
-        selector(labels, namespace, pods),
+        selector(labels, namespace, pods, node),
         promql_duration(window.rate_window)
     )
 }
 
 /// The memory query for the pods of `namespace` whose names match `pods`.
 pub fn memory_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
+    memory_query_on(labels, namespace, pods, None, window)
+}
+
+/// [`memory_query`] narrowed to the series of one node (its `node` label), when `node` is given.
+pub fn memory_query_on(
+    labels: &Labels,
+    namespace: &str,
+    pods: &str,
+    node: Option<&str>,
+    window: &Window,
+) -> String {
     format!(
         "max by ({}) (max_over_time({MEMORY_SERIES}{{{}}}[{}]))",
         by(labels),
-        selector(labels, namespace, pods),
+        selector(labels, namespace, pods, node),
         promql_duration(window.step)
     )
 }
@@ -178,10 +201,21 @@ pub fn memory_query(labels: &Labels, namespace: &str, pods: &str, window: &Windo
 /// The OOM-kill query (the counter's highest value in each step) for the pods of `namespace`
 /// whose names match `pods`.
 pub fn oom_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
+    oom_query_on(labels, namespace, pods, None, window)
+}
+
+/// [`oom_query`] narrowed to the series of one node (its `node` label), when `node` is given.
+pub fn oom_query_on(
+    labels: &Labels,
+    namespace: &str,
+    pods: &str,
+    node: Option<&str>,
+    window: &Window,
+) -> String {
     format!(
         "max by ({}) (max_over_time({OOM_SERIES}{{{}}}[{}]))",
         by(labels),
-        selector(labels, namespace, pods),
+        selector(labels, namespace, pods, node),
         promql_duration(window.step)
     )
 }
@@ -210,9 +244,22 @@ pub async fn read(
     pods: &str,
     window: &Window,
 ) -> Result<Vec<ContainerUsage>, Error> {
+    read_on(prometheus, labels, namespace, pods, None, window).await
+}
+
+/// [`read`] narrowed to the series of one node (`node="…"` in every query), as an agent reads
+/// its own node's history: series without a node label are then left out.
+pub async fn read_on(
+    prometheus: &Prometheus,
+    labels: &Labels,
+    namespace: &str,
+    pods: &str,
+    node: Option<&str>,
+    window: &Window,
+) -> Result<Vec<ContainerUsage>, Error> {
     let cpu = prometheus
         .query_range(
-            &cpu_query(labels, namespace, pods, window),
+            &cpu_query_on(labels, namespace, pods, node, window),
             window.start_ms,
             window.end_ms,
             window.step,
@@ -220,7 +267,7 @@ pub async fn read(
         .await?;
     let memory = prometheus
         .query_range(
-            &memory_query(labels, namespace, pods, window),
+            &memory_query_on(labels, namespace, pods, node, window),
             window.start_ms,
             window.end_ms,
             window.step,
@@ -228,7 +275,7 @@ pub async fn read(
         .await?;
     let oom = prometheus
         .query_range(
-            &oom_query(labels, namespace, pods, window),
+            &oom_query_on(labels, namespace, pods, node, window),
             window.start_ms,
             window.end_ms,
             window.step,
@@ -317,6 +364,17 @@ mod tests {
             memory_query(&Labels::default(), "logging", &pods, &window),
             "max by (namespace, pod, container, node) (max_over_time(container_memory_working_set_bytes{namespace=\
              \"logging\", pod=~\"log\\\\.shipper-[a-z0-9]{5}\", container!=\"\", container!=\"POD\"}[1m]))"
+        );
+        // an agent narrows every query to its own node
+        let on = Labels {
+            node: "instance_node".into(),
+            ..Labels::default()
+        };
+        assert_eq!(
+            oom_query_on(&on, "logging", &pods, Some("n\"1"), &window),
+            "max by (namespace, pod, container, instance_node) (max_over_time(container_oom_events_total{namespace=\
+             \"logging\", pod=~\"log\\\\.shipper-[a-z0-9]{5}\", instance_node=\"n\\\"1\", container!=\"\", \
+             container!=\"POD\"}[1m]))"
         );
         // a long name is cut as the API server cuts generateName
         let long = "a".repeat(70);

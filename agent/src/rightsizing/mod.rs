@@ -8,6 +8,7 @@
 //! - [`publish`]: when and how `NodeRecommendation` is written,
 //! - [`sampler`]: one sample tick tying the above together (it reads the containers through
 //!   [`cgroup`](crate::cgroup)),
+//! - [`seed`]: the histories of a node without a checkpoint, from Prometheus (`--history-prometheus-url`),
 //! - [`update`]: the updater: running pods of this node follow its figures (resize or evict).
 //!
 //! The rules the webhook applies too (which autoscaler and container policy apply to a pod, the
@@ -20,4 +21,5 @@ pub mod pods;
 pub mod publish;
 pub mod recommender;
 pub mod sampler;
+pub mod seed;
 pub mod update;

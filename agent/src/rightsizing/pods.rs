@@ -263,6 +263,8 @@ pub struct Target {
     pub pod_namespace: String,
     /// Name of its pod.
     pub pod_name: String,
+    /// Name of the DaemonSet that controls its pod.
+    pub daemonset: String,
     /// UID of the pod cgroup (the static pod's own UID for mirror pods).
     pub cgroup_uid: String,
     /// Container ID without the runtime prefix.
@@ -311,7 +313,9 @@ pub fn autoscaler_for<'a>(
         .map(|a| a.as_ref())
 }
 
-fn policy_for(dsa: &DaemonSetAutoscaler, container: &str) -> Option<Policy> {
+/// The policy the agent applies to `container` of the pods `dsa` autoscales: `None` when the
+/// container's mode is `Off`. `report --prometheus` applies the same.
+pub fn policy_for(dsa: &DaemonSetAutoscaler, container: &str) -> Option<Policy> {
     let Some(p) = container_policy(dsa, container) else {
         return Some(Policy::default());
     };
@@ -407,6 +411,7 @@ pub fn targets(pods: &[Arc<NodePod>], autoscalers: &[Arc<DaemonSetAutoscaler>]) 
                 },
                 pod_namespace: ns.clone(),
                 pod_name: pod.name_any(),
+                daemonset: ds.to_string(),
                 cgroup_uid: uid.clone(),
                 container_id: id.to_string(),
                 cpu_request_milli: cpu.and_then(|m| u64::try_from(m).ok()),

@@ -227,6 +227,22 @@ impl Sampler {
         }
     }
 
+    /// Starts the history of `key` from `history` (seeded from Prometheus), unless it already
+    /// has one: returns whether it was taken.
+    pub fn seed(&mut self, key: Key, history: History, containers_per_pod: usize) -> bool {
+        if self.histories.contains_key(&key) {
+            return false;
+        }
+        self.meta.entry(key.clone()).or_insert(Meta {
+            containers_per_pod: containers_per_pod.max(1),
+            policy: Policy::default(),
+            cpu_request_milli: None,
+            memory_request_bytes: None,
+        });
+        self.histories.insert(key, history);
+        true
+    }
+
     /// The histories as a checkpoint saved at `now_ms`.
     pub fn checkpoint(&self, now_ms: i64) -> Checkpoint {
         Checkpoint {

@@ -19,15 +19,14 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use nodewarden_agent::rightsizing::pods::{Key, Limits, Policy};
+use nodewarden_agent::rightsizing::pods::{Key, policy_for};
 use nodewarden_agent::rightsizing::publish;
-use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
+use nodewarden_agent::rightsizing::recommender::EstimatorConfig;
 use nodewarden_agent::rightsizing::sampler;
-use nodewarden_api::domain::rightsizing::{container_policy, precedence};
+use nodewarden_agent::rightsizing::seed::{self, Samples, history_of};
+use nodewarden_api::domain::rightsizing::precedence;
 use nodewarden_api::quantity::parse_milli;
-use nodewarden_api::rightsizing::{
-    AutoscalerRef, ContainerMode, DaemonSetAutoscaler, ResourceName, TargetKind, TargetRef,
-};
+use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler, TargetKind, TargetRef};
 use nodewarden_api::{DaemonSetAutoscalerSpec, NodeRecommendation};
 use nodewarden_history::cadvisor::{self, ContainerUsage, Labels, Window};
 use nodewarden_history::{Endpoint, Limits as QueryLimits, Prometheus};
@@ -78,48 +77,9 @@ pub struct Request {
 }
 
 /// The window ending at `now_ms`, its end on a whole multiple of the resolution (so that runs a
-/// little apart read the same steps).
+/// little apart, and a seeding agent, read the same steps): the agent's `seed::window`.
 pub fn window(request: &Request, now_ms: i64) -> Window {
-    let step_ms = i64::try_from(request.resolution.as_millis())
-        .unwrap_or(i64::MAX)
-        .max(1);
-    let end_ms = now_ms.div_euclid(step_ms) * step_ms;
-    let length = i64::try_from(request.window.as_millis()).unwrap_or(i64::MAX);
-    Window {
-        start_ms: end_ms.saturating_sub(length),
-        end_ms,
-        step: request.resolution,
-        rate_window: request.rate_window,
-    }
-}
-
-/// The policy the agent applies to one container (its `pods::policy_for`): `None` when the
-/// container's mode is `Off`.
-pub fn policy(dsa: &DaemonSetAutoscaler, container: &str) -> Option<Policy> {
-    let Some(p) = container_policy(dsa, container) else {
-        return Some(Policy::default());
-    };
-    if p.mode == ContainerMode::Off {
-        return None;
-    }
-    let controlled = p.controlled_resources.as_deref();
-    let has = |r: ResourceName| controlled.is_none_or(|c| c.contains(&r));
-    let q = |list: &Option<nodewarden_api::quantity::ResourceList>, name: &str, scale: f64| {
-        list.as_ref()
-            .and_then(|l| l.get(name))
-            .and_then(|q| parse_milli(&q.0))
-            .map(|m| m as f64 / scale)
-    };
-    Some(Policy {
-        cpu: has(ResourceName::Cpu),
-        memory: has(ResourceName::Memory),
-        limits: Limits {
-            min_cpu_milli: q(&p.min_allowed, "cpu", 1.0),
-            max_cpu_milli: q(&p.max_allowed, "cpu", 1.0),
-            min_memory_bytes: q(&p.min_allowed, "memory", 1000.0),
-            max_memory_bytes: q(&p.max_allowed, "memory", 1000.0),
-        },
-    })
+    seed::window(request.window, request.resolution, request.rate_window, now_ms)
 }
 
 /// An autoscaler with every default for `ds`, named after it: what the report assumes for a
@@ -141,66 +101,6 @@ pub fn default_autoscaler(ds: &DaemonSet) -> DaemonSetAutoscaler {
     let mut dsa = DaemonSetAutoscaler::new(&ds.name_any(), spec);
     dsa.metadata.namespace = ds.namespace();
     dsa
-}
-
-/// One DaemonSet's samples on one node, per container: what one node's agent would have seen.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Samples {
-    /// `(ms, cores)`, oldest first, one per time (the highest where pods overlap).
-    pub cpu: Vec<(i64, f64)>,
-    /// `(ms, bytes)`, oldest first, one per time (the highest where pods overlap).
-    pub memory: Vec<(i64, f64)>,
-    /// `(ms, OOM kills)`, oldest first (the pods' kills at the same time added up).
-    pub oom: Vec<(i64, u64)>,
-}
-
-fn merge(into: &mut Vec<(i64, f64)>) {
-    into.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
-    into.dedup_by_key(|p| p.0);
-}
-
-/// The estimator fed with `samples` as the agent feeds it: every CPU sample, then memory
-/// samples and OOM kills in time order (at the same time the memory sample first, as in one
-/// agent tick); an OOM kill is recorded against `memory_request` bytes (the container's
-/// request, as the agent passes it) and counts its further kills of that step. `None` when
-/// `cfg`'s half-lives are not usable (never with the defaults).
-pub fn history_of(cfg: &EstimatorConfig, samples: &Samples, memory_request: f64) -> Option<History> {
-    let mut h = History::new(cfg).ok()?;
-    for &(at, cores) in &samples.cpu {
-        h.add_cpu(cfg, at, cores);
-    }
-    let mut ooms = samples.oom.iter().peekable();
-    for &(at, bytes) in &samples.memory {
-        while let Some(&&(oom_at, kills)) = ooms.peek()
-            && oom_at < at
-        {
-            record_oom(cfg, &mut h, oom_at, kills, memory_request);
-            ooms.next();
-        }
-        h.add_memory(cfg, at, bytes);
-    }
-    for &(oom_at, kills) in ooms {
-        record_oom(cfg, &mut h, oom_at, kills, memory_request);
-    }
-    Some(h)
-}
-
-fn record_oom(cfg: &EstimatorConfig, h: &mut History, at: i64, kills: u64, memory_request: f64) {
-    if kills > 0 && h.record_oom(cfg, at, memory_request).is_some() {
-        h.oom_count = h.oom_count.saturating_add(kills - 1);
-    }
-}
-
-fn merge_oom(into: &mut Vec<(i64, u64)>) {
-    into.sort_by_key(|p| p.0);
-    let mut out: Vec<(i64, u64)> = Vec::with_capacity(into.len());
-    for &(at, n) in into.iter() {
-        match out.last_mut() {
-            Some(last) if last.0 == at => last.1 = last.1.saturating_add(n),
-            _ => out.push((at, n)),
-        }
-    }
-    *into = out;
 }
 
 /// Which DaemonSet (index into `daemonsets`) a pod's name belongs to.
@@ -336,10 +236,10 @@ pub async fn snapshot(
             unplaced += 1;
             continue;
         };
-        let s = samples.entry((node, i, c.container)).or_default();
-        s.cpu.extend(c.cpu);
-        s.memory.extend(c.memory);
-        s.oom.extend(c.oom);
+        samples
+            .entry((node, i, c.container.clone()))
+            .or_default()
+            .extend(c);
     }
 
     let cfg = EstimatorConfig::default();
@@ -353,12 +253,10 @@ pub async fn snapshot(
         if !template.containers.iter().any(|c| c.name == container) {
             continue;
         }
-        let Some(policy) = policy(dsa, &container) else {
+        let Some(policy) = policy_for(dsa, &container) else {
             continue;
         };
-        merge(&mut s.cpu);
-        merge(&mut s.memory);
-        merge_oom(&mut s.oom);
+        s.merge();
         let requests = current_requests(&pods, ds, &node, &container);
         let Some(history) = history_of(&cfg, &s, requests.1.unwrap_or(0) as f64) else {
             continue;
@@ -448,40 +346,10 @@ mod tests {
         assert_eq!(dsa.name_any(), "shipper");
         assert_eq!(dsa.namespace().as_deref(), Some("logs"));
         assert_eq!(dsa.spec.target_ref.name, "shipper");
-        assert_eq!(policy(&dsa, "any"), Some(Policy::default()));
-    }
-
-    #[test]
-    fn overlapping_pods_keep_the_highest_sample_per_time() {
-        let mut v = vec![(2, 0.1), (1, 0.5), (2, 0.3), (1, 0.2)];
-        merge(&mut v);
-        assert_eq!(v, vec![(1, 0.5), (2, 0.3)]);
-    }
-
-    #[test]
-    fn oom_kills_are_fed_between_memory_samples_as_an_agent_sees_them() {
-        let cfg = EstimatorConfig::default();
-        let mib = 1024.0 * 1024.0;
-        let t0 = 1_700_000_000_000;
-        let samples = Samples {
-            cpu: vec![(t0, 0.1)],
-            memory: vec![(t0, 300.0 * mib), (t0 + 60_000, 200.0 * mib)],
-            oom: vec![(t0, 2)],
-        };
-        let h = history_of(&cfg, &samples, 64.0 * mib).unwrap();
-        // two kills in one step: one bump, both counted
-        assert_eq!(h.oom_count, 2);
-        // the bump is on the interval's peak, 300 MiB (the memory sample of the same time first)
-        let mut agent = History::new(&cfg).unwrap();
-        agent.add_cpu(&cfg, t0, 0.1);
-        agent.add_memory(&cfg, t0, 300.0 * mib);
-        agent.record_oom(&cfg, t0, 64.0 * mib);
-        agent.oom_count += 1;
-        agent.add_memory(&cfg, t0 + 60_000, 200.0 * mib);
-        assert_eq!(h, agent);
-        let mut oom = vec![(2, 1), (1, 1), (2, 2)];
-        merge_oom(&mut oom);
-        assert_eq!(oom, vec![(1, 1), (2, 3)]);
+        assert_eq!(
+            policy_for(&dsa, "any"),
+            Some(nodewarden_agent::rightsizing::pods::Policy::default())
+        );
     }
 
     #[test]

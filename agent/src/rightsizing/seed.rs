@@ -1,0 +1,393 @@
+//! Seeding: the histories of a node without a checkpoint, loaded from Prometheus.
+//!
+//! With `--history-prometheus-url`, an agent whose node has no checkpoint reads its own node's
+//! history of the autoscaled DaemonSet containers running there (the kubelet's cAdvisor series,
+//! through `nodewarden-history`, every query narrowed to `node="<this node>"`) and feeds it into
+//! the same histories as live samples, with [`history_of`], before its first sample tick. A
+//! checkpoint wins: with one, nothing is read. `kubectl nodewarden report --prometheus` builds its
+//! figures with the same [`history_of`] and [`window`], so a seeded agent's first
+//! `NodeRecommendation` is what the report prints for its node.
+//!
+//! Bounded: every query has the reader's limits (timeout, series, points, bytes); a failed read
+//! is tried again with backoff ([`retry_backoff`]: 1 s doubling, at most [`RETRIES`] retries) and
+//! the whole seeding stops after [`Config::budget`] whatever happens. A failure leaves the agent
+//! empty, as without the flag; it never stops the agent. docs/agent.md and docs/history.md.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use nodewarden_history::cadvisor::{self, ContainerUsage, Labels, Window};
+use nodewarden_history::{Endpoint, Error, Limits, Prometheus};
+
+use crate::rightsizing::pods::{Key, Target};
+use crate::rightsizing::recommender::{EstimatorConfig, History};
+
+/// One sample per this interval: the report's default resolution, so that an agent and
+/// `report --prometheus` read the same steps (and confidence counts 1440 samples to a day).
+pub const RESOLUTION: Duration = Duration::from_secs(60);
+
+/// CPU's `rate()` range: the report's default (at least two scrapes at the usual 30–60 s).
+pub const RATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Retries of a failed read, after the first try.
+pub const RETRIES: usize = 3;
+
+/// One container's samples on one node: what its node's agent would have seen.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Samples {
+    /// `(ms, cores)`, oldest first, one per time (the highest where pods overlap).
+    pub cpu: Vec<(i64, f64)>,
+    /// `(ms, bytes)`, oldest first, one per time (the highest where pods overlap).
+    pub memory: Vec<(i64, f64)>,
+    /// `(ms, OOM kills)`, oldest first (the pods' kills at the same time added up).
+    pub oom: Vec<(i64, u64)>,
+}
+
+impl Samples {
+    /// Adds the series of one pod's container (a DaemonSet's pods on a node, one after the
+    /// other, are one history).
+    pub fn extend(&mut self, usage: ContainerUsage) {
+        self.cpu.extend(usage.cpu);
+        self.memory.extend(usage.memory);
+        self.oom.extend(usage.oom);
+    }
+
+    /// Puts the samples in time order, one per time: the highest CPU and memory sample where
+    /// pods overlap, their OOM kills added up.
+    pub fn merge(&mut self) {
+        merge(&mut self.cpu);
+        merge(&mut self.memory);
+        merge_oom(&mut self.oom);
+    }
+}
+
+/// `into` in time order, the highest value kept where two share a time.
+pub fn merge(into: &mut Vec<(i64, f64)>) {
+    into.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    into.dedup_by_key(|p| p.0);
+}
+
+/// `into` in time order, the counts of the same time added up.
+pub fn merge_oom(into: &mut Vec<(i64, u64)>) {
+    into.sort_by_key(|p| p.0);
+    let mut out: Vec<(i64, u64)> = Vec::with_capacity(into.len());
+    for &(at, n) in into.iter() {
+        match out.last_mut() {
+            Some(last) if last.0 == at => last.1 = last.1.saturating_add(n),
+            _ => out.push((at, n)),
+        }
+    }
+    *into = out;
+}
+
+/// The estimator fed with `samples` (merged: [`Samples::merge`]) as the agent feeds it: every
+/// CPU sample, then memory samples and OOM kills in time order (at the same time the memory
+/// sample first, as in one agent tick); an OOM kill is recorded against `memory_request` bytes
+/// (the container's request, as the agent passes it) and counts its further kills of that
+/// step. `None` when `cfg`'s half-lives are not usable (never with the defaults).
+pub fn history_of(cfg: &EstimatorConfig, samples: &Samples, memory_request: f64) -> Option<History> {
+    let mut h = History::new(cfg).ok()?;
+    for &(at, cores) in &samples.cpu {
+        h.add_cpu(cfg, at, cores);
+    }
+    let mut ooms = samples.oom.iter().peekable();
+    for &(at, bytes) in &samples.memory {
+        while let Some(&&(oom_at, kills)) = ooms.peek()
+            && oom_at < at
+        {
+            record_oom(cfg, &mut h, oom_at, kills, memory_request);
+            ooms.next();
+        }
+        h.add_memory(cfg, at, bytes);
+    }
+    for &(oom_at, kills) in ooms {
+        record_oom(cfg, &mut h, oom_at, kills, memory_request);
+    }
+    Some(h)
+}
+
+fn record_oom(cfg: &EstimatorConfig, h: &mut History, at: i64, kills: u64, memory_request: f64) {
+    if kills > 0 && h.record_oom(cfg, at, memory_request).is_some() {
+        h.oom_count = h.oom_count.saturating_add(kills - 1);
+    }
+}
+
+/// The window of `length` ending at `now_ms`, its end on a whole multiple of `resolution` (so
+/// that reads a little apart, the agent's and the report's, read the same steps).
+pub fn window(length: Duration, resolution: Duration, rate_window: Duration, now_ms: i64) -> Window {
+    let step_ms = i64::try_from(resolution.as_millis()).unwrap_or(i64::MAX).max(1);
+    let end_ms = now_ms.div_euclid(step_ms) * step_ms;
+    let length = i64::try_from(length.as_millis()).unwrap_or(i64::MAX);
+    Window {
+        start_ms: end_ms.saturating_sub(length),
+        end_ms,
+        step: resolution,
+        rate_window,
+    }
+}
+
+/// What the agent's `--history-prometheus-*` flags ask for.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where Prometheus is and how to authenticate.
+    pub endpoint: Endpoint,
+    /// The bounds of every query (the timeout from `--history-prometheus-timeout`).
+    pub limits: Limits,
+    /// How far back to read (`--history-window`, 8 days as VPA).
+    pub window: Duration,
+    /// The whole seeding, retries included, stops after this long.
+    pub budget: Duration,
+}
+
+/// Backoff between tries of a failed read: 1 s doubling (to 8 s), with jitter, [`RETRIES`] times.
+pub fn retry_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(8))
+        .with_jitter()
+        .with_max_times(RETRIES)
+}
+
+/// Whether a failed read is worth another try: not a bad URL or file, a refusal (401/403), a
+/// query Prometheus rejects as such (4xx) or an answer over the limits, which fail the same way
+/// again.
+pub fn transient(err: &Error) -> bool {
+    match err {
+        Error::Unreachable { .. } | Error::Timeout { .. } | Error::BadAnswer { .. } => true,
+        Error::Query { status, .. } => *status >= 500 || *status == 429,
+        Error::BadUrl { .. }
+        | Error::File { .. }
+        | Error::Unauthorized { .. }
+        | Error::TooManySeries { .. }
+        | Error::MissingSeries { .. } => false,
+    }
+}
+
+/// The histories seeded, and what went into them.
+#[derive(Debug, Default)]
+pub struct Seeded {
+    /// One history per container with samples, and its containers per pod.
+    pub histories: Vec<(Key, History, usize)>,
+    /// Samples (CPU and memory) read in all.
+    pub samples: u64,
+    /// The oldest sample read, in milliseconds since the Unix epoch.
+    pub first_sample_ms: Option<i64>,
+}
+
+/// The history of `targets` (this node's autoscaled containers, with `daemonset` named) on
+/// `node` over `window`, one read per namespace, each tried again with backoff when it fails
+/// for a reason that may pass.
+pub async fn load(
+    prometheus: &Prometheus,
+    node: &str,
+    targets: &[Target],
+    window: &Window,
+    cfg: &EstimatorConfig,
+) -> Result<Seeded, Error> {
+    // per namespace, the DaemonSets; per (namespace, DaemonSet, container), its target
+    let mut by_namespace: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut wanted: BTreeMap<(&str, &str, &str), &Target> = BTreeMap::new();
+    for t in targets {
+        by_namespace
+            .entry(t.pod_namespace.as_str())
+            .or_default()
+            .insert(t.daemonset.as_str());
+        wanted
+            .entry((
+                t.pod_namespace.as_str(),
+                t.daemonset.as_str(),
+                t.key.container.as_str(),
+            ))
+            .or_insert(t);
+    }
+    let labels = Labels::default();
+    let mut samples: BTreeMap<(&str, &str, &str), Samples> = BTreeMap::new();
+    for (ns, daemonsets) in &by_namespace {
+        let regex = daemonsets
+            .iter()
+            .map(|ds| cadvisor::daemonset_pods(ds))
+            .collect::<Vec<_>>()
+            .join("|");
+        let read = || cadvisor::read_on(prometheus, &labels, ns, &regex, Some(node), window);
+        let usage = read
+            .retry(retry_backoff())
+            .when(transient)
+            .notify(|err, after| tracing::warn!(error = %err, retry_in = ?after, "reading history from Prometheus failed; trying again"))
+            .await?;
+        for c in usage {
+            let Some(ds) = daemonsets.iter().find(|ds| owned_by(&c.pod, ds)) else {
+                continue;
+            };
+            let found = wanted
+                .keys()
+                .copied()
+                .find(|&(n, d, container)| n == *ns && d == *ds && container == c.container);
+            let Some(k) = found else { continue };
+            samples.entry(k).or_default().extend(c);
+        }
+    }
+    let mut seeded = Seeded::default();
+    for (k, mut s) in samples {
+        let Some(t) = wanted.get(&k) else { continue };
+        s.merge();
+        let Some(history) = history_of(cfg, &s, t.memory_request_bytes.unwrap_or(0) as f64) else {
+            continue;
+        };
+        if history.sample_count == 0 && s.memory.is_empty() {
+            continue;
+        }
+        seeded.samples = seeded
+            .samples
+            .saturating_add((s.cpu.len() + s.memory.len()) as u64);
+        let first = s
+            .cpu
+            .first()
+            .into_iter()
+            .chain(s.memory.first())
+            .map(|p| p.0)
+            .min();
+        seeded.first_sample_ms = match (seeded.first_sample_ms, first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        seeded
+            .histories
+            .push((t.key.clone(), history, t.containers_per_pod.max(1)));
+    }
+    Ok(seeded)
+}
+
+/// Whether `pod` is named as the DaemonSet controller names the pods of `daemonset`
+/// (`<daemonset>-` cut to 58 characters, then 5 lowercase letters or digits).
+pub fn owned_by(pod: &str, daemonset: &str) -> bool {
+    let prefix: String = format!("{daemonset}-").chars().take(58).collect();
+    pod.strip_prefix(prefix.as_str()).is_some_and(|rest| {
+        rest.len() == 5 && rest.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    })
+}
+
+/// Reads the history with [`load`], the whole within `config.budget`.
+pub async fn seed(
+    config: &Config,
+    node: &str,
+    targets: &[Target],
+    cfg: &EstimatorConfig,
+    now_ms: i64,
+) -> Result<Seeded, SeedError> {
+    let prometheus =
+        Prometheus::new(config.endpoint.clone(), config.limits).map_err(SeedError::Prometheus)?;
+    let window = window(config.window, RESOLUTION, RATE_WINDOW, now_ms);
+    match tokio::time::timeout(config.budget, load(&prometheus, node, targets, &window, cfg)).await {
+        Ok(r) => r.map_err(SeedError::Prometheus),
+        Err(_) => Err(SeedError::Budget(config.budget)),
+    }
+}
+
+/// Why seeding gave nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum SeedError {
+    /// Prometheus could not be read (after the retries, for a reason that may pass).
+    #[error(transparent)]
+    Prometheus(Error),
+    /// The budget ran out.
+    #[error("reading history from Prometheus took longer than the budget of {0:?}")]
+    Budget(Duration),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_are_matched_to_their_daemonset_by_name() {
+        assert!(owned_by("log-abcde", "log"));
+        assert!(owned_by("log-shipper-x1y2z", "log-shipper"));
+        assert!(!owned_by("log-shipper-x1y2z", "log"));
+        assert!(!owned_by("log-shipper-x1y2", "log-shipper"));
+        assert!(!owned_by("log-ABCDE", "log"));
+        assert!(!owned_by("other-abcde", "log"));
+        let long = "a".repeat(70);
+        assert!(owned_by(&format!("{}b1c2d", "a".repeat(58)), &long));
+    }
+
+    #[test]
+    fn overlapping_pods_keep_the_highest_sample_per_time() {
+        let mut v = vec![(2, 0.1), (1, 0.5), (2, 0.3), (1, 0.2)];
+        merge(&mut v);
+        assert_eq!(v, vec![(1, 0.5), (2, 0.3)]);
+        let mut oom = vec![(2, 1), (1, 1), (2, 2)];
+        merge_oom(&mut oom);
+        assert_eq!(oom, vec![(1, 1), (2, 3)]);
+    }
+
+    #[test]
+    fn oom_kills_are_fed_between_memory_samples_as_an_agent_sees_them() {
+        let cfg = EstimatorConfig::default();
+        let mib = 1024.0 * 1024.0;
+        let t0 = 1_700_000_000_000;
+        let samples = Samples {
+            cpu: vec![(t0, 0.1)],
+            memory: vec![(t0, 300.0 * mib), (t0 + 60_000, 200.0 * mib)],
+            oom: vec![(t0, 2)],
+        };
+        let h = history_of(&cfg, &samples, 64.0 * mib).unwrap();
+        // two kills in one step: one bump, both counted
+        assert_eq!(h.oom_count, 2);
+        // the bump is on the interval's peak, 300 MiB (the memory sample of the same time first)
+        let mut agent = History::new(&cfg).unwrap();
+        agent.add_cpu(&cfg, t0, 0.1);
+        agent.add_memory(&cfg, t0, 300.0 * mib);
+        agent.record_oom(&cfg, t0, 64.0 * mib);
+        agent.oom_count += 1;
+        agent.add_memory(&cfg, t0 + 60_000, 200.0 * mib);
+        assert_eq!(h, agent);
+    }
+
+    #[test]
+    fn the_window_ends_on_a_whole_step() {
+        let w = window(
+            Duration::from_secs(3600),
+            Duration::from_secs(60),
+            Duration::from_secs(120),
+            1_700_000_123_456,
+        );
+        assert_eq!(w.end_ms, 1_700_000_100_000);
+        assert_eq!(w.start_ms, 1_700_000_100_000 - 3_600_000);
+        assert_eq!(w.step, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn only_failures_that_may_pass_are_tried_again() {
+        let url = || "http://p".to_string();
+        assert!(transient(&Error::Unreachable {
+            url: url(),
+            reason: "refused".into()
+        }));
+        assert!(transient(&Error::Query {
+            url: url(),
+            status: 503,
+            query: "q".into(),
+            detail: String::new()
+        }));
+        assert!(!transient(&Error::Query {
+            url: url(),
+            status: 400,
+            query: "q".into(),
+            detail: String::new()
+        }));
+        assert!(!transient(&Error::Unauthorized {
+            url: url(),
+            status: 401,
+            detail: String::new()
+        }));
+    }
+
+    #[test]
+    fn the_retries_are_bounded() {
+        use backon::BackoffBuilder;
+        let delays: Vec<Duration> = retry_backoff().build().collect();
+        assert_eq!(delays.len(), RETRIES);
+        assert!(delays.iter().all(|d| *d <= Duration::from_secs(16)), "{delays:?}");
+    }
+}
