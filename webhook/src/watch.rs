@@ -77,6 +77,9 @@ pub(crate) async fn watch_into<K, V, C, F>(
                 let all = std::mem::take(&mut buffer);
                 tracing::info!(cache = what, objects = all.len(), "cache listed");
                 apply(Change::Replace(all));
+                // the list's pages, decoded and dropped, leave free heap below the cache's
+                // live data; glibc keeps it resident until trimmed
+                nodewarden_sys::release_free_heap();
             }
             Some(Ok(watcher::Event::Apply(obj))) => apply(Change::Apply(convert(obj))),
             Some(Ok(watcher::Event::Delete(obj))) => apply(Change::Delete(convert(obj))),
