@@ -1770,3 +1770,73 @@ async fn upgrades_run_a_hook_that_replaces_the_crds() -> Result<()> {
     }
     Ok(())
 }
+
+/// Seeding from Prometheus (issue 32) is off by default: no `NODEWARDEN_HISTORY_*` variable at all;
+/// with `agent.history.prometheus.url` set, the URL and every other value reach the agent's env,
+/// each a variable the agent reads.
+#[tokio::test]
+async fn agent_history_values_reach_the_env_only_with_a_url() -> Result<()> {
+    let vars = [
+        (
+            "prometheus.url",
+            "http://prometheus.monitoring:9090",
+            "NODEWARDEN_HISTORY_PROMETHEUS_URL",
+        ),
+        (
+            "prometheus.tokenFile",
+            "/etc/prometheus-token/token",
+            "NODEWARDEN_HISTORY_PROMETHEUS_TOKEN_FILE",
+        ),
+        (
+            "prometheus.caFile",
+            "/etc/prometheus-ca/ca.crt",
+            "NODEWARDEN_HISTORY_PROMETHEUS_CA_FILE",
+        ),
+        (
+            "prometheus.timeout",
+            "20s",
+            "NODEWARDEN_HISTORY_PROMETHEUS_TIMEOUT",
+        ),
+        ("window", "14d", "NODEWARDEN_HISTORY_WINDOW"),
+        ("budget", "90s", "NODEWARDEN_HISTORY_BUDGET"),
+    ];
+    let config = std::fs::read_to_string(chart_dir().join("../../agent/src/config.rs"))?;
+    let default = render_default().await?;
+    let c = container(default.get("DaemonSet", "nodewarden-agent")?, "agent")?;
+    for (_, _, var) in vars {
+        ensure!(
+            config.contains(&format!("env = \"{var}\"")),
+            "the agent reads no {var}"
+        );
+        ensure!(env_entry(c, var).is_none(), "{var} rendered by default");
+    }
+    let set: Vec<String> = vars
+        .iter()
+        .map(|(key, value, _)| format!("agent.history.{key}={value}"))
+        .collect();
+    let r = Helm::locate()
+        .await?
+        .template(RELEASE, NS, &["--set", set.join(",").as_str()])
+        .await?;
+    let c = container(r.get("DaemonSet", "nodewarden-agent")?, "agent")?;
+    for (_, want, var) in vars {
+        ensure!(
+            env_value(c, var) == Some(want),
+            "env {var}: {:?}, want {want}",
+            env_value(c, var)
+        );
+    }
+    // not a URL: refused by the schema
+    let err = Helm::locate()
+        .await?
+        .template(
+            RELEASE,
+            NS,
+            &["--set", "agent.history.prometheus.url=prometheus:9090"],
+        )
+        .await
+        .err()
+        .context("a URL without a scheme must be refused")?;
+    ensure!(err.to_string().contains("url"), "{err}");
+    Ok(())
+}

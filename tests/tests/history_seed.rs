@@ -1,0 +1,336 @@
+//! End-to-end: an agent seeded from a real Prometheus holding 8 days of backfilled cAdvisor
+//! history, against the real control plane (issue 32).
+//!
+//! One Ready fake Node, a DaemonSet (template 100m / 64Mi) with a DaemonSetAutoscaler, its pod
+//! bound to the node with the container status a kubelet reports, and a synthetic cgroup tree
+//! for that container (CPU counter standing still, 300 MiB in use: the history's daily peak, so
+//! the first live reading moves no percentile). The history: 0.2 core with 0.5 core in 3
+//! minutes of every 20, 200 MiB with 300 MiB in the first hour of every day.
+//!
+//! 1. A fresh agent (no checkpoint) with `--history-prometheus-url` publishes, within a minute,
+//!    the figures `kubectl nodewarden report --prometheus --window 8d` prints for the node
+//!    (within VPA's rounding: one 5 % bucket), with the history's sample count and first sample
+//!    time in the NodeRecommendation.
+//! 2. With a checkpoint present (one without this container), the agent does not seed: its
+//!    figures come from its own few samples.
+//! 3. With Prometheus unreachable, the agent starts empty within its budget and publishes from
+//!    live samples: no crash, no wait beyond the budget.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, ensure};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use nodewarden_agent::config::Config;
+use nodewarden_agent::rightsizing::checkpoint::{self, Checkpoint};
+use nodewarden_api::quantity::parse_milli;
+use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
+use nodewarden_tests::prometheus::{Prometheus, Synthetic};
+use nodewarden_tests::{
+    TestEnv, apply_crds, cgroupfs, chart_crd_files, e2e, kubectl_nodewarden, read_crds, simple_daemonset,
+    wait_for_daemonset_pods,
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const DS: &str = "log-shipper";
+const MIB: f64 = 1024.0 * 1024.0;
+const DAY_MIN: usize = 24 * 60;
+const DAYS: usize = 8;
+const CONTAINER_ID: &str = "5eed000000000000000000000000000000000000000000000000000000000001";
+
+/// Binds the DaemonSet's pod to `node` as the scheduler would and gives it the container status
+/// a kubelet reports; returns its UID.
+async fn run_pod(env: &TestEnv, pod: &Pod, node: &str) -> Result<String> {
+    let pods = env.api::<Pod>();
+    let name = pod.name_any();
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+    });
+    pods.create_subresource::<_, Value>("binding", &name, &PostParams::default(), &binding)
+        .await
+        .context("binding the DaemonSet pod")?;
+    let status = json!({"status": {
+        "phase": "Running", "startTime": "2026-11-21T07:00:00Z",
+        "containerStatuses": [{
+            "name": "agent", "image": "registry.invalid/agent:1", "imageID": "", "ready": true,
+            "restartCount": 0, "started": true, "state": {"running": {"startedAt": "2026-11-21T07:00:00Z"}},
+            "containerID": format!("containerd://{CONTAINER_ID}"),
+        }],
+    }});
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .context("setting the pod's container status")?;
+    pod.uid().ok_or_else(|| anyhow!("pod without uid"))
+}
+
+/// 8 days of the pod's history on `node`, ending a minute before `now_ms`.
+fn history(namespace: &str, pod: &str, node: &str, now_ms: i64) -> Synthetic {
+    let total = DAYS * DAY_MIN;
+    let end_ms = now_ms.div_euclid(60_000) * 60_000 - 60_000;
+    Synthetic {
+        namespace: namespace.to_string(),
+        pod: pod.to_string(),
+        container: "agent".to_string(),
+        node: node.to_string(),
+        start_ms: end_ms - total as i64 * 60_000,
+        cpu: (0..total).map(|m| if m % 20 < 3 { 0.5 } else { 0.2 }).collect(),
+        memory: (0..total)
+            .map(|m| {
+                if m % DAY_MIN < 60 {
+                    300.0 * MIB
+                } else {
+                    200.0 * MIB
+                }
+            })
+            .collect(),
+        oom_minutes: Vec::new(),
+    }
+}
+
+fn agent_config(node: &str, dir: &Path, extra: &[&str]) -> Result<Config> {
+    let cgroup = dir.join("cgroup");
+    let checkpoint = dir.join("checkpoint");
+    let mut args = vec![
+        "nodewarden-agent",
+        "--node-name",
+        node,
+        "--cgroup-root",
+        cgroup.to_str().unwrap_or_default(),
+        "--checkpoint-dir",
+        checkpoint.to_str().unwrap_or_default(),
+        "--admin-addr",
+        "127.0.0.1:0",
+        // one tick a minute: the first (published at once) is the one compared
+        "--sample-interval",
+        "1m",
+        "--log-format",
+        "text",
+    ];
+    args.extend_from_slice(extra);
+    Ok(Config::try_from_args(args)?)
+}
+
+/// A synthetic cgroup tree under `dir` holding the pod's container: CPU standing still, 300 MiB
+/// (every day's peak in the history: a first live reading that opens a new day changes no
+/// percentile).
+fn cgroup_tree(dir: &Path, pod_uid: &str) -> Result<()> {
+    let root = dir.join("cgroup");
+    cgroupfs::write_root(&root)?;
+    cgroupfs::write_container(
+        &cgroupfs::container_scope(&root, pod_uid, CONTAINER_ID),
+        5_000_000,
+        300 * 1024 * 1024,
+    )
+}
+
+/// Runs an agent with `config` until it has published the node's NodeRecommendation (which is
+/// deleted first); returns it and how long it took.
+async fn first_recommendation(
+    env: &TestEnv,
+    node: &str,
+    config: Config,
+) -> Result<(NodeRecommendation, Duration)> {
+    let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
+    if recs.get_opt(node).await?.is_some() {
+        recs.delete(node, &Default::default()).await?;
+        env.cp
+            .poll("the old NodeRecommendation gone", || {
+                let recs = recs.clone();
+                let node = node.to_string();
+                async move { Ok(recs.get_opt(&node).await?.is_none().then_some(())) }
+            })
+            .await?;
+    }
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let agent = tokio::spawn(nodewarden_agent::run_with_client(
+        config,
+        env.client.clone(),
+        stop.clone(),
+    ));
+    let rec = env
+        .cp
+        .poll("the agent's NodeRecommendation", || {
+            let recs = recs.clone();
+            let node = node.to_string();
+            async move {
+                Ok(recs
+                    .get_opt(&node)
+                    .await?
+                    .filter(|r| !r.spec.recommendations.is_empty()))
+            }
+        })
+        .await;
+    let took = started.elapsed();
+    ensure!(!agent.is_finished(), "the agent stopped: {:?}", agent.await);
+    stop.cancel();
+    agent.await??;
+    Ok((rec?, took))
+}
+
+/// (millicores, bytes) of a figure of the NodeRecommendation.
+fn pair(
+    list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> (u64, u64) {
+    let get = |name: &str, scale: u128| {
+        list.and_then(|l| l.get(name))
+            .and_then(|q| parse_milli(&q.0))
+            .map_or(0, |m| u64::try_from(m.div_ceil(scale)).unwrap_or(u64::MAX))
+    };
+    (get("cpu", 1), get("memory", 1000))
+}
+
+fn report_pair(row: &Value, field: &str) -> (u64, u64) {
+    (
+        row[field]["cpuMillis"].as_u64().unwrap_or(0),
+        row[field]["memoryBytes"].as_u64().unwrap_or(0),
+    )
+}
+
+/// Within one VPA bucket (5 %) of each other.
+fn close(a: (u64, u64), b: (u64, u64)) -> bool {
+    let near = |x: u64, y: u64| (x as f64 - y as f64).abs() <= 0.05 * x.max(y) as f64 + 1.0;
+    near(a.0, b.0) && near(a.1, b.1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the_report() {
+    e2e("history-seed", |env| async move {
+        apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let kubeconfig = env.cp.kubeconfig_path().display().to_string();
+        let node = env.create_nodes(1).await?.remove(0);
+        let ds = simple_daemonset(DS, &env.node_selector())?;
+        env.api::<DaemonSet>().create(&PostParams::default(), &ds).await?;
+        let dsa: DaemonSetAutoscaler = serde_json::from_value(json!({
+            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+            "metadata": {"name": DS},
+            "spec": {"targetRef": {"kind": "DaemonSet", "name": DS}, "updatePolicy": {"updateMode": "Initial"}}
+        }))?;
+        env.api::<DaemonSetAutoscaler>()
+            .create(&PostParams::default(), &dsa)
+            .await?;
+        let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, std::slice::from_ref(&node)).await?;
+        let pod = pods.values().next().context("the DaemonSet's pod")?.clone();
+        let pod_uid = run_pod(&env, &pod, &node).await?;
+
+        let now_ms = nodewarden_agent::now_ms();
+        let series = history(&env.namespace, &pod.name_any(), &node, now_ms);
+        let prometheus = Prometheus::start(std::slice::from_ref(&series), None).await?;
+        let url = prometheus.url();
+
+        // what the report prints for the node, from the same Prometheus, before any agent
+        let out = kubectl_nodewarden(&[
+            "report",
+            "--kubeconfig",
+            &kubeconfig,
+            "-n",
+            &env.namespace,
+            "--prometheus",
+            &url,
+            "--window",
+            "8d",
+            "--daemonset",
+            DS,
+            "-o",
+            "json",
+        ])
+        .await
+        .map_err(|e| anyhow!("{e}\n{}", prometheus.log_tail(30)))?;
+        let json: Value = serde_json::from_str(&out).with_context(|| format!("report JSON: {out}"))?;
+        let row = json["daemonsets"][0]["rows"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["node"] == node.as_str()))
+            .with_context(|| format!("no row for {node}: {json}"))?
+            .clone();
+        let report = (
+            report_pair(&row, "target"),
+            report_pair(&row, "lowerBound"),
+            report_pair(&row, "upperBound"),
+        );
+
+        // 1. a fresh agent seeds and publishes the report's figures within a minute
+        let fresh = tempfile::tempdir()?;
+        cgroup_tree(fresh.path(), &pod_uid)?;
+        let config = agent_config(&node, fresh.path(), &["--history-prometheus-url", &url])?;
+        let (rec, took) = first_recommendation(&env, &node, config).await?;
+        eprintln!("history_seed: seeded agent published in {:.1}s", took.as_secs_f64());
+        ensure!(took < Duration::from_secs(60), "published after {took:?}");
+        let r = &rec.spec.recommendations[0];
+        let agent = (
+            pair(r.target.as_ref()),
+            pair(r.lower_bound.as_ref()),
+            pair(r.upper_bound.as_ref()),
+        );
+        eprintln!("history_seed: report {report:?}, seeded agent {agent:?}");
+        ensure!(
+            close(agent.0, report.0) && close(agent.1, report.1) && close(agent.2, report.2),
+            "the seeded agent publishes {agent:?} (target, lower, upper), the report {report:?}"
+        );
+        // a 2-minute rate blends the 3-minute bursts: between the steady 0.2 core and the
+        // bursts' 0.5 (588m with a 1-minute rate), + 15 %
+        ensure!(report.0.0 > 230 && report.0.0 < 588, "the busy history's target: {report:?}");
+        // the history's samples and first sample time are on the recommendation
+        let expected = (DAYS * DAY_MIN) as i64;
+        ensure!(
+            r.sample_count >= expected - 5 && r.sample_count <= expected + 5,
+            "sample count {} for {expected} minutes of history",
+            r.sample_count
+        );
+        let first = r.first_sample_time.as_ref().context("no first sample time")?;
+        let first_ms = first.0.as_millisecond();
+        ensure!(
+            (first_ms - series.start_ms - 60_000).abs() <= 5 * 60_000,
+            "first sample at {first_ms}, the history starts at {}",
+            series.start_ms
+        );
+        ensure!(
+            checkpoint::path(&fresh.path().join("checkpoint"), &node).exists(),
+            "the seeded agent checkpoints on stop"
+        );
+
+        // 2. a checkpoint present wins: no seeding, the figures are the agent's own
+        let resumed = tempfile::tempdir()?;
+        cgroup_tree(resumed.path(), &pod_uid)?;
+        let dir = resumed.path().join("checkpoint");
+        std::fs::create_dir_all(&dir)?;
+        checkpoint::save(
+            &dir,
+            &Checkpoint {
+                version: checkpoint::VERSION,
+                node: node.clone(),
+                saved_at_ms: nodewarden_agent::now_ms(),
+                entries: Vec::new(),
+            },
+        )?;
+        let config = agent_config(&node, resumed.path(), &["--history-prometheus-url", &url])?;
+        let (rec, _) = first_recommendation(&env, &node, config).await?;
+        let r = &rec.spec.recommendations[0];
+        ensure!(
+            r.sample_count < 10,
+            "with a checkpoint the agent must not seed: {} samples",
+            r.sample_count
+        );
+        drop(prometheus);
+
+        // 3. Prometheus gone: the agent starts empty within its budget and publishes live
+        let down = tempfile::tempdir()?;
+        cgroup_tree(down.path(), &pod_uid)?;
+        let config = agent_config(
+            &node,
+            down.path(),
+            &["--history-prometheus-url", &url, "--history-budget", "5s"],
+        )?;
+        let (rec, took) = first_recommendation(&env, &node, config).await?;
+        eprintln!("history_seed: agent with Prometheus down published in {:.1}s", took.as_secs_f64());
+        ensure!(took < Duration::from_secs(30), "published after {took:?}");
+        ensure!(rec.spec.recommendations[0].sample_count < 10, "{:?}", rec.spec);
+        Ok(())
+    })
+    .await;
+}
