@@ -106,6 +106,7 @@ fn restore(sampler: &mut Sampler, config: &Config) -> bool {
 /// `--history-budget`; any failure is logged and counted, and the agent goes on empty.
 async fn seed_from_history(
     sampler: &mut Sampler,
+    client: &Client,
     config: &Config,
     targets: &[pods::Target],
     resumed: bool,
@@ -147,7 +148,33 @@ async fn seed_from_history(
         Err(err) => {
             tracing::warn!(prometheus = %seed.endpoint.url, error = %err, "seeding from Prometheus failed; starting without history");
             metrics.history_seed("failed", 0);
+            node_event(
+                client,
+                &config.node_name,
+                "HistorySeedFailed",
+                format!("seeding from Prometheus failed, starting without history: {err}"),
+            )
+            .await;
         }
+    }
+}
+
+/// Publishes a Warning Event about this node (`kubectl describe node` shows it), waiting at
+/// most 10 s; a failure is logged only.
+async fn node_event(client: &Client, node: &str, reason: &str, note: String) {
+    let recorder = nodewarden_runtime::events::recorder(client, "nodewarden-agent", Some(node.to_string()));
+    let regarding = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("Node".to_string()),
+        name: Some(node.to_string()),
+        ..Default::default()
+    };
+    let publish = nodewarden_runtime::events::publish(&recorder, &regarding, true, "Seed", reason, note);
+    if tokio::time::timeout(Duration::from_secs(10), publish)
+        .await
+        .is_err()
+    {
+        tracing::warn!(reason, "publishing an Event took longer than 10s; left");
     }
 }
 
@@ -222,6 +249,7 @@ pub async fn run_with_clients(
         desired_rx.clone(),
         stop.clone(),
     ));
+    let event_client = client.clone();
     let publisher = tokio::spawn(publish::run_publisher(
         client,
         config.node_name.clone(),
@@ -249,7 +277,7 @@ pub async fn run_with_clients(
             let _ = admin_task.await;
             return Ok(());
         }
-        () = seed_from_history(&mut sampler, &config, &targets, resumed, &estimator, &metrics) => {}
+        () = seed_from_history(&mut sampler, &event_client, &config, &targets, resumed, &estimator, &metrics) => {}
     }
     tracing::info!("caches synced; measuring");
 
