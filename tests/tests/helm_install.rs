@@ -28,11 +28,17 @@ use serde_json::{Value, json};
 /// cannot touch another CRD.
 #[tokio::test]
 async fn crds_apply_upgrades_older_crds_as_the_hooks_service_account() {
+    on_a_control_plane(crds_apply).await;
+}
+
+/// Runs `test` on a control plane of its own; a failure panics with the error and the control
+/// plane's last log lines.
+async fn on_a_control_plane(test: impl AsyncFnOnce(&ControlPlane) -> Result<()>) {
     let cp = match ControlPlane::start().await {
         Ok(cp) => cp,
         Err(e) => panic!("starting a control plane: {e:#}"),
     };
-    if let Err(e) = crds_apply(&cp).await {
+    if let Err(e) = test(&cp).await {
         panic!(
             "{e:#}\ncontrol plane logs ({}):\n{}",
             cp.dir().display(),
@@ -191,18 +197,7 @@ async fn crds_apply(cp: &ControlPlane) -> Result<()> {
 /// dry run; `helm upgrade` keeps an injected caBundle; `helm uninstall` removes it all but the CRDs.
 #[tokio::test]
 async fn install_creates_working_objects_and_uninstall_removes_them() {
-    let cp = match ControlPlane::start().await {
-        Ok(cp) => cp,
-        Err(e) => panic!("starting a control plane: {e:#}"),
-    };
-    if let Err(e) = install_and_uninstall(&cp).await {
-        eprintln!(
-            "nodewarden-tests: helm install test failed; control plane logs ({}):\n{}",
-            cp.dir().display(),
-            cp.log_tails(40)
-        );
-        panic!("{e:#}");
-    }
+    on_a_control_plane(install_and_uninstall).await;
 }
 
 async fn install_and_uninstall(cp: &ControlPlane) -> Result<()> {
@@ -896,17 +891,7 @@ fn extract_chart(commit: &str, dir: &std::path::Path) -> Result<std::path::PathB
 /// hook on rollback) and the objects too.
 #[tokio::test]
 async fn upgrade_from_the_previous_chart_and_rollback_keep_nodewarden_working() {
-    let cp = match ControlPlane::start().await {
-        Ok(cp) => cp,
-        Err(e) => panic!("starting a control plane: {e:#}"),
-    };
-    if let Err(e) = upgrade_and_rollback(&cp).await {
-        panic!(
-            "{e:#}\ncontrol plane logs ({}):\n{}",
-            cp.dir().display(),
-            cp.log_tails(40)
-        );
-    }
+    on_a_control_plane(upgrade_and_rollback).await;
 }
 
 const APPS: &str = "apps";
