@@ -8,15 +8,15 @@
 //! - [`features`]: the feature gates of the node's components, published as `NodeFeatureReport/<node>`.
 //!
 //! Shared by them: [`cgroup`] (the node's I/O: finding container cgroups, systemd/cgroupfs,
-//! containerd/CRI-O, and reading them), [`metrics`], [`config`] (the flags). [`run`] ties them
-//! together.
+//! containerd/CRI-O, and reading them; the crate `nodewarden-cgroup`, re-exported here),
+//! [`metrics`], [`config`] (the flags). [`run`] ties them together.
 //!
 //! Tracing, the admin server, signals and the API server client come from `nodewarden-runtime`,
 //! shared with the webhook.
 
 #![warn(missing_docs)]
 
-pub mod cgroup;
+pub use nodewarden_cgroup as cgroup;
 pub mod config;
 pub mod features;
 pub mod metrics;

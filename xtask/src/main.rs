@@ -236,7 +236,8 @@ fn demo(root: &Path) -> Result<()> {
 }
 
 /// The agent's cgroup readers' unit tests (which parse the kernel's files with integer
-/// arithmetic a 64-bit ARM machine must get right too), compiled for aarch64 and run under
+/// arithmetic a 64-bit ARM machine must get right too; the crate `nodewarden-cgroup`, which
+/// needs nothing but the standard library and thiserror), compiled for aarch64 and run under
 /// qemu-user: cargo hands each test binary to `qemu-aarch64-static` (its runner), so nothing is
 /// registered with the kernel's binfmt_misc. Statically linked as the images are, so no aarch64
 /// loader is needed either. The Rust target, Debian's cross linker and qemu-user-static are
@@ -262,11 +263,10 @@ fn arm64_tests(root: &Path) -> Result<()> {
             "test",
             "--locked",
             "-p",
-            "nodewarden-agent",
+            "nodewarden-cgroup",
             "--target",
             ARM64.triple,
             "--lib",
-            "cgroup::",
         ],
         &env,
     )

@@ -13,6 +13,12 @@
 //!
 //! Every container cgroup of a pod is returned, the sandbox (pause) container included; the
 //! join with the pod's `containerStatuses` keeps only real containers.
+//!
+//! A crate of its own (`nodewarden-cgroup`, re-exported by the agent as `nodewarden_agent::cgroup`)
+//! on the standard library alone, so its tests build in seconds for another architecture: `cargo
+//! xtask ci` runs them for aarch64 under qemu-user.
+
+#![warn(missing_docs)]
 
 pub mod v1;
 
@@ -150,8 +156,10 @@ impl Reading {
     }
 }
 
-/// Which cgroup version to use: `auto` detects it at start.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// Which cgroup version to use: `auto` detects it at start (the agent's `--cgroup-version`, with
+/// the feature `clap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Version {
     /// Whichever the root holds, v2 first.
     #[default]
