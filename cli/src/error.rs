@@ -102,23 +102,9 @@ pub fn classify(what: &str, err: kube::Error) -> Error {
         },
         other => Error::Unreachable {
             what,
-            message: error_chain(&other),
+            message: nodewarden_history::error_chain(&other),
         },
     }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -156,67 +156,53 @@ fn by(labels: &Labels) -> String {
     )
 }
 
-/// The CPU query for the pods of `namespace` whose names match `pods`.
-pub fn cpu_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
-    cpu_query_on(labels, namespace, pods, None, window)
+/// What a query reads: its series, and how one step's value comes out of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// CPU in cores: `rate()` of [`CPU_SERIES`] over the window's `rate_window`.
+    Cpu,
+    /// The highest working set of each step: `max_over_time()` of [`MEMORY_SERIES`] over a step.
+    Memory,
+    /// The OOM-kill counter's highest value in each step: `max_over_time()` of [`OOM_SERIES`].
+    Oom,
 }
 
-/// [`cpu_query`] narrowed to the series of one node (its `node` label), when `node` is given.
-pub fn cpu_query_on(
+impl Kind {
+    /// The series read.
+    pub fn series(self) -> &'static str {
+        match self {
+            Kind::Cpu => CPU_SERIES,
+            Kind::Memory => MEMORY_SERIES,
+            Kind::Oom => OOM_SERIES,
+        }
+    }
+
+    /// The range function and its range.
+    fn range(self, window: &Window) -> (&'static str, Duration) {
+        match self {
+            Kind::Cpu => ("rate", window.rate_window),
+            Kind::Memory | Kind::Oom => ("max_over_time", window.step),
+        }
+    }
+}
+
+/// The query of `kind` for the containers of the pods of `namespace` whose names match `pods`,
+/// narrowed to the series of one node (its `node` label) when `node` is given.
+pub fn query(
+    kind: Kind,
     labels: &Labels,
     namespace: &str,
     pods: &str,
     node: Option<&str>,
     window: &Window,
 ) -> String {
+    let (function, range) = kind.range(window);
     format!(
-        "max by ({}) (rate({CPU_SERIES}{{{}}}[{}]))",
+        "max by ({}) ({function}({}{{{}}}[{}]))",
         by(labels),
+        kind.series(),
         selector(labels, namespace, pods, node),
-        promql_duration(window.rate_window)
-    )
-}
-
-/// The memory query for the pods of `namespace` whose names match `pods`.
-pub fn memory_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
-    memory_query_on(labels, namespace, pods, None, window)
-}
-
-/// [`memory_query`] narrowed to the series of one node (its `node` label), when `node` is given.
-pub fn memory_query_on(
-    labels: &Labels,
-    namespace: &str,
-    pods: &str,
-    node: Option<&str>,
-    window: &Window,
-) -> String {
-    format!(
-        "max by ({}) (max_over_time({MEMORY_SERIES}{{{}}}[{}]))",
-        by(labels),
-        selector(labels, namespace, pods, node),
-        promql_duration(window.step)
-    )
-}
-
-/// The OOM-kill query (the counter's highest value in each step) for the pods of `namespace`
-/// whose names match `pods`.
-pub fn oom_query(labels: &Labels, namespace: &str, pods: &str, window: &Window) -> String {
-    oom_query_on(labels, namespace, pods, None, window)
-}
-
-/// [`oom_query`] narrowed to the series of one node (its `node` label), when `node` is given.
-pub fn oom_query_on(
-    labels: &Labels,
-    namespace: &str,
-    pods: &str,
-    node: Option<&str>,
-    window: &Window,
-) -> String {
-    format!(
-        "max by ({}) (max_over_time({OOM_SERIES}{{{}}}[{}]))",
-        by(labels),
-        selector(labels, namespace, pods, node),
-        promql_duration(window.step)
+        promql_duration(range)
     )
 }
 
@@ -257,30 +243,15 @@ pub async fn read_on(
     node: Option<&str>,
     window: &Window,
 ) -> Result<Vec<ContainerUsage>, Error> {
-    let cpu = prometheus
-        .query_range(
-            &cpu_query_on(labels, namespace, pods, node, window),
-            window.start_ms,
-            window.end_ms,
-            window.step,
-        )
-        .await?;
-    let memory = prometheus
-        .query_range(
-            &memory_query_on(labels, namespace, pods, node, window),
-            window.start_ms,
-            window.end_ms,
-            window.step,
-        )
-        .await?;
-    let oom = prometheus
-        .query_range(
-            &oom_query_on(labels, namespace, pods, node, window),
-            window.start_ms,
-            window.end_ms,
-            window.step,
-        )
-        .await?;
+    let read = |kind| async move {
+        let q = query(kind, labels, namespace, pods, node, window);
+        prometheus
+            .query_range(&q, window.start_ms, window.end_ms, window.step)
+            .await
+    };
+    let cpu = read(Kind::Cpu).await?;
+    let memory = read(Kind::Memory).await?;
+    let oom = read(Kind::Oom).await?;
     Ok(join(labels, cpu, memory, oom))
 }
 
@@ -356,12 +327,12 @@ mod tests {
         let pods = daemonset_pods("log.shipper");
         assert_eq!(pods, "log\\.shipper-[a-z0-9]{5}");
         assert_eq!(
-            cpu_query(&Labels::default(), "logging", &pods, &window),
+            query(Kind::Cpu, &Labels::default(), "logging", &pods, None, &window),
             "max by (namespace, pod, container, node) (rate(container_cpu_usage_seconds_total{namespace=\"logging\", \
              pod=~\"log\\\\.shipper-[a-z0-9]{5}\", container!=\"\", container!=\"POD\"}[2m]))"
         );
         assert_eq!(
-            memory_query(&Labels::default(), "logging", &pods, &window),
+            query(Kind::Memory, &Labels::default(), "logging", &pods, None, &window),
             "max by (namespace, pod, container, node) (max_over_time(container_memory_working_set_bytes{namespace=\
              \"logging\", pod=~\"log\\\\.shipper-[a-z0-9]{5}\", container!=\"\", container!=\"POD\"}[1m]))"
         );
@@ -371,7 +342,7 @@ mod tests {
             ..Labels::default()
         };
         assert_eq!(
-            oom_query_on(&on, "logging", &pods, Some("n\"1"), &window),
+            query(Kind::Oom, &on, "logging", &pods, Some("n\"1"), &window),
             "max by (namespace, pod, container, instance_node) (max_over_time(container_oom_events_total{namespace=\
              \"logging\", pod=~\"log\\\\.shipper-[a-z0-9]{5}\", instance_node=\"n\\\"1\", container!=\"\", \
              container!=\"POD\"}[1m]))"

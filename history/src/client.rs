@@ -65,21 +65,6 @@ fn file_error(what: &'static str, path: &std::path::Path, reason: impl ToString)
     }
 }
 
-/// The error and its causes, on one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
-}
-
 /// Seconds since the Unix epoch, as Prometheus reads a time.
 fn seconds(ms: i64) -> String {
     format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000))
@@ -290,7 +275,7 @@ impl Prometheus {
         let exchange = async {
             let response = self.http.request(request).await.map_err(|e| Error::Unreachable {
                 url: self.base.clone(),
-                reason: chain(&e),
+                reason: crate::error_chain(&e),
             })?;
             let status = response.status();
             let body = Limited::new(response.into_body(), limit)

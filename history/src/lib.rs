@@ -187,6 +187,22 @@ pub enum Error {
     },
 }
 
+/// An error and its causes on one line, each cause after a `: ` unless the text before already
+/// holds it (clients often repeat their cause in their own message).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 fn detail_suffix(detail: &str) -> String {
     if detail.is_empty() {
         String::new()
@@ -203,4 +219,39 @@ pub struct Series {
     pub labels: std::collections::BTreeMap<String, String>,
     /// `(time in ms, value)`, oldest first.
     pub points: Vec<(i64, f64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let e = Layer(
+            "client error (Connect)",
+            Some(Box::new(Layer(
+                "tcp connect error: Connection refused",
+                Some(Box::new(Layer("Connection refused", None))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&e),
+            "client error (Connect): tcp connect error: Connection refused"
+        );
+    }
 }

@@ -14,7 +14,8 @@
 //! 2. With a checkpoint present (one without this container), the agent does not seed: its
 //!    figures come from its own few samples.
 //! 3. With Prometheus unreachable, the agent starts empty within its budget and publishes from
-//!    live samples: no crash, no wait beyond the budget; a Warning Event on the Node says why.
+//!    live samples: no crash, no wait beyond the budget; a Warning Event on the Node says why:
+//!    the budget spent, and the last error seen (the refused connection).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -330,14 +331,30 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
         eprintln!("history_seed: agent with Prometheus down published in {:.1}s", took.as_secs_f64());
         ensure!(took < Duration::from_secs(30), "published after {took:?}");
         ensure!(rec.spec.recommendations[0].sample_count < 10, "{:?}", rec.spec);
-        // and says so on the Node
+        // and says so on the Node, naming the budget and the last error seen (the refused
+        // connection: the retries' 1 s + 2 s + 4 s do not fit in 5 s)
         let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
-        let warned = events.list(&Default::default()).await?.items.into_iter().any(|e| {
-            e.reason.as_deref() == Some("HistorySeedFailed")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
-                && e.note.as_deref().is_some_and(|n| n.contains("seeding from Prometheus failed"))
-        });
-        ensure!(warned, "no HistorySeedFailed Event on the Node");
+        let notes: Vec<String> = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("HistorySeedFailed")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
+            })
+            .filter_map(|e| e.note)
+            .collect();
+        eprintln!("history_seed: Events {notes:?}");
+        let want = [
+            "seeding from Prometheus failed".to_string(),
+            "longer than the budget of 5s".to_string(),
+            format!("the last error: cannot reach Prometheus at {url}"),
+        ];
+        ensure!(
+            notes.iter().any(|n| want.iter().all(|w| n.contains(w.as_str()))),
+            "no HistorySeedFailed Event on the Node naming {want:?}: {notes:?}"
+        );
         Ok(())
     })
     .await;

@@ -14,6 +14,7 @@
 //! empty, as without the flag; it never stops the agent. docs/agent.md and docs/history.md.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -185,6 +186,19 @@ pub async fn load(
     window: &Window,
     cfg: &EstimatorConfig,
 ) -> Result<Seeded, Error> {
+    load_noting(prometheus, node, targets, window, cfg, &Mutex::new(None)).await
+}
+
+/// [`load`], writing each failed read's error into `last_error` as it happens (so that a
+/// caller whose deadline cuts the retries short can say what went wrong).
+async fn load_noting(
+    prometheus: &Prometheus,
+    node: &str,
+    targets: &[Target],
+    window: &Window,
+    cfg: &EstimatorConfig,
+    last_error: &Mutex<Option<String>>,
+) -> Result<Seeded, Error> {
     // per namespace, the DaemonSets; per (namespace, DaemonSet, container), its target
     let mut by_namespace: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     let mut wanted: BTreeMap<(&str, &str, &str), &Target> = BTreeMap::new();
@@ -213,8 +227,12 @@ pub async fn load(
         let usage = read
             .retry(retry_backoff())
             .when(transient)
-            .notify(|err, after| tracing::warn!(error = %err, retry_in = ?after, "reading history from Prometheus failed; trying again"))
-            .await?;
+            .notify(|err, after| {
+                note(last_error, err);
+                tracing::warn!(error = %err, retry_in = ?after, "reading history from Prometheus failed; trying again");
+            })
+            .await
+            .inspect_err(|err| note(last_error, err))?;
         for c in usage {
             let Some(ds) = daemonsets.iter().find(|ds| owned_by(&c.pod, ds)) else {
                 continue;
@@ -258,6 +276,12 @@ pub async fn load(
     Ok(seeded)
 }
 
+fn note(last_error: &Mutex<Option<String>>, err: &Error) {
+    if let Ok(mut last) = last_error.lock() {
+        *last = Some(err.to_string());
+    }
+}
+
 /// Whether `pod` is named as the DaemonSet controller names the pods of `daemonset`
 /// (`<daemonset>-` cut to 58 characters, then 5 lowercase letters or digits).
 pub fn owned_by(pod: &str, daemonset: &str) -> bool {
@@ -278,9 +302,14 @@ pub async fn seed(
     let prometheus =
         Prometheus::new(config.endpoint.clone(), config.limits).map_err(SeedError::Prometheus)?;
     let window = window(config.window, RESOLUTION, RATE_WINDOW, now_ms);
-    match tokio::time::timeout(config.budget, load(&prometheus, node, targets, &window, cfg)).await {
+    let last_error = Mutex::new(None);
+    let load = load_noting(&prometheus, node, targets, &window, cfg, &last_error);
+    match tokio::time::timeout(config.budget, load).await {
         Ok(r) => r.map_err(SeedError::Prometheus),
-        Err(_) => Err(SeedError::Budget(config.budget)),
+        Err(_) => Err(SeedError::Budget {
+            budget: config.budget,
+            last_error: last_error.lock().ok().and_then(|mut l| l.take()),
+        }),
     }
 }
 
@@ -290,9 +319,21 @@ pub enum SeedError {
     /// Prometheus could not be read (after the retries, for a reason that may pass).
     #[error(transparent)]
     Prometheus(Error),
-    /// The budget ran out.
-    #[error("reading history from Prometheus took longer than the budget of {0:?}")]
-    Budget(Duration),
+    /// The budget ran out, with the last read's error if one had failed (else the first read
+    /// was still waiting for its answer).
+    #[error(
+        "reading history from Prometheus took longer than the budget of {budget:?}; {}",
+        last_error.as_deref().map_or_else(
+            || "no query had been answered yet".to_string(),
+            |e| format!("the last error: {e}")
+        )
+    )]
+    Budget {
+        /// `--history-budget`.
+        budget: Duration,
+        /// The last failed read's error, if any.
+        last_error: Option<String>,
+    },
 }
 
 #[cfg(test)]
@@ -381,6 +422,57 @@ mod tests {
             status: 401,
             detail: String::new()
         }));
+    }
+
+    #[tokio::test]
+    async fn a_spent_budget_names_the_last_error() {
+        // a port nobody listens on: every read is refused at once, then retried after 1 s
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let config = Config {
+            endpoint: Endpoint {
+                url: format!("http://127.0.0.1:{port}"),
+                bearer_token_file: None,
+                ca_file: None,
+            },
+            limits: Limits::default(),
+            window: Duration::from_secs(3600),
+            budget: Duration::from_millis(1500),
+        };
+        let target = Target {
+            key: Key {
+                autoscaler: nodewarden_api::rightsizing::AutoscalerRef {
+                    namespace: "logging".into(),
+                    name: "shipper".into(),
+                },
+                container: "shipper".into(),
+            },
+            pod_namespace: "logging".into(),
+            pod_name: "shipper-abcde".into(),
+            daemonset: "shipper".into(),
+            cgroup_uid: "uid".into(),
+            container_id: "id".into(),
+            cpu_request_milli: None,
+            memory_request_bytes: None,
+            containers_per_pod: 1,
+            policy: crate::rightsizing::pods::Policy::default(),
+            last_oom: None,
+        };
+        let cfg = EstimatorConfig::default();
+        let err = seed(&config, "n1", &[target], &cfg, 1_700_000_000_000)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SeedError::Budget { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("budget of 1.5s"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "the last error: cannot reach Prometheus at http://127.0.0.1:{port}"
+            )),
+            "{text}"
+        );
     }
 
     #[test]
