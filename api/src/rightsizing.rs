@@ -530,7 +530,7 @@ pub struct NodeSummary {
 impl NodeSummary {
     /// The totals of `recommendations` (quantities in the canonical format).
     pub fn of(recommendations: &[ContainerRecommendation]) -> NodeSummary {
-        use crate::domain::quantity::{amount, format_amount};
+        use crate::quantity::{amount, format_amount};
         let total = |r: ResourceName| {
             let values: Vec<u64> = recommendations
                 .iter()

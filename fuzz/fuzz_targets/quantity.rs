@@ -9,8 +9,7 @@
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use libfuzzer_sys::fuzz_target;
-use nodewarden_api::domain::quantity::{amount, format_amount};
-use nodewarden_api::quantity::parse_milli;
+use nodewarden_api::quantity::{amount, format_amount, parse_milli};
 use nodewarden_api::rightsizing::ResourceName;
 
 /// The schema's quantity pattern, checked by hand (no regex engine in the target).

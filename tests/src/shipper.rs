@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::NodeRecommendation;
-use nodewarden_api::domain::quantity::amount;
+use nodewarden_api::quantity::amount;
 use nodewarden_api::rightsizing::ResourceName;
 use serde_json::json;
 

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
-use nodewarden_api::domain::quantity::format_amount;
+use nodewarden_api::quantity::format_amount;
 use nodewarden_api::rightsizing::{
     ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec, NodeSummary, ResourceName,
 };

@@ -34,11 +34,11 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use nodewarden_api::domain::quantity::format_amount;
 use nodewarden_api::domain::sizing::{Amounts, ContainerSizing, Targets, sizing_on, status_figures};
 use nodewarden_api::domain::update::{
     Action, Bounds, Current, Facts, Leave, ResizeState, Thresholds, Why, decide,
 };
+use nodewarden_api::quantity::format_amount;
 use nodewarden_api::rightsizing::{
     AutoscalerRef, NodePods, NodeRecommendationSpec, ResourceName, RunningPods,
 };

@@ -4,7 +4,8 @@
 //!   oldest wins), which container policy applies to a container,
 //! - [`names`]: DNS names as Kubernetes checks them, and service-account names on the command
 //!   line,
-//! - [`quantity`]: the quantity codec, one canonical format,
+//! - the quantity codec, one canonical format, is [`crate::quantity`] (with the schemas that
+//!   check quantities),
 //! - [`sizing`]: the requests and limits a DaemonSet pod gets on its node (the webhook's patch
 //!   for a new pod, the agent's resize of a running one),
 //! - [`update`]: resize, evict or leave a running pod (VPA's updater rules),
@@ -13,7 +14,6 @@
 
 pub mod names;
 pub mod patch;
-pub mod quantity;
 pub mod rightsizing;
 pub mod sizing;
 pub mod update;

@@ -176,7 +176,7 @@ impl Why {
 impl std::fmt::Display for Why {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let show = |r: ResourceName, v: Option<u64>| {
-            v.map_or_else(|| "none".to_string(), |v| super::quantity::format_amount(r, v))
+            v.map_or_else(|| "none".to_string(), |v| crate::quantity::format_amount(r, v))
         };
         match self {
             Why::OutsideBounds {

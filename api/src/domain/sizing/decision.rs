@@ -9,7 +9,7 @@ use super::limit_ranges::Ranges;
 use super::node::target_node;
 use super::plan::{Plan, Source, by_container, capped_plan, scaled_limit};
 use crate::domain::patch::AddPatch;
-use crate::domain::quantity::format_amount;
+use crate::quantity::format_amount;
 use crate::rightsizing::{DaemonSetAutoscaler, UpdateMode};
 use k8s_openapi::api::core::v1::{LimitRange, Pod};
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::domain::quantity::amount;
+use crate::quantity::amount;
 use crate::rightsizing::ResourceName;
 use k8s_openapi::api::core::v1::{LimitRange, LimitRangeItem};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

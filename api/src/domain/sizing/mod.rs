@@ -33,7 +33,7 @@ mod plan;
 mod tests;
 
 pub use crate::domain::patch::AddPatch;
-pub use crate::domain::quantity::{amount, amount_of, format_amount};
+pub use crate::quantity::{amount, amount_of, format_amount};
 pub use decision::{
     ANNOTATION_AUTOSCALER, ANNOTATION_CAPPED, ANNOTATION_NODE, ANNOTATION_PREFIX, ANNOTATION_SKIPPED,
     ANNOTATION_SOURCE, ANNOTATION_UPDATES, ContainerSizing, Decision, Reason, mutate, mutate_on,
