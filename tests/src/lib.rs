@@ -25,6 +25,7 @@ pub mod prometheus;
 pub mod recorder;
 pub mod shipper;
 pub mod vm;
+pub mod vpa;
 pub mod webhooks;
 
 pub use cgroupfs::{container_scope, write_container};

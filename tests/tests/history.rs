@@ -12,8 +12,10 @@
 //!   pod (0.3 core, 150 MiB) from day 4 on: a day of overlap, as a replaced pod's series have.
 //!
 //! The report must give each node the figures a user reads (target, bounds, Δ against the
-//! 100m / 64Mi the pods request), computed here from VPA's bucket edges, and the same figures as
-//! the agent's estimator fed with the same samples (the differential check). Then the errors:
+//! 100m / 64Mi the pods request), computed here from VPA's bucket edges, the same figures as
+//! the agent's estimator fed with the same samples, and VPA's own recommender model
+//! (`tests/vpa/cmd/recommend`) fed with them agrees within its rounding (the differential
+//! checks). Then the errors:
 //! an unreachable URL, a 401, too many series, a Prometheus without the cAdvisor series, a
 //! DaemonSet that does not exist.
 
@@ -28,7 +30,7 @@ use nodewarden_agent::rightsizing::pods::Policy;
 use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
 use nodewarden_agent::rightsizing::sampler;
 use nodewarden_tests::prometheus::{Prometheus, Synthetic};
-use nodewarden_tests::{e2e, kubectl_nodewarden, simple_daemonset, wait_for_daemonset_pods};
+use nodewarden_tests::{e2e, kubectl_nodewarden, simple_daemonset, vpa, wait_for_daemonset_pods};
 use serde_json::Value;
 
 const DS: &str = "log-shipper";
@@ -109,10 +111,15 @@ fn history(
     ]
 }
 
-/// What the agent's estimator gives for `series` (one node's pods), as the node's agent would
-/// publish it: (target, lower, upper) in millicores and bytes.
-fn agent_figures(series: &[&Synthetic]) -> ((u64, u64), (u64, u64), (u64, u64)) {
-    let cfg = EstimatorConfig::default();
+/// One node's samples as its agent takes them from Prometheus: one per minute (the higher where
+/// two pods overlap), its OOM kills, oldest first.
+struct NodeSamples {
+    cpu: Vec<(i64, f64)>,
+    memory: Vec<(i64, f64)>,
+    ooms: Vec<i64>,
+}
+
+fn node_samples(series: &[&Synthetic]) -> NodeSamples {
     let mut points: Vec<(i64, f64, f64)> = series.iter().flat_map(|s| s.expected()).collect();
     // where two pods overlap, the higher sample of the minute
     points.sort_by(|x, y| x.0.cmp(&y.0).then(y.1.total_cmp(&x.1)));
@@ -122,17 +129,36 @@ fn agent_figures(series: &[&Synthetic]) -> ((u64, u64), (u64, u64), (u64, u64)) 
         *m = m.max(bytes);
     }
     points.dedup_by_key(|p| p.0);
-    let ooms: Vec<(i64, u64)> = series.iter().flat_map(|s| s.expected_oom()).collect();
+    let mut ooms: Vec<i64> = series
+        .iter()
+        .flat_map(|s| s.expected_oom())
+        .map(|(at, _)| at)
+        .collect();
+    ooms.sort_unstable();
+    NodeSamples {
+        cpu: points.iter().map(|&(at, cores, _)| (at, cores)).collect(),
+        memory: memory.into_iter().collect(),
+        ooms,
+    }
+}
+
+/// The pods' memory request, against which an OOM kill is recorded.
+const REQUEST_BYTES: f64 = 64.0 * MIB;
+
+/// What the agent's estimator gives for one node's samples, as the node's agent would publish
+/// it: (target, lower, upper) in millicores and bytes.
+fn agent_figures(samples: &NodeSamples) -> ((u64, u64), (u64, u64), (u64, u64)) {
+    let cfg = EstimatorConfig::default();
     let mut h = History::new(&cfg).expect("default configuration");
-    for &(at, cores, _) in &points {
+    for &(at, cores) in &samples.cpu {
         h.add_cpu(&cfg, at, cores);
     }
     // as one agent tick: the working set, then the OOM kill seen in the same tick, recorded
     // against the pod's memory request (64Mi)
-    for (&at, &bytes) in &memory {
+    for &(at, bytes) in &samples.memory {
         h.add_memory(&cfg, at, bytes);
-        for _ in ooms.iter().filter(|o| o.0 == at) {
-            h.record_oom(&cfg, at, 64.0 * MIB);
+        for _ in samples.ooms.iter().filter(|&&o| o == at) {
+            h.record_oom(&cfg, at, REQUEST_BYTES);
         }
     }
     let e = sampler::entry(&h.estimate(&cfg, 1), &h, &Policy::default(), (None, None));
@@ -144,6 +170,38 @@ fn agent_figures(series: &[&Synthetic]) -> ((u64, u64), (u64, u64), (u64, u64)) 
         pair(&e.lower),
         e.upper.as_ref().map(pair).unwrap_or_default(),
     )
+}
+
+/// The same samples as a trace for VPA's recommender model, fed in the agent's order: every
+/// CPU sample (whole millicores), then the working sets with each OOM kill after the sample of
+/// its minute.
+fn vpa_trace(name: &str, samples: &NodeSamples) -> vpa::Trace {
+    let mut events: Vec<vpa::Event> = samples
+        .cpu
+        .iter()
+        .map(|&(at, cores)| vpa::Event::cpu(at, ((cores * 1000.0) - 1e-6).ceil() as i64))
+        .collect();
+    for &(at, bytes) in &samples.memory {
+        events.push(vpa::Event::memory(at, bytes.ceil() as i64));
+        for _ in samples.ooms.iter().filter(|&&o| o == at) {
+            events.push(vpa::Event::oom(at, REQUEST_BYTES as i64));
+        }
+    }
+    vpa::Trace {
+        name: name.to_string(),
+        containers: 1,
+        events,
+    }
+}
+
+/// Whether the report's whole figure `ours` agrees with VPA's within VPA's rounding: VPA
+/// truncates to whole units after the percentile, the margin (15 % of it truncated again), the
+/// confidence factor `factor` and the floor; the report keeps fractions and rounds up once. So
+/// `VPA ≤ ours < VPA + 2.15 × factor + 2` (agent/tests/vpa_differential.rs gives the same bound
+/// before the rounding up).
+fn within_rounding(ours: u64, vpa: i64, factor: f64) -> bool {
+    let (ours, vpa) = (ours as f64, vpa as f64);
+    ours >= vpa && ours < vpa + 2.15 * factor + 2.0
 }
 
 fn figures(row: &Value, field: &str) -> (u64, u64) {
@@ -271,7 +329,9 @@ async fn report_from_prometheus_history_matches_the_agents_estimator() {
         );
 
         // the differential check: the agent's estimator on the same samples
-        let by_node = |node: &str| -> Vec<&Synthetic> { series.iter().filter(|s| s.node == node).collect() };
+        let by_node = |node: &str| -> NodeSamples {
+            node_samples(&series.iter().filter(|s| s.node == node).collect::<Vec<_>>())
+        };
         for node in [a, b, c] {
             let r = row(node)?;
             let (target, lower, upper) = agent_figures(&by_node(node));
@@ -288,6 +348,51 @@ async fn report_from_prometheus_history_matches_the_agents_estimator() {
                 figures(r, "upperBound")
             );
         }
+        // …and VPA's own recommender model on the same samples (tests/vpa/cmd/recommend): the
+        // same CPU samples and OOM kills taken, every figure within VPA's rounding. Confidence 8
+        // days: upper bounds × (1 + 1/8), lower bounds × (1 + 0.001/8)^−2.
+        let traces: Vec<vpa::Trace> = [a, b, c]
+            .iter()
+            .map(|node| vpa_trace(node, &by_node(node)))
+            .collect();
+        let vpa = vpa::recommend(&traces)?;
+        let (up_f, low_f) = (1.0 + 1.0 / conf, (1.0 + 0.001 / conf).powi(-2));
+        for (node, v) in [a, b, c].into_iter().zip(&vpa) {
+            let r = row(node)?;
+            let (target, lower, upper) = (
+                figures(r, "target"),
+                figures(r, "lowerBound"),
+                figures(r, "upperBound"),
+            );
+            eprintln!(
+                "history: node {node}: report target {target:?} lower {lower:?} upper {upper:?}; VPA {:?} {:?} {:?}",
+                v.target, v.lower_bound, v.upper_bound
+            );
+            let samples = by_node(node);
+            ensure!(
+                v.sample_count == samples.cpu.len() as u64 && v.ooms_accepted == r["oomKills"].as_u64().unwrap_or(0),
+                "node {node}: VPA took {} CPU samples and {} OOM kills, the report read {} and {}",
+                v.sample_count,
+                v.ooms_accepted,
+                samples.cpu.len(),
+                r["oomKills"]
+            );
+            let agree = within_rounding(target.0, v.target.cpu_milli, 1.0)
+                && within_rounding(target.1, v.target.memory_bytes, 1.0)
+                && within_rounding(lower.0, v.lower_bound.cpu_milli, low_f)
+                && within_rounding(lower.1, v.lower_bound.memory_bytes, low_f)
+                && within_rounding(upper.0, v.upper_bound.cpu_milli, up_f)
+                && within_rounding(upper.1, v.upper_bound.memory_bytes, up_f);
+            ensure!(
+                agree,
+                "node {node}: the report says target {target:?} lower {lower:?} upper {upper:?} (millicores, \
+                 bytes), VPA's recommender {:?} {:?} {:?}",
+                v.target,
+                v.lower_bound,
+                v.upper_bound
+            );
+        }
+
         let totals = &json["totals"];
         ensure!(
             totals["cpuFreeMillis"] == 75
