@@ -414,6 +414,10 @@ mod observers {
         fn reconciled(&self, controller: &'static str, ok: bool, took: Duration) {
             self.controller_reconcile(controller, ok, took);
         }
+
+        fn failed(&self, controller: &'static str, error: &'static str) {
+            self.controller_reconcile_error(controller, error);
+        }
     }
 
     impl FeaturesObserver for Metrics {

@@ -68,6 +68,14 @@ struct ControllerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileErrorLabels {
+    /// The controller: `features` or `autoscaler-status`.
+    controller: &'static str,
+    /// The error's kind, its `metric_label()`.
+    error: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route: &'static str,
 }
@@ -113,6 +121,7 @@ pub struct Metrics {
     features_transitions: Family<FeatureTransitionLabels, Counter>,
     controller_reconciliations: Family<ReconcileLabels, Counter>,
     controller_reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
+    controller_reconcile_errors: Family<ReconcileErrorLabels, Counter>,
 }
 
 impl Metrics {
@@ -198,10 +207,17 @@ impl Metrics {
             "Time one reconciliation of one object took, by controller",
             controller_reconcile_duration.clone(),
         );
+        let controller_reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
+        registry.register(
+            "controller_reconcile_errors",
+            "Failed reconciliations of one object by the leader's controllers, by controller and the error's kind",
+            controller_reconcile_errors.clone(),
+        );
         Metrics {
             registry,
             controller_reconciliations,
             controller_reconcile_duration,
+            controller_reconcile_errors,
             features_decisions,
             features_transitions,
             admission_requests,
@@ -282,6 +298,14 @@ impl Metrics {
         self.controller_reconcile_duration
             .get_or_create(&ControllerLabels { controller })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts one failed reconciliation by `controller`, by the error's kind (`error`, its
+    /// `metric_label()`).
+    pub fn controller_reconcile_error(&self, controller: &'static str, error: &'static str) {
+        self.controller_reconcile_errors
+            .get_or_create(&ReconcileErrorLabels { controller, error })
+            .inc();
     }
 
     /// OpenMetrics text of every metric, followed by the process's own (`process_*`: CPU, memory,

@@ -15,22 +15,29 @@
 //! [`Reconciling`] per controller times and counts each reconciliation through a
 //! [`ReconcileObserver`] (the webhook's metrics, which know no capability), and retries a failed
 //! object with its own exponential backoff ([`ObjectBackoff`]: [`BACKOFF_BASE`], doubling up to
-//! [`BACKOFF_CAP`], plus up to as much again of jitter), reset by its next success. [`drive`]
-//! runs a controller's result stream to its end and logs what went wrong outside a reconciler.
+//! [`BACKOFF_CAP`], plus up to as much again of jitter), reset by its next success. [`start`]
+//! is their one start-up: it waits for the cache the controller reads, builds the kube-runtime
+//! `Controller` on every object of the kind, and runs a [`Reconciler`] on it through [`drive`],
+//! which runs a controller's result stream to its end and logs what went wrong outside a
+//! reconciler. A failed reconciliation is counted by its error's kind
+//! ([`ReconcileError::metric_label`], the `error` label of
+//! `nodewarden_controller_reconcile_errors_total`).
 
 use std::collections::HashMap;
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
+use kube::runtime::Controller;
 use kube::runtime::controller::{self, Action};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
+use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 /// Name of the Lease the replicas compete for.
@@ -155,6 +162,19 @@ async fn follow_leadership(
 pub trait ReconcileObserver: Send + Sync {
     /// One reconciliation of an object by `controller` ended, `ok` or with an error, after `took`.
     fn reconciled(&self, controller: &'static str, ok: bool, took: Duration);
+
+    /// A reconciliation by `controller` failed with an error of kind `error`
+    /// ([`ReconcileError::metric_label`]); it is retried.
+    fn failed(&self, controller: &'static str, error: &'static str) {
+        let _ = (controller, error);
+    }
+}
+
+/// A reconciler's error, with its kind as a metric label (a few fixed values per controller, so
+/// the metric's series stay bounded).
+pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
+    /// The error's kind: the `error` label of `nodewarden_controller_reconcile_errors_total`.
+    fn metric_label(&self) -> &'static str;
 }
 
 /// Delay before the first retry of an object whose reconciliation failed.
@@ -246,8 +266,12 @@ impl Reconciling {
         result
     }
 
-    /// The error policy: logs `error` and requeues the object `key` after its next backoff delay.
-    pub fn retry(&self, key: &str, error: &dyn Display) -> Action {
+    /// The error policy: logs `error`, counts it by its kind, and requeues the object `key` after
+    /// its next backoff delay.
+    pub fn retry(&self, key: &str, error: &impl ReconcileError) -> Action {
+        if let Some(observer) = &self.observer {
+            observer.failed(self.name, error.metric_label());
+        }
         Action::requeue(self.retry_delay(key, error))
     }
 
@@ -257,6 +281,81 @@ impl Reconciling {
             "reconciling failed; retrying");
         wait
     }
+}
+
+/// What a controller does with each object of kind `K`; [`start`] runs it.
+pub trait Reconciler<K>: Send + Sync + 'static {
+    /// Why a reconciliation failed; the object is retried with its own backoff.
+    type Error: ReconcileError;
+
+    /// The controller's name, observer and per-object backoff.
+    fn reconciling(&self) -> &Reconciling;
+
+    /// Reconciles the object `key` (namespace/name): what to do next, or why it failed.
+    fn reconcile(
+        self: Arc<Self>,
+        key: String,
+        object: Arc<K>,
+    ) -> impl Future<Output = Result<Action, Self::Error>> + Send + 'static;
+}
+
+/// The key of an object in the backoff and the logs: namespace/name (`/name` when it has no
+/// namespace).
+pub fn object_key<K: Resource>(object: &K) -> String {
+    format!("{}/{}", object.namespace().unwrap_or_default(), object.name_any())
+}
+
+/// The start-up every reconciling controller shares. Once `synced` (the cache the reconciler
+/// reads is filled), unless `stop` comes first: a kube-runtime `Controller` on every `K`,
+/// reconciling at most `concurrency` objects at once, changed by `adjust` (more triggers), that
+/// stops gracefully at `stop`; the reconciler made by `make` from the client and the controller's
+/// own store of the objects; then [`drive`] until the controller ends. Each reconciliation is
+/// timed and counted ([`Reconciling::observe`]), each failure retried ([`Reconciling::retry`]).
+pub async fn start<K, R>(
+    client: Client,
+    stop: CancellationToken,
+    synced: impl Future<Output = ()>,
+    concurrency: u16,
+    adjust: impl FnOnce(Controller<K>) -> Controller<K>,
+    make: impl FnOnce(Client, Store<K>) -> R,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    R: Reconciler<K>,
+{
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = synced => {}
+    }
+    let controller = Controller::new(Api::<K>::all(client.clone()), watcher::Config::default())
+        .with_config(controller::Config::default().concurrency(concurrency));
+    let controller = adjust(controller).graceful_shutdown_on(stop.cancelled_owned());
+    let reconciler = Arc::new(make(client, controller.store()));
+    let name = reconciler.reconciling().name();
+    drive(
+        name,
+        controller.run(reconcile::<K, R>, error_policy::<K, R>, reconciler),
+    )
+    .await;
+}
+
+async fn reconcile<K, R>(object: Arc<K>, reconciler: Arc<R>) -> Result<Action, R::Error>
+where
+    K: Resource + Send + Sync + 'static,
+    R: Reconciler<K>,
+{
+    let key = object_key(object.as_ref());
+    let work = reconciler.clone().reconcile(key.clone(), object);
+    reconciler.reconciling().observe(&key, work).await
+}
+
+fn error_policy<K: Resource, R: Reconciler<K>>(
+    object: Arc<K>,
+    error: &R::Error,
+    reconciler: Arc<R>,
+) -> Action {
+    reconciler
+        .reconciling()
+        .retry(&object_key(object.as_ref()), error)
 }
 
 /// Runs a controller's result stream to its end (graceful shutdown ends it). Reconciler errors

@@ -15,10 +15,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{self, Action as ControllerAction, Controller};
+use kube::runtime::controller::Action as ControllerAction;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::features::{Feature, FeatureStatus, OwnedField};
 use serde_json::{Value, json};
@@ -26,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::*;
 use super::{FeatureCaches, FeaturesObserver, FieldPath, feature_key};
-use crate::controllers::{LeaderTask, ReconcileObserver, Reconciling, drive, leader_task};
+use crate::controllers::{
+    self, LeaderTask, ReconcileError, ReconcileObserver, Reconciler, Reconciling, leader_task,
+};
 use crate::events;
 
 /// Settings of the controller.
@@ -99,6 +100,15 @@ pub enum Error {
         /// Why it failed.
         message: String,
     },
+}
+
+impl ReconcileError for Error {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            Error::WriteStatus { .. } => "write-status",
+            Error::Action { .. } => "action",
+        }
+    }
 }
 
 /// A status the controller wrote, which its watch may not have brought back yet.
@@ -221,39 +231,44 @@ pub async fn run(
     reconciles: Option<Arc<dyn ReconcileObserver>>,
     stop: CancellationToken,
 ) {
-    tokio::select! {
-        _ = stop.cancelled() => return,
-        _ = caches.wait_synced() => {}
-    }
-    let controller = Controller::new(Api::<Feature>::all(client.clone()), watcher::Config::default())
-        .with_config(controller::Config::default().concurrency(CONCURRENCY))
-        .reconcile_all_on(caches.report_changes(REPORTS_GAP))
-        .graceful_shutdown_on(stop.cancelled_owned());
-    let context = Arc::new(Context {
-        recorder: events::recorder(&client),
+    let (synced, reports) = (caches.clone(), caches.clone());
+    controllers::start(
         client,
-        caches,
-        options,
-        observer,
-        reconciling: Reconciling::new(CONTROLLER, reconciles),
-        store: controller.store(),
-        outcomes: Mutex::default(),
-        written: Mutex::default(),
-        next_page: Mutex::new(Instant::now()),
-    });
-    drive(CONTROLLER, controller.run(reconcile, error_policy, context)).await;
+        stop,
+        async move { synced.wait_synced().await },
+        CONCURRENCY,
+        // from once the caches are filled on
+        move |controller| controller.reconcile_all_on(reports.report_changes(REPORTS_GAP)),
+        |client, store| Context {
+            recorder: events::recorder(&client),
+            client,
+            caches,
+            options,
+            observer,
+            reconciling: Reconciling::new(CONTROLLER, reconciles),
+            store,
+            outcomes: Mutex::default(),
+            written: Mutex::default(),
+            next_page: Mutex::new(Instant::now()),
+        },
+    )
+    .await;
 }
 
-async fn reconcile(watched: Arc<Feature>, context: Arc<Context>) -> Result<ControllerAction, Error> {
-    let key = feature_key(&watched);
-    context
-        .reconciling
-        .observe(&key, reconcile_feature(&key, watched, &context))
-        .await
-}
+impl Reconciler<Feature> for Context {
+    type Error = Error;
 
-fn error_policy(feature: Arc<Feature>, error: &Error, context: Arc<Context>) -> ControllerAction {
-    context.reconciling.retry(&feature_key(&feature), error)
+    fn reconciling(&self) -> &Reconciling {
+        &self.reconciling
+    }
+
+    async fn reconcile(
+        self: Arc<Self>,
+        key: String,
+        watched: Arc<Feature>,
+    ) -> Result<ControllerAction, Error> {
+        reconcile_feature(&key, watched, &self).await
+    }
 }
 
 async fn reconcile_feature(
@@ -514,6 +529,38 @@ mod tests {
     use nodewarden_api::features::{DesiredState, FeatureState};
 
     use super::*;
+
+    /// Each kind of error has its label, and a failed reconciliation is counted under it.
+    #[test]
+    fn each_error_kind_is_counted_under_its_label() {
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let reconciling = Reconciling::new(CONTROLLER, Some(metrics.clone()));
+        let kinds = [
+            (
+                Error::WriteStatus {
+                    feature: "glow".to_string(),
+                    source: kube::Error::TlsRequired,
+                },
+                "write-status",
+            ),
+            (
+                Error::Action {
+                    task: "clear spec.glow".to_string(),
+                    message: "forbidden".to_string(),
+                },
+                "action",
+            ),
+        ];
+        for (error, label) in &kinds {
+            assert_eq!(error.metric_label(), *label, "{error}");
+            reconciling.retry("shop/glow", error);
+            let text = metrics.encode();
+            let series = format!(
+                "nodewarden_controller_reconcile_errors_total{{controller=\"features\",error=\"{label}\"}} 1"
+            );
+            assert!(text.contains(&series), "{series} not in\n{text}");
+        }
+    }
 
     fn at(rv: &str, state: Option<FeatureState>) -> Feature {
         let mut f = Feature::new(

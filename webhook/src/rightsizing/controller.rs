@@ -21,9 +21,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
-use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::domain::sizing::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use nodewarden_api::rightsizing::{
@@ -32,7 +31,9 @@ use nodewarden_api::rightsizing::{
 use tokio_util::sync::CancellationToken;
 
 use super::RightsizingIndex;
-use crate::controllers::{LeaderTask, ReconcileObserver, Reconciling, drive, leader_task};
+use crate::controllers::{
+    self, LeaderTask, ReconcileError, ReconcileObserver, Reconciler, Reconciling, leader_task,
+};
 use crate::events;
 
 /// Condition: at least one node has published a recommendation for this autoscaler.
@@ -381,6 +382,16 @@ pub enum Error {
     },
 }
 
+impl ReconcileError for Error {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Compute(_) => "compute",
+            Error::ReadTarget { .. } => "read-target",
+            Error::WriteStatus { .. } => "write-status",
+        }
+    }
+}
+
 struct Context {
     client: Client,
     index: Arc<RightsizingIndex>,
@@ -397,50 +408,39 @@ pub async fn run(
     reconciles: Option<Arc<dyn ReconcileObserver>>,
     stop: CancellationToken,
 ) {
-    tokio::select! {
-        _ = stop.cancelled() => return,
-        _ = index.wait_synced() => {}
-    }
-    let controller = Controller::new(
-        Api::<DaemonSetAutoscaler>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(controller::Config::default().concurrency(CONCURRENCY))
-    .graceful_shutdown_on(stop.cancelled_owned());
-    let context = Arc::new(Context {
-        recorder: events::recorder(&client),
+    let synced = index.clone();
+    controllers::start(
         client,
-        index,
-        interval,
-        reconciling: Reconciling::new(CONTROLLER, reconciles),
-    });
-    drive(CONTROLLER, controller.run(reconcile, error_policy, context)).await;
-}
-
-fn key(autoscaler: &DaemonSetAutoscaler) -> String {
-    format!(
-        "{}/{}",
-        autoscaler.namespace().unwrap_or_default(),
-        autoscaler.name_any()
+        stop,
+        async move { synced.wait_synced().await },
+        CONCURRENCY,
+        |controller| controller,
+        |client, _| Context {
+            recorder: events::recorder(&client),
+            client,
+            index,
+            interval,
+            reconciling: Reconciling::new(CONTROLLER, reconciles),
+        },
     )
+    .await;
 }
 
-async fn reconcile(autoscaler: Arc<DaemonSetAutoscaler>, context: Arc<Context>) -> Result<Action, Error> {
-    let work = async {
-        reconcile_status(
-            &context.client,
-            &context.recorder,
-            &context.index,
-            autoscaler.clone(),
-        )
-        .await?;
-        Ok(Action::requeue(context.interval))
-    };
-    context.reconciling.observe(&key(&autoscaler), work).await
-}
+impl Reconciler<DaemonSetAutoscaler> for Context {
+    type Error = Error;
 
-fn error_policy(autoscaler: Arc<DaemonSetAutoscaler>, error: &Error, context: Arc<Context>) -> Action {
-    context.reconciling.retry(&key(&autoscaler), error)
+    fn reconciling(&self) -> &Reconciling {
+        &self.reconciling
+    }
+
+    async fn reconcile(
+        self: Arc<Self>,
+        _key: String,
+        autoscaler: Arc<DaemonSetAutoscaler>,
+    ) -> Result<Action, Error> {
+        reconcile_status(&self.client, &self.recorder, &self.index, autoscaler).await?;
+        Ok(Action::requeue(self.interval))
+    }
 }
 
 async fn reconcile_status(
@@ -516,6 +516,41 @@ async fn reconcile_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each kind of error has its label, and a failed reconciliation is counted under it.
+    #[test]
+    fn each_error_kind_is_counted_under_its_label() {
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let reconciling = Reconciling::new(CONTROLLER, Some(metrics.clone()));
+        let kinds = [
+            (Error::Compute("the pass panicked".to_string()), "compute"),
+            (
+                Error::ReadTarget {
+                    namespace: "obs".to_string(),
+                    name: "logs".to_string(),
+                    source: kube::Error::TlsRequired,
+                },
+                "read-target",
+            ),
+            (
+                Error::WriteStatus {
+                    namespace: "obs".to_string(),
+                    name: "logs".to_string(),
+                    source: kube::Error::TlsRequired,
+                },
+                "write-status",
+            ),
+        ];
+        for (error, label) in &kinds {
+            assert_eq!(error.metric_label(), *label, "{error}");
+            reconciling.retry("obs/logs", error);
+            let text = metrics.encode();
+            let series = format!(
+                "nodewarden_controller_reconcile_errors_total{{controller=\"autoscaler-status\",error=\"{label}\"}} 1"
+            );
+            assert!(text.contains(&series), "{series} not in\n{text}");
+        }
+    }
 
     fn c(type_: &str, status: &str, reason: &str) -> Condition {
         Condition {
