@@ -151,10 +151,9 @@ pub fn amount_of(resource: ResourceName, text: &str) -> Option<u64> {
 }
 
 /// The amount of the quantities pods nearly always carry, whole digits and at most a suffix
-/// (`100m`, `2`, `64Mi`, `1G`), in 64-bit arithmetic: [`parse_milli`] works in 128 bits for
-/// every form, and its divisions cost more than reading a pod's resources did otherwise
-/// (docs/benchmarks.md). `None` for every other form, and when a step would overflow: the
-/// caller then takes the general path, which gives the same answer for these forms.
+/// (`100m`, `2`, `64Mi`, `1G`), in 64-bit arithmetic and without the 128-bit divisions of
+/// [`parse_milli`], which reads every form. `None` for every other form, and when a step would
+/// overflow: the caller then takes the general path, which gives the same answer for these forms.
 fn plain_amount(resource: ResourceName, text: &str) -> Option<u64> {
     let bytes = text.as_bytes();
     let digits = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
@@ -198,7 +197,7 @@ fn decimal_or_binary(suffix: &[u8]) -> Option<u64> {
 
 /// The canonical quantity string of an amount (see the module documentation).
 pub fn format_amount(resource: ResourceName, value: u64) -> String {
-    // written by hand: `format!` cost 580 instructions an amount, and a decision writes eight
+    // written by hand, without `format!`'s machinery: a decision writes eight amounts
     let mut digits = Digits::new();
     let (number, suffix) = match resource {
         ResourceName::Cpu if value.is_multiple_of(1000) => (value / 1000, ""),

@@ -370,8 +370,7 @@ fn later(at: Instant, by: Duration) -> Instant {
 /// Tokio wakes its I/O driver (a write to an eventfd, and one more `epoll_wait` to take it back)
 /// whenever a timer is armed with a deadline earlier than the driver's next wake, even while the
 /// runtime is busy polling tasks (tokio-rs/tokio#5207). A request's timeout, armed whenever the
-/// answer is not ready at the first poll, was such a timer: about one wasted system call pair for
-/// every two reviews at 10,000 reviews/s (docs/benchmarks.md). With this timer due at most `every`
+/// answer is not ready at the first poll, is such a timer. With this timer due at most `every`
 /// from now, every timer of at least `every` is due after the driver's next wake, and arming it
 /// wakes nothing. It costs one wake-up every `every`.
 async fn keep_a_timer_armed(every: Duration) {

@@ -301,9 +301,9 @@ fn one_pass_of(body: &[u8], handler: &dyn Handler) -> Option<OnePass> {
 
 /// The request of a well-formed review, or the answer to one that is not.
 fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
-    // Checked as UTF-8 once, then read as text: reading bytes, serde_json checks every string
-    // it skips inside the raw `object` again, and that cost more than reading the pod after it
-    // (docs/benchmarks.md). A body that is not UTF-8 is read as bytes for serde_json's message.
+    // Checked as UTF-8 once, then read as text: read as bytes, serde_json would check every
+    // string it skips inside the raw `object` again. A body that is not UTF-8 is read as bytes
+    // for serde_json's message.
     let parsed = match std::str::from_utf8(body) {
         Ok(text) => serde_json::from_str::<ReviewIn>(text),
         Err(_) => serde_json::from_slice::<ReviewIn>(body),
@@ -637,9 +637,8 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
         }
     };
     // handlers' own lines carry the route; the outcome line adds the request's identity. One
-    // span per route, made once: a span per request cost about 5 % of the server's CPU under
-    // load, most of it the log layer formatting its one field (docs/benchmarks.md). A root
-    // span: it outlives the request that made it, so it takes no parent from it.
+    // span per route, made once, so a request makes none and the log layer formats its field
+    // once. A root span: it outlives the request that made it, so it takes no parent from it.
     let span = state
         .span
         .get_or_init(|| info_span!(parent: None, "admission", route = state.path))
@@ -704,14 +703,12 @@ pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
 /// the route and the request's identity, as a child of the request's span.
 ///
 /// Levels: a denial `info`, a malformed review `warn`, a handler's failure `error`; an allowed or
-/// patched review `debug`. A line per admitted pod is a line per pod the cluster creates, and it
-/// cost the server about 40 % of its CPU under load (docs/benchmarks.md); what each review
-/// decided is counted in `nodewarden_admission_requests_total`, and the API server's audit log
-/// records every patch a webhook makes.
+/// patched review `debug`. A line per admitted pod would be a line per pod the cluster creates;
+/// what each review decided is counted in `nodewarden_admission_requests_total` instead, and the
+/// API server's audit log records every patch a webhook makes.
 ///
-/// The span is made with every field at once. Recording five fields one by one into the
-/// request's span re-encoded the JSON of its fields five times, a tenth of the server's CPU under
-/// load (docs/benchmarks.md); and an allowed review, logged only at debug, now costs nothing here.
+/// The span is made with every field at once, so the JSON of its fields is encoded once, and
+/// only when the line is logged.
 fn log_outcome(route: &'static str, out: &ReviewOut, outcome: Outcome, ident: &Ident) {
     if !outcome_logged(outcome) {
         return;

@@ -434,9 +434,9 @@ impl AdmissionResponse {
         self
     }
 
-    /// Sets the patch from its JSON text, in base64. The SIMD encoder (`base64-simd`, which picks
-    /// AVX2 or SSSE3 on x86-64 and NEON on arm64 when it runs) takes a quarter of the
-    /// instructions of the `base64` crate's for a pod's patch (docs/benchmarks.md).
+    /// Sets the patch from its JSON text, in base64, with a SIMD encoder (`base64-simd`, which
+    /// picks AVX2 or SSSE3 on x86-64 and NEON on arm64 when it runs): the patch is most of an
+    /// answer's bytes.
     fn with_patch_json(mut self, json: &[u8]) -> Self {
         self.patch = Some(base64_simd::STANDARD.encode_to_string(json));
         self.patch_type = Some("JSONPatch".to_string());

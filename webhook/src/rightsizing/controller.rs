@@ -262,8 +262,7 @@ pub fn desired_from_index(
         .as_deref()
         .filter(|_| autoscaler.spec.uses_groups());
     let all = index.all_node_targets(&namespace, &name);
-    // the groups borrow their nodes' targets: a copy per node was as large as the targets
-    // themselves (heap profile at 5,000 nodes, docs/benchmarks.md)
+    // the groups borrow their nodes' targets instead of copying them
     let mut targets: Vec<&Targets> = Vec::with_capacity(all.len());
     let mut groups: BTreeMap<String, Vec<&Targets>> = BTreeMap::new();
     for (node, t) in &all {
@@ -462,11 +461,11 @@ async fn reconcile_status(
         })?
         .is_some();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    // a pass over every node's targets takes milliseconds at thousands of nodes (11-16 ms at
-    // 5,000, docs/benchmarks.md): off the thread that answers admission reviews. One pass at a
-    // time: each copies every node's targets for its autoscaler (about 3.5 MiB at 5,000 nodes),
-    // and passes in parallel ran on blocking threads with a malloc arena each, whose free space
-    // stayed resident. The heap the pass freed goes back to the kernel after it.
+    // a pass over every node's targets takes milliseconds at thousands of nodes: off the thread
+    // that answers admission reviews. One pass at a time: each copies every node's targets for
+    // its autoscaler, and passes in parallel would run on blocking threads with a malloc arena
+    // each, whose free space stays resident. The heap the pass freed goes back to the kernel
+    // after it.
     let desired = {
         let _one_pass = PASS.lock().await;
         let (index, autoscaler) = (index.clone(), autoscaler.clone());

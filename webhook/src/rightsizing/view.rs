@@ -11,11 +11,10 @@ use nodewarden_api::rightsizing::ResourceName;
 
 /// The fields of a pod the decision reads, kept as the decision reads them; everything else in
 /// the review is skipped while parsing. No `Pod` is built: a container's requests and limits are
-/// read as amounts as they are parsed, and the node affinity only as far as its `matchFields`
-/// (reading `k8s_openapi`'s types, then dropping them, cost a quarter of a review's time as
-/// deployed; docs/benchmarks.md). The fields the API server's types require (a container's
-/// `name`, a node selector's `nodeSelectorTerms`, a requirement's `key` and `operator`) are
-/// required here too, and a quantity must be a string.
+/// read as amounts as they are parsed, and the node affinity only as far as its `matchFields`,
+/// so no `k8s_openapi` value is built and dropped per review. The fields the API server's types
+/// require (a container's `name`, a node selector's `nodeSelectorTerms`, a requirement's `key`
+/// and `operator`) are required here too, and a quantity must be a string.
 #[derive(serde::Deserialize)]
 pub(super) struct PodView {
     #[serde(default)]
@@ -153,8 +152,8 @@ pub(super) fn target_node(spec: Option<&SpecView>) -> Result<String, String> {
 /// Most containers of a pod right-sizing reads. Kubernetes sets no number, real pods have a
 /// handful; a pod with more is admitted unchanged with a warning (the pod webhook fails open),
 /// and reading stops at the first container past it. Each container read costs about 2.5 KB
-/// while the pod is decided, so one review costs at most about 2.5 MB however it is built
-/// (a pod of 40,000 minimal containers fits in 1.1 MB and cost 95 MB before this limit).
+/// while the pod is decided, so one review costs at most about 2.5 MB however it is built (a
+/// request body may hold tens of thousands of minimal containers; docs/server.md).
 pub const MAX_POD_CONTAINERS: usize = 1000;
 
 fn at_most_max_containers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ContainerFacts>, D::Error> {
@@ -279,8 +278,8 @@ impl<'de> serde::Deserialize<'de> for AmountsView {
 }
 
 /// Most container policies an autoscaler may have: one per container a pod may have, and the
-/// `*` default. More are denied before the autoscaler is read whole (60,000 policies cost 60 MB
-/// to read).
+/// `*` default. More are denied before the autoscaler is read whole, so a large body cannot
+/// make the webhook hold every policy (docs/server.md).
 pub const MAX_CONTAINER_POLICIES: usize = MAX_POD_CONTAINERS + 1;
 
 /// Counts `spec.resourcePolicy.containerPolicies` without keeping any of them.

@@ -2,8 +2,8 @@
 //!
 //! hyper's HTTP/2 (h2 0.4) keeps a DATA frame of more than 256 bytes aside instead of copying it
 //! into its buffer, and writes and flushes it before it buffers the next frame. Every admission
-//! answer is larger than that, so each answer used to be its own TLS record and its own `writev`,
-//! even with many requests in flight on the connection.
+//! answer is larger than that, so without this each answer would be its own TLS record and its
+//! own `writev`, even with many requests in flight on the connection.
 //!
 //! [`Batched`] sits between hyper and the TLS stream. Writes are copied into a buffer of at most
 //! [`BATCH_LIMIT`] bytes, and a flush only marks the buffer as owed; the serving task writes it
