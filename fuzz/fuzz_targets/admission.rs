@@ -33,7 +33,7 @@ use nodewarden_webhook::claims::{ClaimsGuard, ClaimsPolicy, Principals, Shape, S
 use nodewarden_webhook::features::{FeatureCaches, FeaturesGuard};
 use nodewarden_webhook::node_reports::evictions::{EvictionGuard, PodNode, PodNodes};
 use nodewarden_webhook::node_reports::{NODE_NAME_EXTRA, NodeReportsGuard, NodeReportsPolicy};
-use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
+use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingCache};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "webhook-b8hcd8g";
@@ -69,7 +69,7 @@ fn autoscaler(
 fn routes() -> &'static Routes {
     static ROUTES: OnceLock<Routes> = OnceLock::new();
     ROUTES.get_or_init(|| {
-        let index = RightsizingIndex::new();
+        let index = RightsizingCache::new();
         // the recorded pod's namespace: every cap in play (policy min/max, ceiling, LimitRanges)
         index.apply_autoscaler(autoscaler(
             NAMESPACE,

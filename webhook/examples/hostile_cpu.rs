@@ -14,7 +14,7 @@ use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
 use nodewarden_webhook::admission::{self, Handler, Processed};
-use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
+use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingCache};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "shippers";
@@ -85,8 +85,8 @@ fn pod_review(names: impl Iterator<Item = String>) -> Vec<u8> {
 }
 
 /// An index with the `shipper` autoscaler (with `policies`) and a recommendation for `NODE`.
-fn index(policies: Vec<Value>) -> Arc<RightsizingIndex> {
-    let index = RightsizingIndex::new();
+fn index(policies: Vec<Value>) -> Arc<RightsizingCache> {
+    let index = RightsizingCache::new();
     let autoscaler: DaemonSetAutoscaler =
         serde_json::from_value(autoscaler_object(policies)).expect("autoscaler");
     index.apply_autoscaler(autoscaler);

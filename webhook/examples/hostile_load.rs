@@ -21,7 +21,7 @@ use nodewarden_webhook::claims::{ClaimsGuard, ClaimsPolicy, Principals, StaticVi
 use nodewarden_webhook::features::{FeatureCaches, FeaturesGuard};
 use nodewarden_webhook::loadgen::{self, Alpn, BenchCerts, SERVER_NAME, Server};
 use nodewarden_webhook::node_reports::{NodeReportsGuard, NodeReportsPolicy};
-use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
+use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingCache};
 use serde_json::json;
 
 const HANG: Duration = Duration::from_secs(30);
@@ -128,7 +128,7 @@ fn serve(routes: Vec<Route>) -> anyhow::Result<()> {
 
 /// Every route, as the webhook mounts them (the caches empty).
 fn routes() -> Vec<Route> {
-    let index = RightsizingIndex::new();
+    let index = RightsizingCache::new();
     vec![
         Route::new("/mutate/pods", FailOpen(PodMutator::new(index.clone()))),
         Route::new("/validate/autoscalers", AutoscalerValidator::new(index)),

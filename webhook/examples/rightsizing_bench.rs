@@ -33,7 +33,7 @@ use nodewarden_webhook::loadgen::{
     Alpn, BenchCerts, Load, SERVER_NAME, Server, any_answer, connect, resident_bytes,
 };
 use nodewarden_webhook::rightsizing::controller::desired_from_index;
-use nodewarden_webhook::rightsizing::{PodMutator, RightsizingIndex};
+use nodewarden_webhook::rightsizing::{PodMutator, RightsizingCache};
 use serde_json::{Value, json};
 
 /// Resident set size of this process, in bytes.
@@ -126,7 +126,7 @@ const INSTANCE_TYPES: [&str; 8] = [
 
 /// Autoscaler `k` grouped by instance type (`scope: NodeGroup`), with the status the leader
 /// computed from `index`.
-fn grouped(k: usize, index: &RightsizingIndex) -> DaemonSetAutoscaler {
+fn grouped(k: usize, index: &RightsizingCache) -> DaemonSetAutoscaler {
     let mut a = autoscaler(k);
     a.spec.scope = nodewarden_api::rightsizing::Scope::NodeGroup;
     a.spec.node_group_label = Some("node.kubernetes.io/instance-type".to_string());
@@ -235,7 +235,7 @@ fn main() -> anyhow::Result<()> {
     let recs: Vec<NodeRecommendation> = (0..args.nodes).map(|i| recommendation(i, &args)).collect();
     let whole = rss() - before;
     let before = rss();
-    let index = RightsizingIndex::new();
+    let index = RightsizingCache::new();
     for k in 0..args.autoscalers {
         index.apply_autoscaler(autoscaler(k));
     }

@@ -25,7 +25,7 @@ use crate::features::{FeatureCaches, FeaturesGuard};
 use crate::metrics::Metrics;
 use crate::node_reports::evictions::{ApiServerPods, EvictionGuard, POD_LOOKUP_TIMEOUT};
 use crate::node_reports::{NodeReportsGuard, NodeReportsPolicy};
-use crate::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
+use crate::rightsizing::{AutoscalerValidator, PodMutator, RightsizingCache};
 use crate::{claims, features, node_reports, rightsizing, server};
 
 /// Readiness condition: a serving certificate is loaded.
@@ -88,7 +88,7 @@ pub struct App {
     readiness: Arc<Readiness>,
     handlers: Handlers,
     claims: Arc<ClaimsCache>,
-    rightsizing: Arc<RightsizingIndex>,
+    rightsizing: Arc<RightsizingCache>,
     features: Arc<FeatureCaches>,
     /// The eviction guard's client, set once [`App::run`] has built one.
     pod_reader: Arc<std::sync::OnceLock<kube::Client>>,
@@ -113,7 +113,7 @@ impl App {
         let claims = ClaimsCache::new(ClaimsCacheOptions {
             discovery_interval: config.claims_discovery_interval,
         });
-        let rightsizing = RightsizingIndex::new();
+        let rightsizing = RightsizingCache::new();
         let features = FeatureCaches::new();
         let pods = ApiServerPods::new(POD_LOOKUP_TIMEOUT);
         let pod_reader = pods.client_slot();

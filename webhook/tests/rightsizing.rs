@@ -16,7 +16,7 @@ use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
 use nodewarden_webhook::admission::{AdmissionRequest, AdmissionResponse, Handler, ReviewIn};
-use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingIndex};
+use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingCache};
 use serde_json::{Value, json};
 
 const FIXTURE: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
@@ -693,8 +693,8 @@ fn fleet_is_the_90th_percentile_of_node_targets() {
 
 // ---- the handler, on the recorded review
 
-fn index_with(rec_cpu: &str) -> Arc<RightsizingIndex> {
-    let index = RightsizingIndex::new();
+fn index_with(rec_cpu: &str) -> Arc<RightsizingCache> {
+    let index = RightsizingCache::new();
     index.apply_autoscaler(autoscaler(json!({})));
     let rec = NodeRecommendation::new(
         NODE,
@@ -1339,7 +1339,7 @@ fn the_pod_mutator_fails_open_and_the_autoscaler_validator_fails_closed() {
 /// earlier one, and a deleted NodeRecommendation takes its pods out.
 #[test]
 fn pods_up_to_date_sum_the_nodes_reports() {
-    let index = RightsizingIndex::new();
+    let index = RightsizingCache::new();
     let report = |node: &str, running: i32, up_to_date: i32| {
         NodeRecommendation::new(
             node,
@@ -1493,7 +1493,7 @@ fn groups_are_computed_per_label_value_and_outlive_their_nodes() {
 /// falls back to the cold-start choice.
 #[test]
 fn handler_gives_a_new_node_its_group_figure() {
-    let index = RightsizingIndex::new();
+    let index = RightsizingCache::new();
     let mut a =
         autoscaler(json!({"coldStart": "Group", "nodeGroupLabel": "node.kubernetes.io/instance-type"}));
     a.status = Some(
@@ -1535,7 +1535,7 @@ fn handler_gives_a_new_node_its_group_figure() {
 
 #[test]
 fn validator_requires_a_valid_node_group_label_with_groups() {
-    let validator = AutoscalerValidator::new(RightsizingIndex::new());
+    let validator = AutoscalerValidator::new(RightsizingCache::new());
     let denial = |spec: Value| {
         let mut full = json!({"targetRef": {"kind": "DaemonSet", "name": "node-agent"}});
         for (k, v) in spec.as_object().expect("object") {

@@ -7,7 +7,7 @@
 //! nodes). With 5,000 nodes × 20 autoscalers that is what keeps the cache small (see
 //! docs/benchmarks.md).
 //!
-//! [`RightsizingIndex::run`] fills it with kube-runtime watchers (list, then watch; a re-list
+//! [`RightsizingCache::run`] fills it with kube-runtime watchers (list, then watch; a re-list
 //! replaces a kind's contents at once when it is complete) until cancelled.
 
 use std::collections::HashMap;
@@ -121,7 +121,7 @@ impl<K: Eq + Hash, V> Watched<K, V> {
 
 /// The right-sizing caches.
 #[derive(Default)]
-pub struct RightsizingIndex {
+pub struct RightsizingCache {
     /// Autoscalers by their own (namespace, name).
     autoscalers: Watched<Key, Arc<DaemonSetAutoscaler>>,
     /// (namespace, DaemonSet) → the autoscalers that target it, oldest first.
@@ -139,7 +139,7 @@ pub struct RightsizingIndex {
     names: Interner,
 }
 
-impl RightsizingIndex {
+impl RightsizingCache {
     /// An empty index, not synced.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())

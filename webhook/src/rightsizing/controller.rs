@@ -30,7 +30,7 @@ use nodewarden_api::rightsizing::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::RightsizingIndex;
+use super::RightsizingCache;
 use crate::controllers::{
     self, LeaderTask, ReconcileError, ReconcileObserver, Reconciler, Reconciling, leader_task,
 };
@@ -249,7 +249,7 @@ fn status_of<A: Borrow<Targets>, G: Borrow<Targets>>(
 /// by their Node's value of the spec's `nodeGroupLabel` when it uses groups, and the pod counts.
 /// One pass over the index: no API call.
 pub fn desired_from_index(
-    index: &RightsizingIndex,
+    index: &RightsizingCache,
     autoscaler: &DaemonSetAutoscaler,
     target_exists: bool,
     now: &Time,
@@ -343,7 +343,7 @@ static PASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The status controller as a leader task, reconciling each autoscaler on its changes and every
 /// `interval`.
 pub fn task(
-    index: Arc<RightsizingIndex>,
+    index: Arc<RightsizingCache>,
     interval: Duration,
     reconciles: Option<Arc<dyn ReconcileObserver>>,
 ) -> LeaderTask {
@@ -393,7 +393,7 @@ impl ReconcileError for Error {
 
 struct Context {
     client: Client,
-    index: Arc<RightsizingIndex>,
+    index: Arc<RightsizingCache>,
     interval: Duration,
     recorder: Recorder,
     reconciling: Reconciling,
@@ -402,7 +402,7 @@ struct Context {
 /// Reconciles the autoscalers' statuses until `stop`.
 pub async fn run(
     client: Client,
-    index: Arc<RightsizingIndex>,
+    index: Arc<RightsizingCache>,
     interval: Duration,
     reconciles: Option<Arc<dyn ReconcileObserver>>,
     stop: CancellationToken,
@@ -445,7 +445,7 @@ impl Reconciler<DaemonSetAutoscaler> for Context {
 async fn reconcile_status(
     client: &Client,
     recorder: &Recorder,
-    index: &Arc<RightsizingIndex>,
+    index: &Arc<RightsizingCache>,
     autoscaler: Arc<DaemonSetAutoscaler>,
 ) -> Result<(), Error> {
     let namespace = autoscaler.namespace().unwrap_or_default();

@@ -8,7 +8,7 @@ use nodewarden_api::domain::rightsizing::controlling_daemonset;
 use nodewarden_api::domain::sizing::{self, Decision, Reason, Source};
 use nodewarden_api::rightsizing::DaemonSetAutoscaler;
 
-use super::cache::{Prepared, RightsizingIndex};
+use super::cache::{Prepared, RightsizingCache};
 use super::rules::{denial, validate_autoscaler};
 use super::view::{
     MAX_CONTAINER_POLICIES, MAX_POD_CONTAINERS, MetaView, PodView, PoliciesCount, SpecView, target_node,
@@ -27,13 +27,13 @@ impl RightsizingObserver for () {
 
 /// The `/mutate/pods` handler.
 pub struct PodMutator {
-    index: Arc<RightsizingIndex>,
+    index: Arc<RightsizingCache>,
     observer: Arc<dyn RightsizingObserver>,
 }
 
 impl PodMutator {
     /// A mutator reading `index`, counting nothing.
-    pub fn new(index: Arc<RightsizingIndex>) -> Self {
+    pub fn new(index: Arc<RightsizingCache>) -> Self {
         PodMutator {
             index,
             observer: Arc::new(()),
@@ -70,7 +70,7 @@ impl PodMutator {
 
 /// [`sizing::mutate_on`] of a pod for `node` with its inputs taken from the index.
 pub(crate) fn decide_with(
-    index: &RightsizingIndex,
+    index: &RightsizingCache,
     namespace: &str,
     prepared: &Prepared,
     node: Result<String, String>,
@@ -191,12 +191,12 @@ fn short(text: &str) -> String {
 
 /// The `/validate/autoscalers` handler: rules the schema cannot express.
 pub struct AutoscalerValidator {
-    index: Arc<RightsizingIndex>,
+    index: Arc<RightsizingCache>,
 }
 
 impl AutoscalerValidator {
     /// A validator reading `index` (one autoscaler per DaemonSet).
-    pub fn new(index: Arc<RightsizingIndex>) -> Self {
+    pub fn new(index: Arc<RightsizingCache>) -> Self {
         AutoscalerValidator { index }
     }
 }

@@ -4,7 +4,7 @@
 //!   autoscaler, node targets, fleet, LimitRanges) → JSON Patch + annotations.
 //! * [`PodMutator`]: the `/mutate/pods` handler. Pod CREATE → controller owner DaemonSet →
 //!   its autoscaler → the pod's node → that node's targets → the decision. Everything comes
-//!   from the in-memory [`RightsizingIndex`]; no API call on the request path.
+//!   from the in-memory [`RightsizingCache`]; no API call on the request path.
 //! * [`AutoscalerValidator`]: the `/validate/autoscalers` handler: bounds and one autoscaler per
 //!   DaemonSet.
 //! * [`controller`]: the controller that keeps `DaemonSetAutoscaler.status`.
@@ -22,7 +22,7 @@ pub mod guard;
 pub mod rules;
 mod view;
 
-pub use cache::{Prepared, RightsizingIndex};
+pub use cache::{Prepared, RightsizingCache};
 pub use guard::{AutoscalerValidator, PodMutator, RightsizingObserver};
 pub use nodewarden_api::domain::sizing::{Decision, Reason, Source, Targets};
 pub use rules::{MAX_PROBLEMS_NAMED, validate_autoscaler};
