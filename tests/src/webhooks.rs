@@ -90,92 +90,196 @@ impl Hook {
         });
         self
     }
+
+    /// The right-sizing pod mutator, `/mutate/pods` on pod CREATE, as the chart registers it:
+    /// `Ignore` (a pod is never refused for want of the webhook), 5 s.
+    pub fn pods() -> Self {
+        let mut hook = Self::new(
+            "pods.rightsizing.nodewarden.io",
+            "/mutate/pods",
+            "",
+            "v1",
+            &["pods"],
+            &["CREATE"],
+        );
+        hook.failure_policy = "Ignore".to_string();
+        hook.timeout_seconds = 5;
+        hook
+    }
+
+    /// The autoscalers' validation, `/validate/autoscalers` on CREATE and UPDATE, 5 s.
+    pub fn autoscalers() -> Self {
+        let mut hook = Self::new(
+            "autoscalers.rightsizing.nodewarden.io",
+            "/validate/autoscalers",
+            "nodewarden.io",
+            "v1alpha1",
+            &["daemonsetautoscalers"],
+            &["CREATE", "UPDATE"],
+        );
+        hook.timeout_seconds = 5;
+        hook
+    }
+
+    /// The node reports' guard, `/validate/node-reports` on CREATE and UPDATE of
+    /// NodeRecommendations and NodeFeatureReports.
+    pub fn node_reports() -> Self {
+        Self::new(
+            "node-reports.nodewarden.io",
+            "/validate/node-reports",
+            "nodewarden.io",
+            "v1alpha1",
+            &["noderecommendations", "nodefeaturereports"],
+            &["CREATE", "UPDATE"],
+        )
+    }
+
+    /// The claims guard, `/validate/claims` on CREATE, UPDATE and DELETE of nodewarden's
+    /// ClusterClaims, about.k8s.io's ClusterProperties and Open Cluster Management's ClusterClaims
+    /// (registered before its CRD exists, as the chart may be).
+    pub fn claims() -> Self {
+        let operations = ["CREATE", "UPDATE", "DELETE"];
+        let path = "/validate/claims";
+        let mut hook = Self::new(
+            "claims.nodewarden.io",
+            path,
+            "nodewarden.io",
+            "v1alpha1",
+            &["clusterclaims"],
+            &operations,
+        );
+        for (group, version, resource) in [
+            ("about.k8s.io", "*", "clusterproperties"),
+            ("cluster.open-cluster-management.io", "v1alpha1", "clusterclaims"),
+        ] {
+            let more = Self::new(&hook.name, path, group, version, &[resource], &operations);
+            hook.rules.extend(more.rules);
+        }
+        hook
+    }
+
+    /// The Features' validation, `/validate/features` on CREATE and UPDATE of Features (a test
+    /// adds the rules of the fields it guards).
+    pub fn features() -> Self {
+        Self::new(
+            "features.nodewarden.io",
+            "/validate/features",
+            "nodewarden.io",
+            "v1alpha1",
+            &["features"],
+            &["CREATE", "UPDATE"],
+        )
+    }
 }
 
-/// Server-side applies a MutatingWebhookConfiguration `name` calling `endpoint`.
+/// A kind of webhook configuration [`register_webhooks`] applies: mutating or validating.
+pub trait WebhookConfiguration:
+    kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned
+{
+    /// The configuration `name` of `hooks`, each calling `endpoint`.
+    fn of(name: &str, endpoint: &LoopbackEndpoint, hooks: &[Hook]) -> Self;
+}
+
+impl WebhookConfiguration for MutatingWebhookConfiguration {
+    fn of(name: &str, endpoint: &LoopbackEndpoint, hooks: &[Hook]) -> Self {
+        MutatingWebhookConfiguration {
+            metadata: meta(name),
+            webhooks: Some(
+                hooks
+                    .iter()
+                    .map(|h| MutatingWebhook {
+                        name: h.name.clone(),
+                        client_config: endpoint.client_config(&h.path),
+                        rules: Some(h.rules.clone()),
+                        namespace_selector: h.namespace_selector.clone(),
+                        object_selector: h.object_selector.clone(),
+                        failure_policy: Some(h.failure_policy.clone()),
+                        timeout_seconds: Some(h.timeout_seconds),
+                        side_effects: "None".to_string(),
+                        admission_review_versions: vec!["v1".to_string()],
+                        reinvocation_policy: Some("IfNeeded".to_string()),
+                        match_policy: Some("Equivalent".to_string()),
+                        match_conditions: None,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+impl WebhookConfiguration for ValidatingWebhookConfiguration {
+    fn of(name: &str, endpoint: &LoopbackEndpoint, hooks: &[Hook]) -> Self {
+        ValidatingWebhookConfiguration {
+            metadata: meta(name),
+            webhooks: Some(
+                hooks
+                    .iter()
+                    .map(|h| ValidatingWebhook {
+                        name: h.name.clone(),
+                        client_config: endpoint.client_config(&h.path),
+                        rules: Some(h.rules.clone()),
+                        namespace_selector: h.namespace_selector.clone(),
+                        object_selector: h.object_selector.clone(),
+                        failure_policy: Some(h.failure_policy.clone()),
+                        timeout_seconds: Some(h.timeout_seconds),
+                        side_effects: "None".to_string(),
+                        admission_review_versions: vec!["v1".to_string()],
+                        match_policy: Some("Equivalent".to_string()),
+                        match_conditions: None,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        ..Default::default()
+    }
+}
+
+/// Server-side applies the webhook configuration `name` of kind `C` (mutating or validating)
+/// calling `endpoint`.
 ///
 /// The API server picks a new configuration up from its watch within about a second; a
 /// test should retry its first request (or probe) until the webhook has seen it.
+pub async fn register_webhooks<C: WebhookConfiguration>(
+    client: &Client,
+    name: &str,
+    endpoint: &LoopbackEndpoint,
+    hooks: &[Hook],
+) -> Result<C> {
+    let config = C::of(name, endpoint, hooks);
+    let api: Api<C> = Api::all(client.clone());
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&config),
+    )
+    .await
+    .with_context(|| format!("applying {} {name}", C::kind(&())))
+}
+
+/// [`register_webhooks`] of a MutatingWebhookConfiguration.
 pub async fn register_mutating_webhooks(
     client: &Client,
     name: &str,
     endpoint: &LoopbackEndpoint,
     hooks: &[Hook],
 ) -> Result<MutatingWebhookConfiguration> {
-    let config = MutatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        webhooks: Some(
-            hooks
-                .iter()
-                .map(|h| MutatingWebhook {
-                    name: h.name.clone(),
-                    client_config: endpoint.client_config(&h.path),
-                    rules: Some(h.rules.clone()),
-                    namespace_selector: h.namespace_selector.clone(),
-                    object_selector: h.object_selector.clone(),
-                    failure_policy: Some(h.failure_policy.clone()),
-                    timeout_seconds: Some(h.timeout_seconds),
-                    side_effects: "None".to_string(),
-                    admission_review_versions: vec!["v1".to_string()],
-                    reinvocation_policy: Some("IfNeeded".to_string()),
-                    match_policy: Some("Equivalent".to_string()),
-                    match_conditions: None,
-                })
-                .collect(),
-        ),
-    };
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&config),
-    )
-    .await
-    .with_context(|| format!("applying MutatingWebhookConfiguration {name}"))
+    register_webhooks(client, name, endpoint, hooks).await
 }
 
-/// Server-side applies a ValidatingWebhookConfiguration `name` calling `endpoint`.
+/// [`register_webhooks`] of a ValidatingWebhookConfiguration.
 pub async fn register_validating_webhooks(
     client: &Client,
     name: &str,
     endpoint: &LoopbackEndpoint,
     hooks: &[Hook],
 ) -> Result<ValidatingWebhookConfiguration> {
-    let config = ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        webhooks: Some(
-            hooks
-                .iter()
-                .map(|h| ValidatingWebhook {
-                    name: h.name.clone(),
-                    client_config: endpoint.client_config(&h.path),
-                    rules: Some(h.rules.clone()),
-                    namespace_selector: h.namespace_selector.clone(),
-                    object_selector: h.object_selector.clone(),
-                    failure_policy: Some(h.failure_policy.clone()),
-                    timeout_seconds: Some(h.timeout_seconds),
-                    side_effects: "None".to_string(),
-                    admission_review_versions: vec!["v1".to_string()],
-                    match_policy: Some("Equivalent".to_string()),
-                    match_conditions: None,
-                })
-                .collect(),
-        ),
-    };
-    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&config),
-    )
-    .await
-    .with_context(|| format!("applying ValidatingWebhookConfiguration {name}"))
+    register_webhooks(client, name, endpoint, hooks).await
 }
 
 /// `nodewarden_webhook::run` in the test process, with real flags.

@@ -26,7 +26,6 @@ use nodewarden_webhook::controllers::{self, ControllerOptions};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-const WEBHOOK: &str = "claims.nodewarden.io";
 const DENIED: &str = "admission webhook \"claims.nodewarden.io\" denied the request: ";
 const WRITER_SA: &str = "claims-writer";
 const EDITORS: &str = "e2e:claims-editors";
@@ -644,34 +643,8 @@ async fn grant_claim_writes(env: &TestEnv) -> Result<()> {
 
 /// The validating webhook for both claim APIs, as the chart registers it.
 async fn register(env: &TestEnv, port: u16) -> Result<()> {
-    let mut hook = Hook::new(
-        WEBHOOK,
-        "/validate/claims",
-        "nodewarden.io",
-        "v1alpha1",
-        &["clusterclaims"],
-        &["CREATE", "UPDATE", "DELETE"],
-    );
+    let mut hook = Hook::claims();
     hook.timeout_seconds = 5;
-    let about = Hook::new(
-        WEBHOOK,
-        "/validate/claims",
-        "about.k8s.io",
-        "*",
-        &["clusterproperties"],
-        &["CREATE", "UPDATE", "DELETE"],
-    );
-    hook.rules.extend(about.rules);
-    // registered before its CRD exists, as the chart may be
-    let ocm = Hook::new(
-        WEBHOOK,
-        "/validate/claims",
-        "cluster.open-cluster-management.io",
-        "v1alpha1",
-        &["clusterclaims"],
-        &["CREATE", "UPDATE", "DELETE"],
-    );
-    hook.rules.extend(ocm.rules);
     let endpoint = LoopbackEndpoint {
         port,
         ca_pem: env.cp.ca_pem().to_string(),

@@ -212,15 +212,7 @@ async fn feature_lifecycle_end_to_end() {
         ];
         let webhook = InProcessWebhook::start(&args, admin_port).await?;
 
-        let mut hook = Hook::new(
-            "features.nodewarden.io",
-            "/validate/features",
-            "nodewarden.io",
-            "v1alpha1",
-            &["features"],
-            &["CREATE", "UPDATE"],
-        )
-        .only_namespace(&env.namespace);
+        let mut hook = Hook::features().only_namespace(&env.namespace);
         for (group, resource) in [("", "pods"), (GROUP, "widgets")] {
             let mut rule = hook.rules[0].clone();
             rule.api_groups = Some(vec![group.into()]);

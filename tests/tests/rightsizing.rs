@@ -773,17 +773,7 @@ async fn register(env: &TestEnv, port: u16) -> Result<()> {
         port,
         ca_pem: env.cp.ca_pem().to_string(),
     };
-    let mut pods = Hook::new(
-        "pods.rightsizing.nodewarden.io",
-        "/mutate/pods",
-        "",
-        "v1",
-        &["pods"],
-        &["CREATE"],
-    )
-    .only_namespace(&env.namespace);
-    pods.failure_policy = "Ignore".to_string();
-    pods.timeout_seconds = 5;
+    let pods = Hook::pods().only_namespace(&env.namespace);
     register_mutating_webhooks(
         &env.client,
         &format!("{}-rightsizing", env.id),
@@ -791,29 +781,13 @@ async fn register(env: &TestEnv, port: u16) -> Result<()> {
         &[pods],
     )
     .await?;
-    let mut reports = Hook::new(
-        "node-reports.nodewarden.io",
-        "/validate/node-reports",
-        "nodewarden.io",
-        "v1alpha1",
-        &["noderecommendations", "nodefeaturereports"],
-        &["CREATE", "UPDATE"],
-    );
+    let mut reports = Hook::node_reports();
     reports.timeout_seconds = 5;
     // NodeRecommendations are cluster-scoped: this test's guard sees only this test's
     reports.object_selector = Some(serde_json::from_value(
         json!({"matchLabels": {TEST_LABEL: env.id}}),
     )?);
-    let mut autoscalers = Hook::new(
-        "autoscalers.rightsizing.nodewarden.io",
-        "/validate/autoscalers",
-        "nodewarden.io",
-        "v1alpha1",
-        &["daemonsetautoscalers"],
-        &["CREATE", "UPDATE"],
-    )
-    .only_namespace(&env.namespace);
-    autoscalers.timeout_seconds = 5;
+    let autoscalers = Hook::autoscalers().only_namespace(&env.namespace);
     register_validating_webhooks(
         &env.client,
         &format!("{}-rightsizing", env.id),
