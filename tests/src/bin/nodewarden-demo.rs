@@ -118,28 +118,11 @@ async fn run() -> Result<()> {
                 &["clusterclaims"],
                 &["CREATE", "UPDATE", "DELETE"],
             ),
-            Hook::new(
-                "node-reports.nodewarden.io",
-                "/validate/node-reports",
-                "nodewarden.io",
-                "v1alpha1",
-                &["noderecommendations", "nodefeaturereports"],
-                &["CREATE", "UPDATE"],
-            ),
+            Hook::node_reports(),
         ],
     )
     .await?;
-    let mut pods_hook = Hook::new(
-        "pods.rightsizing.nodewarden.io",
-        "/mutate/pods",
-        "",
-        "v1",
-        &["pods"],
-        &["CREATE"],
-    );
-    pods_hook.failure_policy = "Ignore".to_string();
-    pods_hook.timeout_seconds = 5;
-    register_mutating_webhooks(&client, "nodewarden-demo-mutating", &endpoint, &[pods_hook]).await?;
+    register_mutating_webhooks(&client, "nodewarden-demo-mutating", &endpoint, &[Hook::pods()]).await?;
     // the API server picks up new webhook configurations within a second or so
     tokio::time::sleep(Duration::from_secs(2)).await;
 
