@@ -3,14 +3,16 @@
 //! and the Nodes' labels (for the node groups of `scope: NodeGroup` and `coldStart: Group`).
 //!
 //! The index holds compact figures, not the objects: a `NodeRecommendation` becomes a list of
-//! (autoscaler, container, millicores, bytes) with every name interned (one copy shared by all
-//! nodes). With 5,000 nodes × 20 autoscalers that is what keeps the cache small (see
-//! docs/benchmarks.md).
+//! (slot, millicores, bytes), 24 bytes an entry, where the slot, interned, names the autoscaler
+//! and the container (one copy shared by all nodes); the Nodes' labels are interned (key,
+//! value) pairs. With 5,000 to 15,000 nodes × 20 autoscalers that is what keeps the cache small
+//! (see docs/benchmarks.md).
 //!
 //! [`RightsizingCache::run`] fills it with kube-runtime watchers (list, then watch; a re-list
 //! replaces a kind's contents at once when it is complete) until cancelled.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -28,23 +30,50 @@ use crate::watch::{Change, watch_into};
 /// (namespace, name).
 pub type Key = (Arc<str>, Arc<str>);
 
-/// One target of one node: autoscaler (namespace, name), container, figures. Names are
-/// interned: every node shares one copy of each.
-#[derive(Clone, Debug)]
-pub struct NodeEntry {
+/// What a node's entry is for: the autoscaler (namespace, name), the container, and which
+/// figures the entry carries. Interned: every node's entry for the same container shares one.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Slot {
     /// The autoscaler (namespace and name) the figures are for.
     pub autoscaler: Key,
     /// The container.
     pub container: Arc<str>,
-    /// Its targets.
-    pub amounts: Amounts,
+    cpu: bool,
+    memory: bool,
 }
 
-/// One node's targets.
-pub type NodeTargets = Box<[NodeEntry]>;
+/// One target of one node: its slot and its figures (24 bytes; a figure the slot says is absent
+/// reads 0 here and `None` from [`amounts`](Self::amounts)).
+#[derive(Clone, Debug)]
+pub struct NodeEntry {
+    slot: Arc<Slot>,
+    cpu: u64,
+    memory: u64,
+}
 
-/// One node's labels, keys and values interned (most are shared by many nodes).
-pub type NodeLabels = Box<[(Arc<str>, Arc<str>)]>;
+impl NodeEntry {
+    /// The autoscaler, the container and which figures there are.
+    pub fn slot(&self) -> &Slot {
+        &self.slot
+    }
+
+    /// The container's targets on this node.
+    pub fn amounts(&self) -> Amounts {
+        Amounts {
+            cpu: self.slot.cpu.then_some(self.cpu),
+            memory: self.slot.memory.then_some(self.memory),
+        }
+    }
+}
+
+/// One node's targets (one allocation per node).
+pub type NodeTargets = Arc<[NodeEntry]>;
+
+/// One label of a node, (key, value), interned: nodes with the same label share it.
+pub type Label = Arc<(Arc<str>, Arc<str>)>;
+
+/// One node's labels.
+pub type NodeLabels = Box<[Label]>;
 
 /// One node's pod counts: per autoscaler, its running pods there and how many are up to date.
 pub type NodePodCounts = Arc<[(Key, i32, i32)]>;
@@ -66,27 +95,79 @@ impl Prepared {
     }
 }
 
-/// One shared copy of each name.
-#[derive(Default)]
-struct Interner {
-    names: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
+/// One shared copy of each value.
+struct Interner<T: ?Sized> {
+    values: std::sync::Mutex<HashSet<Arc<T>>>,
 }
 
-impl Interner {
-    fn get(&self, name: &str) -> Arc<str> {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(found) = names.get(name) {
+impl<T: ?Sized> Default for Interner<T> {
+    fn default() -> Self {
+        Interner {
+            values: std::sync::Mutex::new(HashSet::new()),
+        }
+    }
+}
+
+impl<T: ?Sized + Eq + Hash> Interner<T> {
+    /// The shared copy of `value`, made by `make` the first time.
+    fn get_or<Q>(&self, value: &Q, make: impl FnOnce() -> Arc<T>) -> Arc<T>
+    where
+        Q: ?Sized + Eq + Hash,
+        Arc<T>: Borrow<Q>,
+    {
+        let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = values.get(value) {
             return found.clone();
         }
-        let new: Arc<str> = Arc::from(name);
-        names.insert(new.clone());
+        let new = make();
+        values.insert(new.clone());
         new
     }
 
-    /// Forgets names nothing else holds any more.
+    /// Forgets values nothing else holds any more.
     fn prune(&self) {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        names.retain(|n| Arc::strong_count(n) > 1);
+        let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        values.retain(|n| Arc::strong_count(n) > 1);
+        values.shrink_to_fit();
+    }
+}
+
+impl Interner<str> {
+    fn get(&self, name: &str) -> Arc<str> {
+        self.get_or(name, || Arc::from(name))
+    }
+}
+
+impl<T: Eq + Hash> Interner<T> {
+    fn get_owned(&self, value: T) -> Arc<T> {
+        let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = values.get(&value) {
+            return found.clone();
+        }
+        let new = Arc::new(value);
+        values.insert(new.clone());
+        new
+    }
+}
+
+/// The index's interned values: names, slots and labels.
+#[derive(Default)]
+struct Interned {
+    names: Interner<str>,
+    slots: Interner<Slot>,
+    labels: Interner<(Arc<str>, Arc<str>)>,
+}
+
+impl Interned {
+    fn get(&self, name: &str) -> Arc<str> {
+        self.names.get(name)
+    }
+
+    /// Forgets what nothing else holds any more (slots and labels first: they hold names).
+    fn prune(&self) {
+        self.slots.prune();
+        self.labels.prune();
+        self.names.prune();
     }
 }
 
@@ -127,7 +208,7 @@ pub struct RightsizingCache {
     /// (namespace, DaemonSet) → the autoscalers that target it, oldest first.
     by_target: RwLock<HashMap<Key, Vec<Arc<Prepared>>>>,
     /// Node name → its targets.
-    nodes: Watched<Arc<str>, Arc<NodeTargets>>,
+    nodes: Watched<Arc<str>, NodeTargets>,
     /// Node name → per autoscaler, its running pods there and how many are up to date.
     pods: Watched<Arc<str>, NodePodCounts>,
     /// Node name → its labels (from a metadata-only watch of the Nodes).
@@ -136,7 +217,7 @@ pub struct RightsizingCache {
     limit_ranges: Watched<Key, Arc<LimitRange>>,
     /// Namespace → its LimitRanges.
     by_namespace: RwLock<HashMap<Arc<str>, Vec<Arc<LimitRange>>>>,
-    names: Interner,
+    names: Interned,
 }
 
 impl RightsizingCache {
@@ -225,8 +306,8 @@ impl RightsizingCache {
         labels
             .get(node)?
             .iter()
-            .find(|(k, _)| &**k == key)
-            .map(|(_, v)| v.clone())
+            .find(|label| &*label.0 == key)
+            .map(|label| label.1.clone())
     }
 
     /// Number of Nodes whose labels are known.
@@ -299,8 +380,8 @@ impl RightsizingCache {
 
     /// Adds or replaces a node's recommendation.
     pub fn apply_node_recommendation(&self, rec: &NodeRecommendation) {
-        let node: Arc<str> = Arc::from(rec.name_any());
-        let compact = Arc::new(self.compact(rec));
+        let node = self.names.get(&rec.name_any());
+        let compact = self.compact(rec);
         self.set_pods(&node, self.pod_counts(rec));
         self.nodes.write().insert(node, compact);
     }
@@ -336,12 +417,17 @@ impl RightsizingCache {
             .map(|r| (r, Amounts::from_list(r.target.as_ref())))
             .filter(|(_, amounts)| !amounts.is_empty())
             .map(|(r, amounts)| NodeEntry {
-                autoscaler: (
-                    self.names.get(&r.autoscaler.namespace),
-                    self.names.get(&r.autoscaler.name),
-                ),
-                container: self.names.get(&r.container_name),
-                amounts,
+                slot: self.names.slots.get_owned(Slot {
+                    autoscaler: (
+                        self.names.get(&r.autoscaler.namespace),
+                        self.names.get(&r.autoscaler.name),
+                    ),
+                    container: self.names.get(&r.container_name),
+                    cpu: amounts.cpu.is_some(),
+                    memory: amounts.memory.is_some(),
+                }),
+                cpu: amounts.cpu.unwrap_or(0),
+                memory: amounts.memory.unwrap_or(0),
             })
             .collect()
     }
@@ -366,7 +452,11 @@ impl RightsizingCache {
     fn compact_labels<'a>(&self, labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> NodeLabels {
         labels
             .into_iter()
-            .map(|(k, v)| (self.names.get(k), self.names.get(v)))
+            .map(|(k, v)| {
+                self.names
+                    .labels
+                    .get_owned((self.names.get(k), self.names.get(v)))
+            })
             .collect()
     }
 
@@ -424,8 +514,8 @@ impl RightsizingCache {
                 Api::<NodeRecommendation>::all(client.clone()),
                 stop.clone(),
                 move |r| {
-                    let node = Arc::<str>::from(r.name_any());
-                    (node, (Arc::new(compactor.compact(&r)), compactor.pod_counts(&r)))
+                    let node = compactor.names.get(&r.name_any());
+                    (node, (compactor.compact(&r), compactor.pod_counts(&r)))
                 },
                 move |change| match change {
                     Change::Apply((node, (targets, pods))) => {
@@ -517,7 +607,117 @@ impl RightsizingCache {
 fn targets_of(entries: &[NodeEntry], namespace: &str, name: &str) -> Targets {
     entries
         .iter()
-        .filter(|e| &*e.autoscaler.0 == namespace && &*e.autoscaler.1 == name)
-        .map(|e| (e.container.to_string(), e.amounts))
+        .filter(|e| &*e.slot.autoscaler.0 == namespace && &*e.slot.autoscaler.1 == name)
+        .map(|e| (e.slot.container.to_string(), e.amounts()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use nodewarden_api::rightsizing::{AutoscalerRef, ContainerRecommendation, NodeRecommendationSpec};
+
+    use super::*;
+
+    fn rec(node: &str, targets: &[(&str, &[(&str, &str)])]) -> NodeRecommendation {
+        let recommendations = targets
+            .iter()
+            .map(|(container, list)| ContainerRecommendation {
+                autoscaler: AutoscalerRef {
+                    namespace: "ns".to_string(),
+                    name: "agent".to_string(),
+                },
+                container_name: container.to_string(),
+                target: Some(
+                    list.iter()
+                        .map(|(r, q)| (r.to_string(), Quantity(q.to_string())))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                lower_bound: None,
+                upper_bound: None,
+                uncapped_target: None,
+                sample_count: 1,
+                first_sample_time: None,
+                last_sample_time: None,
+                oom_count: 0,
+            })
+            .collect();
+        NodeRecommendation::new(
+            node,
+            NodeRecommendationSpec {
+                update_time: None,
+                pods: Vec::new(),
+                summary: None,
+                recommendations,
+            },
+        )
+    }
+
+    #[test]
+    fn a_compact_entry_gives_back_the_figures_it_was_given() {
+        let index = RightsizingCache::new();
+        index.apply_node_recommendation(&rec(
+            "n1",
+            &[
+                ("both", &[("cpu", "250m"), ("memory", "64Mi")]),
+                ("cpu-only", &[("cpu", "0")]),
+                ("memory-only", &[("memory", "1Gi")]),
+                ("neither", &[("gpu", "1")]),
+            ],
+        ));
+        let targets = index.node_targets("n1", "ns", "agent").expect("targets");
+        assert_eq!(targets.len(), 3, "{targets:?}");
+        assert_eq!(
+            targets["both"],
+            Amounts {
+                cpu: Some(250),
+                memory: Some(64 << 20)
+            }
+        );
+        assert_eq!(
+            targets["cpu-only"],
+            Amounts {
+                cpu: Some(0),
+                memory: None
+            }
+        );
+        assert_eq!(
+            targets["memory-only"],
+            Amounts {
+                cpu: None,
+                memory: Some(1 << 30)
+            }
+        );
+        assert_eq!(index.node_targets("n1", "ns", "other"), None);
+        assert_eq!(index.node_targets("n2", "ns", "agent"), None);
+    }
+
+    #[test]
+    fn nodes_share_one_slot_and_one_label_per_value() {
+        let index = RightsizingCache::new();
+        for node in ["n1", "n2"] {
+            index.apply_node_recommendation(&rec(node, &[("c", &[("cpu", "1"), ("memory", "1Mi")])]));
+            index.apply_node_labels(node, [("zone", "a"), ("kubernetes.io/hostname", node)]);
+        }
+        let nodes = index.nodes.read();
+        assert!(Arc::ptr_eq(&nodes["n1"][0].slot, &nodes["n2"][0].slot));
+        let labels = index.node_labels.read();
+        assert!(Arc::ptr_eq(&labels["n1"][0], &labels["n2"][0]));
+        assert!(!Arc::ptr_eq(&labels["n1"][1], &labels["n2"][1]));
+        assert_eq!(
+            index.node_label("n2", "kubernetes.io/hostname").as_deref(),
+            Some("n2")
+        );
+        assert_eq!(index.node_label("n2", "missing"), None);
+        drop((nodes, labels));
+        // a node gone, and its unique values with it once pruned
+        index.delete_node_recommendation("n2");
+        index.delete_node_labels("n2");
+        index.names.prune();
+        assert_eq!(index.names.labels.values.lock().unwrap().len(), 2);
+        assert_eq!(index.names.slots.values.lock().unwrap().len(), 1);
+        assert!(!index.names.names.values.lock().unwrap().contains("n2"));
+    }
 }
