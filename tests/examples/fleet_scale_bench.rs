@@ -4,7 +4,9 @@
 //!
 //! Run with `cargo run --release -p nodewarden-tests --features loadgen --example fleet-scale-bench`
 //! (`NODEWARDEN_SCALE_NODES` changes the node count; `NODEWARDEN_WEBHOOK_BIN` another webhook
-//! binary, as in `rightsizing-vpa-bench`).
+//! binary, as in `rightsizing-vpa-bench`; `NODEWARDEN_WEBHOOK_BIN_B` a second build beside it,
+//! with its own Lease so both lead, the same watches and the same review load, for before and
+//! after in one run: the probe and the rollout use the first).
 //!
 //! * The control plane of the tests (etcd, kube-apiserver, kube-controller-manager with its
 //!   garbage collector), built from Go modules.
@@ -27,7 +29,9 @@
 //!
 //! * Last, the real DaemonSet controller rolls a DaemonSet out to the 1,250 nodes of two instance
 //!   types, once in a namespace the webhook is not called for and once through it (its
-//!   autoscaler's pods patched): the time until every pod is created, side by side.
+//!   autoscaler's pods patched): the time until every pod is created, side by side. Its pace is
+//!   kube-controller-manager's client rate (20 requests a second by default), so the wait for
+//!   the pods grows with them: a minute and a second per 10 pods (6 min 15 s at 15,000 nodes).
 //!
 //! How many writes a node makes in steady state is the agent's publish decision over time: see
 //! `cargo run --release -p nodewarden-agent --example synthetic -- --workload daily --duration 36h`.
@@ -277,7 +281,7 @@ async fn main() -> Result<()> {
         &cp,
         dir.path(),
         &webhook_bin,
-        ("nodewarden-webhook-scale", None),
+        ("nodewarden-webhook-scale", None, None),
         ReadyWhen {
             review: review(last, 0),
             patched: |answer: &[u8]| patches_cpu(answer, cpu_millis(last, 0, 0)),
@@ -320,16 +324,45 @@ async fn main() -> Result<()> {
         synced.as_secs_f64(),
         grouped.as_secs_f64()
     );
+    // a second build beside the first (before and after in one run), leading in its own namespace
+    let mut second = None;
+    if let Some(bin) = std::env::var_os("NODEWARDEN_WEBHOOK_BIN_B") {
+        create_namespace(&cp, &client, "nodewarden-b").await?;
+        let started = Instant::now();
+        let b = start_webhook(
+            &cp,
+            dir.path(),
+            std::path::Path::new(&bin),
+            ("nodewarden-webhook-scale-b", None, Some("nodewarden-b")),
+            ReadyWhen {
+                review: review(last, 0),
+                patched: |answer: &[u8]| patches_cpu(answer, cpu_millis(last, 0, 0)),
+                within: Duration::from_secs(300),
+            },
+        )
+        .await?;
+        println!(
+            "webhook B ({}): ready {:.1} s after start",
+            std::path::Path::new(&bin).display(),
+            started.elapsed().as_secs_f64()
+        );
+        second = Some(b);
+    }
+    let pid_b = second.as_ref().map(|b| b.pid);
+    // the first's pid, the API server's, and the second's when there is one
+    let mut watched = vec![pid, apiserver];
+    watched.extend(pid_b);
 
     // at rest
-    let rest = Usage::start(&[pid, apiserver]);
+    let rest = Usage::start(&watched);
     tokio::time::sleep(Duration::from_secs(30)).await;
     let at_rest = rest.shares();
     let rss_rest = resident_bytes(Some(pid));
+    let rss_rest_b = pid_b.map(|p| resident_bytes(Some(p)));
 
     // the churn
     let writes = Arc::new(AtomicUsize::new(0));
-    let churn = Usage::start(&[pid, apiserver]);
+    let churn = Usage::start(&watched);
     let deadline = Instant::now() + CHURN;
     let agents = {
         let recs = recs.clone();
@@ -423,9 +456,39 @@ async fn main() -> Result<()> {
             cpu: Arc::new(move || process_cpu_ns(pid)) as CpuClock,
         }
     };
-    let (_, _, probed, reviews) = tokio::join!(agents, replacing, probe, load.open_loop(CHURN, REVIEW_RATE));
+    let load_b = match &second {
+        Some(b) => {
+            let mut conns = Vec::new();
+            for _ in 0..2 {
+                conns.push(connect(b.addr, cp.ca_pem(), LOOPBACK, Alpn::H2).await?);
+            }
+            let pid_b = b.pid;
+            Some(Load {
+                conns,
+                path: "/mutate/pods",
+                bodies: (0..2000).map(|i| review(i, i % AUTOSCALERS)).collect(),
+                accept: patched,
+                cpu: Arc::new(move || process_cpu_ns(pid_b)) as CpuClock,
+            })
+        }
+        None => None,
+    };
+    let reviews_b = async {
+        match &load_b {
+            Some(load) => Some(load.open_loop(CHURN, REVIEW_RATE).await),
+            None => None,
+        }
+    };
+    let (_, _, probed, reviews, reviews_b) = tokio::join!(
+        agents,
+        replacing,
+        probe,
+        load.open_loop(CHURN, REVIEW_RATE),
+        reviews_b
+    );
     let in_churn = churn.shares();
     let rss_churn = resident_bytes(Some(pid));
+    let rss_churn_b = pid_b.map(|p| resident_bytes(Some(p)));
     let (hist, missed) = probed?;
     if let Ok(Some(status)) = webhook.try_wait() {
         bail!("nodewarden-webhook exited during the churn: {status}");
@@ -448,6 +511,18 @@ async fn main() -> Result<()> {
         at_rest[1] * 100.0,
         in_churn[1] * 100.0
     );
+    if let (Some(rest_b), Some(churn_b)) = (rss_rest_b, rss_churn_b) {
+        println!(
+            "| webhook B CPU (whole process, share of one core) | {:.1} % | {:.1} % |",
+            at_rest.get(2).copied().unwrap_or_default() * 100.0,
+            in_churn.get(2).copied().unwrap_or_default() * 100.0
+        );
+        println!(
+            "| webhook B resident memory | {:.1} MiB | {:.1} MiB |",
+            mib(rest_b),
+            mib(churn_b)
+        );
+    }
     println!(
         "\nchurn: {} recommendations rewritten by agents, {} nodes replaced (deleted, created, published), \
          {:.0} reviews/s with p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} failed",
@@ -459,6 +534,21 @@ async fn main() -> Result<()> {
         reviews.max_ms(),
         reviews.failures
     );
+    if let Some(b) = &reviews_b {
+        println!(
+            "webhook B in the churn: {:.0} reviews/s with p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} failed",
+            b.rate(),
+            b.ms(0.5),
+            b.ms(0.99),
+            b.max_ms(),
+            b.failures
+        );
+    }
+    if let Some(mut b) = second.take()
+        && let Ok(Some(status)) = b.child.try_wait()
+    {
+        bail!("webhook B exited during the churn: {status}");
+    }
     println!(
         "a NodeRecommendation write to the webhook patching with it: {} probes, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {missed} not seen within 30 s",
         hist.len(),
@@ -495,7 +585,7 @@ async fn main() -> Result<()> {
         ("without the webhook", "plain"),
         ("through the webhook", namespace(0).as_str()),
     ] {
-        let (took, patched) = rollout(&cp, &client, ns, &ds_name(0), want).await?;
+        let (took, patched) = rollout(&client, ns, &ds_name(0), want).await?;
         println!("| {label} | {:.1} s | {patched} |", took.as_secs_f64());
     }
     let _ = webhook.kill().await;
@@ -505,13 +595,7 @@ async fn main() -> Result<()> {
 /// Creates DaemonSet `name` in `namespace` on the nodes of the first two instance types
 /// and waits until the DaemonSet controller has created its `want` pods; returns how long that
 /// took and how many of them the webhook patched.
-async fn rollout(
-    cp: &ControlPlane,
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    want: usize,
-) -> Result<(Duration, usize)> {
+async fn rollout(client: &Client, namespace: &str, name: &str, want: usize) -> Result<(Duration, usize)> {
     let ds: DaemonSet = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
@@ -540,19 +624,27 @@ async fn rollout(
     Api::<DaemonSet>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &ds)
         .await?;
-    let list = cp
-        .poll(&format!("{want} pods of DaemonSet {namespace}/{name}"), || {
-            let pods = pods.clone();
-            async move {
-                let list = pods.list(&Default::default()).await?;
-                Ok((list.items.len() >= want).then_some(list.items))
-            }
-        })
-        .await?;
-    let took = started.elapsed();
-    let patched = list
-        .iter()
-        .filter(|p| p.annotations().contains_key("rightsizing.nodewarden.io/source"))
-        .count();
-    Ok((took, patched))
+    // The DaemonSet controller creates pods at kube-controller-manager's client rate (20 a second
+    // by default), so the wait grows with the pods: a minute, and a second per 10 pods.
+    let within =
+        Duration::from_secs(60) + Duration::from_millis(100) * u32::try_from(want).unwrap_or(u32::MAX);
+    loop {
+        // metadata only: the count and each pod's annotations
+        let list = pods.list_metadata(&Default::default()).await?;
+        if list.items.len() >= want {
+            let took = started.elapsed();
+            let patched = list
+                .iter()
+                .filter(|p| p.annotations().contains_key("rightsizing.nodewarden.io/source"))
+                .count();
+            return Ok((took, patched));
+        }
+        if started.elapsed() > within {
+            bail!(
+                "{} of {want} pods of DaemonSet {namespace}/{name} created within {within:?}",
+                list.items.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }

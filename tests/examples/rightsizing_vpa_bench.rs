@@ -21,6 +21,9 @@
 //!   DaemonSet) go to both over keep-alive TLS (HTTP/2 when the server offers it), first closed
 //!   loop (maximum), then open loop at the same rate for both (half the VPA's maximum) for
 //!   latency, measured from when each request was due (no coordinated omission).
+//! * Beside them, the floor (`common/floor.rs`): a TLS + HTTP/2 server on the same libraries,
+//!   pinned to the same core, that reads each review and gives every one the answer nodewarden
+//!   gave the first review, so what nodewarden's own work costs is the difference.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -47,6 +50,8 @@ use serde_json::{Value, json};
 
 #[path = "common/bench.rs"]
 mod bench;
+#[path = "common/floor.rs"]
+mod floor;
 use bench::{
     ReadyWhen, ds_name, namespace, node_name, review, start_webhook, webhook_build, write_serving_cert,
 };
@@ -267,8 +272,60 @@ fn row(label: &str, p: &Phase) {
     );
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(floor::FLAG) {
+        return floor::serve(&args[2..]);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?
+        .block_on(bench())
+}
+
+/// Starts the floor server on `port`, pinned to core 1, answering every review with `answer`;
+/// returns once it answers with a patch.
+async fn start_floor(
+    dir: &Path,
+    port: u16,
+    answer: &[u8],
+    ca_pem: &str,
+    review: Bytes,
+) -> Result<tokio::process::Child> {
+    let answer_file = dir.join("floor-answer.json");
+    std::fs::write(&answer_file, answer)?;
+    let mut child = tokio::process::Command::new("taskset")
+        .args(["-c", "1"])
+        .arg(std::env::current_exe()?)
+        .arg(floor::FLAG)
+        .arg(dir.join("tls.crt"))
+        .arg(dir.join("tls.key"))
+        .arg(port.to_string())
+        .arg(&answer_file)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the floor server")?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(conn) = connect(addr, ca_pem, LOOPBACK, Alpn::Either).await
+            && let Some(answer) = conn.send("/mutate/pods", review.clone()).await
+            && patched(&answer)
+        {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!("the floor server exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("the floor server did not answer within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn bench() -> Result<()> {
     let bin = vpa_build()?;
     let webhook_bin = webhook_build()?;
     let cp = ControlPlane::start().await?;
@@ -316,11 +373,18 @@ async fn main() -> Result<()> {
         // ready once it patches the last node's pod with that node's figure (its watches have
         // loaded every NodeRecommendation)
         let last = NODES - 1;
+        // each build leads in a namespace of its own (its Lease there), as one deployed alone does
+        let lease_namespace = format!("nodewarden-bench-{n}");
+        create_namespace(&cp, &client, &lease_namespace).await?;
         let started = start_webhook(
             &cp,
             dir.path(),
             &path,
-            (&format!("nodewarden-webhook-bench-{n}"), Some(1)),
+            (
+                &format!("nodewarden-webhook-bench-{n}"),
+                Some(1),
+                Some(&lease_namespace),
+            ),
             ReadyWhen {
                 review: bodies[last].clone(),
                 patched: |answer: &[u8]| patched_for(answer, last, last % AUTOSCALERS),
@@ -354,6 +418,17 @@ async fn main() -> Result<()> {
     let patch = first["response"]["patch"].as_str().unwrap_or_default();
     println!("VPA patch of the first review (base64): {} bytes", patch.len());
 
+    // the floor gives every review the answer nodewarden gives the first one
+    let ours = connect(webhooks[0].3, cp.ca_pem(), LOOPBACK, Alpn::Either)
+        .await?
+        .send("/mutate/pods", bodies[0].clone())
+        .await
+        .ok_or_else(|| anyhow!("nodewarden did not answer the first review"))?;
+    println!("nodewarden's answer to the first review: {} bytes", ours.len());
+    let floor_port = free_port()?;
+    let mut floor_server = start_floor(dir.path(), floor_port, &ours, cp.ca_pem(), bodies[0].clone()).await?;
+    let floor_pid = floor_server.id().ok_or_else(|| anyhow!("no pid"))?;
+
     let mut servers: Vec<(String, SocketAddr, &str, CpuClock)> = Vec::new();
     for (name, _, pid, addr) in &webhooks {
         let pid = *pid;
@@ -364,6 +439,12 @@ async fn main() -> Result<()> {
             Arc::new(move || process_cpu_ns(pid)) as CpuClock,
         ));
     }
+    servers.push((
+        "floor (TLS + HTTP/2, a fixed answer)".to_string(),
+        format!("127.0.0.1:{floor_port}").parse()?,
+        "/mutate/pods",
+        Arc::new(move || process_cpu_ns(floor_pid)) as CpuClock,
+    ));
     servers.push((
         "VPA admission-controller".to_string(),
         vpa_addr,
@@ -396,7 +477,9 @@ async fn main() -> Result<()> {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let vpa_at = targets.len() - 1;
+    let floor_at = targets.len() - 2;
     let mut pids: Vec<u32> = webhooks.iter().map(|w| w.2).collect();
+    pids.push(floor_pid);
     pids.push(vpa_pid);
     let mut max = Vec::new();
     let mut syscalls = Vec::new();
@@ -433,11 +516,24 @@ async fn main() -> Result<()> {
                 open[n].ms(0.99) / open[vpa_at].ms(0.99)
             );
         }
+        if max[floor_at].per_core() > 0.0 {
+            println!(
+                "{name} answers {:.2}× the floor's reviews per core-second ({:.1} µs of server CPU a review against the floor's {:.1} µs); at {rate:.0}/s its p99 is {:.2}× the floor's",
+                max[n].per_core() / max[floor_at].per_core(),
+                1e6 / max[n].per_core(),
+                1e6 / max[floor_at].per_core(),
+                open[n].ms(0.99) / open[floor_at].ms(0.99).max(f64::MIN_POSITIVE)
+            );
+        }
         println!(
             "resident memory: {name} {:.1} MiB",
             resident_bytes(Some(*pid)) as f64 / (1024.0 * 1024.0)
         );
     }
+    println!(
+        "resident memory: the floor {:.1} MiB",
+        resident_bytes(Some(floor_pid)) as f64 / (1024.0 * 1024.0)
+    );
     println!(
         "resident memory: VPA admission-controller {:.1} MiB",
         resident_bytes(Some(vpa_pid)) as f64 / (1024.0 * 1024.0)
@@ -445,6 +541,7 @@ async fn main() -> Result<()> {
     for (_, mut webhook, _, _) in webhooks {
         let _ = webhook.kill().await;
     }
+    let _ = floor_server.kill().await;
     let _ = vpa.kill().await;
     Ok(())
 }

@@ -76,15 +76,22 @@ pub fn write_serving_cert(cp: &ControlPlane, dir: &Path) -> Result<()> {
 }
 
 /// The webhook's flags as the chart sets them (JSON logs at info), serving on `port` with the
-/// certificate of [`write_serving_cert`] in `dir`, its admin port on `admin`.
-pub fn webhook_args(cp: &ControlPlane, dir: &Path, port: u16, admin: u16, pod_name: &str) -> Vec<String> {
+/// certificate of [`write_serving_cert`] in `dir`, its admin port on `admin`, its leader-election
+/// Lease in `namespace`.
+pub fn webhook_args(
+    cp: &ControlPlane,
+    dir: &Path,
+    (port, admin): (u16, u16),
+    pod_name: &str,
+    namespace: &str,
+) -> Vec<String> {
     vec![
         format!("--listen-addr=127.0.0.1:{port}"),
         format!("--admin-addr=127.0.0.1:{admin}"),
         format!("--tls-cert-file={}", dir.join("tls.crt").display()),
         format!("--tls-key-file={}", dir.join("tls.key").display()),
         format!("--kubeconfig={}", cp.kubeconfig_path().display()),
-        "--namespace=nodewarden".to_string(),
+        format!("--namespace={namespace}"),
         format!("--pod-name={pod_name}"),
         "--log-format=json".to_string(),
         "--log-level=info".to_string(),
@@ -114,13 +121,14 @@ pub struct ReadyWhen<F: Fn(&[u8]) -> bool> {
 }
 
 /// Starts `bin` with the chart's flags ([`webhook_args`]), its log in `dir/<name>.log`, pinned to
-/// `cpu` when given (started on it, so it sizes itself to that core), and waits until it is
-/// ready as `ready` says. On failure, the error ends with the log's last lines.
+/// `cpu` when given (started on it, so it sizes itself to that core), its Lease in namespace
+/// `nodewarden` or the one given (two builds side by side each lead in their own), and waits
+/// until it is ready as `ready` says. On failure, the error ends with the log's last lines.
 pub async fn start_webhook<F: Fn(&[u8]) -> bool>(
     cp: &ControlPlane,
     dir: &Path,
     bin: &Path,
-    (name, cpu): (&str, Option<usize>),
+    (name, cpu, lease_namespace): (&str, Option<usize>, Option<&str>),
     ready: ReadyWhen<F>,
 ) -> Result<Started> {
     let ReadyWhen {
@@ -143,7 +151,13 @@ pub async fn start_webhook<F: Fn(&[u8]) -> bool>(
         None => tokio::process::Command::new(bin),
     };
     let mut child = command
-        .args(webhook_args(cp, dir, port, admin, name))
+        .args(webhook_args(
+            cp,
+            dir,
+            (port, admin),
+            name,
+            lease_namespace.unwrap_or("nodewarden"),
+        ))
         .stdout(file.try_clone()?)
         .stderr(file)
         .kill_on_drop(true)
