@@ -403,3 +403,16 @@ fn the_real_chart_packages_reproducibly_and_its_layout_holds_it() {
     assert_eq!(layout.metadata.name, "nodewarden");
     assert_eq!(layout.metadata.kube_version, ">=1.30.0-0");
 }
+
+#[test]
+fn a_second_release_into_a_folder_waits_for_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let held = lock_out_dir(&out).unwrap();
+    // beside the folder, so `SHA256SUMS` and an upload of the folder never see it
+    let other = std::fs::File::open(dir.path().join("out.lock")).unwrap();
+    assert!(matches!(other.try_lock(), Err(std::fs::TryLockError::WouldBlock)));
+    drop(held);
+    assert!(other.try_lock().is_ok());
+}
