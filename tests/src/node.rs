@@ -432,6 +432,10 @@ impl RealCluster {
             format!("--root-dir={}", dir.join("kubelet").display()),
             format!("--hostname-override={}", node.name),
             format!("--node-ip={}", node.ip),
+            // the kubelet's cAdvisor finds containerd at its default socket, where a node's own
+            // containerd is not here: without this, /metrics/cadvisor has no pod or container
+            // labels (it is a cAdvisor flag the kubelet still takes)
+            format!("--containerd={}", socket.display()),
             "--v=1".to_string(),
         ];
         if self_signed {

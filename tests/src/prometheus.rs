@@ -6,7 +6,9 @@
 //! `container`, `node`) as OpenMetrics text, `promtool tsdb create-blocks-from openmetrics`
 //! turns them into blocks, and [`Prometheus::start`] serves them from a temporary TSDB on a
 //! free loopback port; dropping it stops the server and removes the folder (a watchdog kills
-//! it if the test process ends without dropping it).
+//! it if the test process ends without dropping it). [`Prometheus::scraping`] starts one with
+//! an empty TSDB that scrapes what its configuration names (the real-node tier: the kubelets'
+//! `/metrics/cadvisor`).
 //!
 //! The synthetic series are scraped every 30 s from a minute boundary: in minute `m` (the
 //! interval `(start + m min, start + (m+1) min]`) the container uses `cpu[m]` cores and its
@@ -16,13 +18,14 @@
 //! kill in minute `m` shows at its end ([`Synthetic::expected_oom`]).
 
 use std::io::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::process::{Processes, free_port, write_file};
+use crate::process::{Processes, write_file};
 
 /// Scrape interval of the synthetic series.
 pub const SCRAPE_SECS: i64 = 30;
@@ -189,7 +192,7 @@ pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
 /// A running Prometheus server.
 pub struct Prometheus {
     processes: Processes,
-    port: u16,
+    addr: SocketAddr,
     dir: tempfile::TempDir,
 }
 
@@ -198,6 +201,27 @@ impl Prometheus {
     /// loopback port; `web_config` (YAML), when given, is its `--web.config.file` (e.g.
     /// `basic_auth_users`, which makes it answer 401 to anyone else). Waits until `/-/ready`.
     pub async fn start(series: &[Synthetic], web_config: Option<&str>) -> Result<Self> {
+        Self::launch(
+            series,
+            web_config,
+            "global:\n  scrape_interval: 30s\n",
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+        )
+        .await
+    }
+
+    /// An empty Prometheus on a free port of `listen` that scrapes as `config` (its whole
+    /// `prometheus.yml`: `global` and `scrape_configs`) says. Waits until `/-/ready`.
+    pub async fn scraping(config: &str, listen: IpAddr) -> Result<Self> {
+        Self::launch(&[], None, config, listen).await
+    }
+
+    async fn launch(
+        series: &[Synthetic],
+        web_config: Option<&str>,
+        config_yaml: &str,
+        listen: IpAddr,
+    ) -> Result<Self> {
         let bin = binaries()?;
         let dir = tempfile::Builder::new()
             .prefix("nodewarden-prometheus")
@@ -230,12 +254,15 @@ impl Prometheus {
             std::fs::remove_file(&text)?;
         }
         let config = dir.path().join("prometheus.yml");
-        write_file(&config, b"global:\n  scrape_interval: 30s\n", false)?;
-        let port = free_port()?;
+        write_file(&config, config_yaml.as_bytes(), false)?;
+        let port = std::net::TcpListener::bind((listen, 0))
+            .and_then(|l| l.local_addr())
+            .with_context(|| format!("finding a free port on {listen}"))?
+            .port();
         let mut args = vec![
             format!("--config.file={}", config.display()),
             format!("--storage.tsdb.path={}", tsdb.display()),
-            format!("--web.listen-address=127.0.0.1:{port}"),
+            format!("--web.listen-address={}", SocketAddr::new(listen, port)),
             "--storage.tsdb.retention.time=30d".to_string(),
             "--log.level=warn".to_string(),
         ];
@@ -246,7 +273,11 @@ impl Prometheus {
         }
         let mut processes = Processes::new(dir.path(), false)?;
         processes.spawn("prometheus", &bin.join("prometheus"), &args)?;
-        let prometheus = Prometheus { processes, port, dir };
+        let prometheus = Prometheus {
+            processes,
+            addr: SocketAddr::new(listen, port),
+            dir,
+        };
         prometheus.wait_ready().await?;
         Ok(prometheus)
     }
@@ -255,15 +286,15 @@ impl Prometheus {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             // with basic auth every path answers 401: the server is up
-            if let Ok((status, _)) = crate::http_get(self.port, "/-/ready").await
+            if let Ok((status, _)) = crate::webhooks::http_get_at(self.addr, "/-/ready").await
                 && (status == 200 || status == 401)
             {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
                 bail!(
-                    "Prometheus on port {} not ready within 60 s:\n{}",
-                    self.port,
+                    "Prometheus on {} not ready within 60 s:\n{}",
+                    self.addr,
                     self.processes.log_tails(40)
                 );
             }
@@ -271,9 +302,9 @@ impl Prometheus {
         }
     }
 
-    /// Its base URL, `http://127.0.0.1:<port>`.
+    /// Its base URL, `http://<address>:<port>` (`127.0.0.1` unless started [`Prometheus::scraping`]).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}", self.addr)
     }
 
     /// Its folder (the TSDB and its log).

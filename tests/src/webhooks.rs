@@ -330,8 +330,13 @@ impl InProcessWebhook {
 
 /// Status and body of a plain-HTTP GET on 127.0.0.1:`port`.
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    http_get_at(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).await
+}
+
+/// [`http_get`] of a server listening on `addr`.
+pub async fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
         .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
         .await?;

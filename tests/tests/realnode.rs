@@ -20,8 +20,16 @@
 //! 5. With `updateMode: InPlace` and a CPU floor above both nodes' figures, each node's agent
 //!    resizes its running shipper pod through `pods/resize`; the kubelet applies it to the same
 //!    container without a restart (read back from the container's cgroup).
-//! 6. `helm uninstall` leaves no nodewarden pod running.
-//! 7. The host is as before the node started (sysctls, iptables, mounts, links, cgroups, folders).
+//! 6. Seeding from Prometheus: a real Prometheus has scraped both kubelets' `/metrics/cadvisor`
+//!    from the start (a ServiceAccount's bearer token the kubelets check with a TokenReview and
+//!    authorize for `nodes/metrics`; TLS verified against the cluster CA, and against node b's
+//!    own self-signed certificate). `kubectl nodewarden report --prometheus` prints each node's
+//!    figures from that history; then `helm upgrade` sets `agent.history.prometheus.url` and a new,
+//!    empty checkpoint folder, so each node's new agent has no checkpoint, seeds from Prometheus
+//!    and publishes within a minute of its start a NodeRecommendation whose history began before
+//!    it started, with figures close to the live agent's it replaced and to the report's.
+//! 7. `helm uninstall` leaves no nodewarden pod running.
+//! 8. The host is as before the node started (sysctls, iptables, mounts, links, cgroups, folders).
 //!
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
@@ -29,16 +37,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
+use nodewarden_api::rightsizing::{ContainerRecommendation, NodeRecommendation};
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
+use nodewarden_tests::prometheus::Prometheus;
 use nodewarden_tests::shipper::{
-    BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER_NS, container_limits, container_requests, create_shipper,
-    describe_pods, install_chart, recreate_shipper_pod, resize_in_place, running_container, running_pods,
-    wait_for_kubelet_gates, wait_for_recommendation,
+    BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER, SHIPPER_NS, container_limits, container_requests, cpu_milli,
+    create_shipper, describe_pods, install_chart, memory_bytes, recreate_shipper_pod, resize_in_place,
+    running_container, running_pods, wait_for_kubelet_gates, wait_for_recommendation,
 };
-use nodewarden_tests::{HostSnapshot, RealCluster, RealClusterConfig, failure_with, require_real_nodes};
+use nodewarden_tests::{
+    HostSnapshot, RealCluster, RealClusterConfig, failure_with, kubectl_nodewarden, require_real_nodes,
+};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
@@ -53,7 +67,7 @@ async fn chart_on_a_real_node() -> Result<()> {
         images: images.archives(),
         sandbox_image: images.testbox_ref(),
         // node b's kubelet signs its own serving certificate, as kubeadm's do
-        self_signed_kubelets: vec![1],
+        self_signed_kubelets: vec![SELF_SIGNED],
     })
     .await?;
     let result = scenario(&cluster, &images).await;
@@ -66,6 +80,358 @@ async fn chart_on_a_real_node() -> Result<()> {
     result.map_err(|e| failure_with(e, "chart_on_a_real_node", &details))?;
     restored
 }
+
+/// The node whose kubelet signs its own serving certificate (node b).
+const SELF_SIGNED: usize = 1;
+
+/// The namespace of Prometheus's ServiceAccount.
+const MONITORING: &str = "monitoring";
+
+/// A Prometheus on node a's address that scrapes each kubelet's `/metrics/cadvisor` every 10 s
+/// as an operator's would: with the bearer token of a ServiceAccount allowed `get` on
+/// `nodes/metrics` (the kubelets authenticate it with a TokenReview and authorize it with a
+/// SubjectAccessReview), TLS verified against the cluster CA (node a) or against node b's own
+/// self-signed certificate (as the chart's agent trusts it), and each target labelled with its
+/// node's name (what a `kubernetes_sd_configs` relabelling gives).
+async fn start_prometheus(cluster: &RealCluster, client: &kube::Client) -> Result<Prometheus> {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let pp = PostParams::default();
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": MONITORING}}))?,
+        )
+        .await?;
+    Api::<ServiceAccount>::namespaced(client.clone(), MONITORING)
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "prometheus"}}))?,
+        )
+        .await?;
+    Api::<ClusterRole>::all(client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "prometheus-kubelet"},
+                "rules": [{"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}],
+            }))?,
+        )
+        .await?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "prometheus-kubelet"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "prometheus-kubelet"},
+                "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": MONITORING}],
+            }))?,
+        )
+        .await?;
+    let token = cluster
+        .cp
+        .service_account_token(MONITORING, "prometheus", None)
+        .await?;
+
+    let dir = cluster.cp.dir().join("prometheus");
+    std::fs::create_dir_all(&dir)?;
+    let token_file = dir.join("token");
+    let ca_file = dir.join("ca.crt");
+    std::fs::write(&token_file, token)?;
+    std::fs::write(&ca_file, cluster.cp.ca_pem())?;
+    let mut config = String::from("global:\n  scrape_interval: 10s\n  scrape_timeout: 5s\nscrape_configs:\n");
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        // node b's kubelet signed its own certificate (for its name, not its address)
+        let tls = if i == SELF_SIGNED {
+            format!(
+                "ca_file: {}/kubelet.crt\n      server_name: {}",
+                nodewarden_tests::node::KUBELET_DEFAULT_CERT_DIR,
+                node.name
+            )
+        } else {
+            format!("ca_file: {}", ca_file.display())
+        };
+        config.push_str(&format!(
+            "- job_name: kubelet-cadvisor-{name}\n  scheme: https\n  metrics_path: /metrics/cadvisor\n  \
+             authorization:\n    credentials_file: {token}\n  tls_config:\n      {tls}\n  static_configs:\n  \
+             - targets: [\"{ip}:10250\"]\n    labels:\n      node: {name}\n",
+            name = node.name,
+            token = token_file.display(),
+            ip = node.ip,
+        ));
+    }
+    let listen = std::net::IpAddr::V4(cluster.nodes[0].ip);
+    Prometheus::scraping(&config, listen).await
+}
+
+/// (millicores, bytes) of a figure of a NodeRecommendation (0 where it is missing).
+fn figure(list: Option<&std::collections::BTreeMap<String, Quantity>>) -> Result<(u64, u64)> {
+    Ok((
+        cpu_milli(list.and_then(|l| l.get("cpu")))?.unwrap_or(0),
+        memory_bytes(list.and_then(|l| l.get("memory")))?.unwrap_or(0),
+    ))
+}
+
+/// What a user compares: the shipper's target (after the policy), the estimator's figure before
+/// the policy (`uncappedTarget`: the CPU floor of step 5 hides the target's CPU), and the bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Figures {
+    target: (u64, u64),
+    uncapped: (u64, u64),
+    lower: (u64, u64),
+    upper: (u64, u64),
+}
+
+/// The shipper's entry of `NodeRecommendation/<node>`, if any.
+async fn shipper_entry(
+    client: &kube::Client,
+    node: &str,
+) -> Result<Option<(NodeRecommendation, ContainerRecommendation)>> {
+    let recs: Api<NodeRecommendation> = Api::all(client.clone());
+    let Some(rec) = recs.get_opt(node).await? else {
+        return Ok(None);
+    };
+    let entry = rec
+        .spec
+        .recommendations
+        .iter()
+        .find(|r| {
+            r.autoscaler.namespace == SHIPPER_NS
+                && r.autoscaler.name == SHIPPER
+                && r.container_name == SHIPPER
+        })
+        .cloned();
+    Ok(entry.map(|e| (rec, e)))
+}
+
+fn figures_of(r: &ContainerRecommendation) -> Result<Figures> {
+    Ok(Figures {
+        target: figure(r.target.as_ref())?,
+        uncapped: figure(r.uncapped_target.as_ref())?,
+        lower: figure(r.lower_bound.as_ref())?,
+        upper: figure(r.upper_bound.as_ref())?,
+    })
+}
+
+/// The agent pod on `node` (not one being deleted) and when its container started.
+async fn agent_on(client: &kube::Client, node: &str) -> Result<Option<(Pod, Timestamp)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=agent"))
+        .await?;
+    Ok(list.items.into_iter().find_map(|p| {
+        let here = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+        let started = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.iter().find(|c| c.ready))
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.running.as_ref())
+            .and_then(|r| r.started_at.as_ref())
+            .map(|t| t.0);
+        match started {
+            Some(t) if here && p.metadata.deletion_timestamp.is_none() => Some((p, t)),
+            _ => None,
+        }
+    }))
+}
+
+/// Whether `a` and `b` are within `share` of the larger (and 2 units, for rounding) of each other.
+fn near(a: u64, b: u64, share: f64) -> bool {
+    (a as f64 - b as f64).abs() <= share * a.max(b) as f64 + 2.0
+}
+
+/// Step 6: the report from Prometheus, then agents without a checkpoint seeding from it.
+async fn seeding(
+    cluster: &RealCluster,
+    client: &kube::Client,
+    helm: &Helm,
+    prometheus: &Prometheus,
+    shipper_created: Timestamp,
+) -> Result<()> {
+    // The seeding reads 1-minute steps of a 2-minute `rate()`: a step whose window began before
+    // the shipper did averages its burning over the whole window, and reads low. Wait (about a
+    // minute here) until the last whole minute before the agents start is at least 2 min 5 s
+    // after the shipper was created, so that the history holds one full step.
+    let full_step = shipper_created + SignedDuration::from_secs(125);
+    let step_ms = 60_000;
+    let ready_ms = (full_step.as_millisecond() + step_ms - 1).div_euclid(step_ms) * step_ms + 2_000;
+    let wait_ms = ready_ms - Timestamp::now().as_millisecond();
+    if wait_ms > 0 {
+        eprintln!(
+            "realnode: waiting {:.0}s for a full step of the shipper's history",
+            wait_ms as f64 / 1000.0
+        );
+        tokio::time::sleep(Duration::from_millis(wait_ms.unsigned_abs())).await;
+    }
+
+    let url = prometheus.url();
+    // what the live agents publish, and what the report prints from Prometheus alone
+    let kubeconfig = cluster.cp.kubeconfig_path().display().to_string();
+    let out = kubectl_nodewarden(&[
+        "report",
+        "--kubeconfig",
+        &kubeconfig,
+        "-n",
+        SHIPPER_NS,
+        "--prometheus",
+        &url,
+        "--window",
+        "1h",
+        "--daemonset",
+        SHIPPER,
+        "-o",
+        "json",
+    ])
+    .await?;
+    let report: serde_json::Value =
+        serde_json::from_str(&out).with_context(|| format!("report JSON: {out}"))?;
+    let mut live = Vec::new();
+    for node in &cluster.nodes {
+        let (_, entry) = shipper_entry(client, &node.name)
+            .await?
+            .with_context(|| format!("no live NodeRecommendation/{} for the shipper", node.name))?;
+        let row = report["daemonsets"][0]["rows"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["node"] == node.name.as_str()))
+            .with_context(|| format!("the report has no row for {}: {report}", node.name))?;
+        let pair = |field: &str| {
+            (
+                row[field]["cpuMillis"].as_u64().unwrap_or(0),
+                row[field]["memoryBytes"].as_u64().unwrap_or(0),
+            )
+        };
+        let printed = (pair("target"), pair("lowerBound"), pair("upperBound"));
+        let (old, _) = agent_on(client, &node.name)
+            .await?
+            .with_context(|| format!("no agent running on {}", node.name))?;
+        live.push((figures_of(&entry)?, printed, old.uid()));
+    }
+
+    // a new, empty checkpoint folder and the Prometheus URL: every agent restarts without history
+    let checkpoints = cluster.cp.dir().join("checkpoints-seeded");
+    std::fs::create_dir_all(&checkpoints)?;
+    let out = helm
+        .run(&[
+            "upgrade".to_string(),
+            RELEASE.to_string(),
+            nodewarden_tests::helm::chart_dir().display().to_string(),
+            "--namespace".to_string(),
+            NAMESPACE.to_string(),
+            "--reuse-values".to_string(),
+            "--set".to_string(),
+            format!("agent.history.prometheus.url={url}"),
+            "--set".to_string(),
+            format!("agent.checkpoint.hostPath={}", checkpoints.display()),
+        ])
+        .await?;
+    ensure!(
+        out.success,
+        "helm upgrade failed:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+
+    // each node's new agent publishes its first NodeRecommendation
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut seeded: Vec<Option<(Timestamp, NodeRecommendation, ContainerRecommendation)>> =
+        vec![None; cluster.nodes.len()];
+    while seeded.iter().any(Option::is_none) {
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            if seeded[i].is_some() {
+                continue;
+            }
+            let Some((pod, started)) = agent_on(client, &node.name).await? else {
+                continue;
+            };
+            if pod.uid() == live[i].2 {
+                continue;
+            }
+            if let Some((rec, entry)) = shipper_entry(client, &node.name).await?
+                && rec.spec.update_time.as_ref().is_some_and(|t| t.0 >= started)
+            {
+                seeded[i] = Some((started, rec, entry));
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "within 180 s of helm upgrade, not every node's new agent published: {:?}",
+            seeded.iter().map(Option::is_some).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let Some((started, rec, entry)) = &seeded[i] else {
+            continue;
+        };
+        let (live_figures, printed, _) = live[i];
+        let figures = figures_of(entry)?;
+        let published = rec.spec.update_time.as_ref().map(|t| t.0).unwrap_or(*started);
+        let after = published.duration_since(*started).as_secs_f64();
+        let first = entry
+            .first_sample_time
+            .as_ref()
+            .map(|t| t.0)
+            .context("the seeded recommendation has no first sample time")?;
+        let history_min = started.duration_since(first).as_secs_f64() / 60.0;
+        eprintln!(
+            "realnode: {} seeded agent published {after:.0}s after its start: {} samples since {first} \
+             ({history_min:.1} min before it started); seeded {figures:?}, live {live_figures:?}, report \
+             (target, lower, upper) {printed:?}",
+            node.name, entry.sample_count
+        );
+        ensure!(
+            after <= 60.0,
+            "{}: the seeded agent published {after:.0}s after its start",
+            node.name
+        );
+        // the history began before the agent, with the shipper: it can only come from Prometheus
+        // (an agent without a checkpoint takes its first live sample after it starts)
+        ensure!(
+            first >= shipper_created - SignedDuration::from_secs(60)
+                && first + SignedDuration::from_secs(10) <= *started,
+            "{}: the first sample ({first}) is not from the shipper's history before the agent started \
+             ({started}; shipper created {shipper_created})",
+            node.name
+        );
+        // one sample per minute of history from Prometheus (half of them, for scrapes a loaded
+        // machine missed), and the live ones since
+        ensure!(
+            entry.sample_count as f64 >= (history_min / 2.0).floor().max(1.0),
+            "{}: {} samples for {history_min:.1} minutes of history",
+            node.name,
+            entry.sample_count
+        );
+        // close to the live agent's figures (docs/history.md, "Tolerances")
+        let close =
+            |a: (u64, u64), b: (u64, u64)| near(a.0, b.0, CPU_TOLERANCE) && near(a.1, b.1, MEMORY_TOLERANCE);
+        // (the CPU target is step 5's floor for the new agent; the live agent's last publish may
+        // predate the floor, so CPU is compared before the policy, memory after it too)
+        ensure!(
+            close(figures.uncapped, live_figures.uncapped)
+                && near(figures.target.1, live_figures.target.1, MEMORY_TOLERANCE),
+            "{}: the seeded agent's figures {figures:?} are not close to the live agent's {live_figures:?}",
+            node.name
+        );
+        // and to what the report printed from the same Prometheus, before
+        ensure!(
+            near(figures.target.1, printed.0.1, MEMORY_TOLERANCE),
+            "{}: the seeded agent's memory target {} is not close to the report's {printed:?}",
+            node.name,
+            figures.target.1
+        );
+    }
+    Ok(())
+}
+
+/// How far a seeded agent's CPU figure may be from the live agent's (docs/history.md): the live
+/// agent's samples are 10 s apart, Prometheus's 1-minute rates average them.
+const CPU_TOLERANCE: f64 = 0.25;
+/// The same for memory: both read the same working set; the scrape and the agent's sample are
+/// up to 10 s apart.
+const MEMORY_TOLERANCE: f64 = 0.10;
 
 /// Waits until `NodeFeatureReport/<node>` holds the kubelet's gates without an error; returns how
 /// many gates it lists. Fails with the report's error (e.g. a certificate not verified).
@@ -102,6 +468,9 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     let cp = &cluster.cp;
     let nodes = [(&cluster.nodes[0], BUSY), (&cluster.nodes[1], QUIET)];
     let client = cp.admin_client().await?;
+
+    // 0. a Prometheus scraping both kubelets' cAdvisor endpoints from the start, as an operator's
+    let prometheus = start_prometheus(cluster, &client).await?;
 
     // 1. helm install with the project's images
     let helm = Helm::for_control_plane(cp)?;
@@ -158,6 +527,7 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     }
 
     // 3. a real log shipper, measured by each node's agent from that node's cgroups
+    let shipper_created = Timestamp::now();
     create_shipper(&client, &images.testbox_ref(), &nodes).await?;
     let mut targets = Vec::new();
     for (node, load) in nodes {
@@ -250,7 +620,18 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
-    // 6. uninstall leaves no nodewarden pod running
+    // 6. agents without a checkpoint seed from Prometheus and agree with the live ones
+    seeding(cluster, &client, &helm, &prometheus, shipper_created)
+        .await
+        .map_err(|e| {
+            e.context(format!(
+                "Prometheus's last log lines:\n{}",
+                prometheus.log_tail(20)
+            ))
+        })?;
+    drop(prometheus);
+
+    // 7. uninstall leaves no nodewarden pod running
     let out = helm
         .run(&[
             "uninstall",
