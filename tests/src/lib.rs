@@ -23,6 +23,7 @@ pub mod node;
 pub mod process;
 pub mod prometheus;
 pub mod recorder;
+pub mod release;
 pub mod shipper;
 pub mod vm;
 pub mod vpa;

@@ -39,7 +39,6 @@ pub async fn install_chart(
     images: &TestImages,
     checkpoints: &Path,
 ) -> Result<Duration> {
-    let began = Instant::now();
     let mut args: Vec<String> = vec![
         "install".into(),
         RELEASE.into(),
@@ -48,10 +47,24 @@ pub async fn install_chart(
         NAMESPACE.into(),
         "--create-namespace".into(),
         "--wait".into(),
-        "--timeout".into(),
-        "5m".into(),
     ];
     args.extend(images.helm_set_args());
+    install_chart_with(helm, client, args, checkpoints).await
+}
+
+/// `helm <install>` (a `helm install … --wait` command line without `helm`) with the test's
+/// settings added: a 5 min wait, the agents' pace (see [`install_chart`]) and the checkpoint
+/// folder `checkpoints`, which must be empty; fails with the pods' states when it does not
+/// become ready.
+pub async fn install_chart_with(
+    helm: &Helm,
+    client: &Client,
+    install: Vec<String>,
+    checkpoints: &Path,
+) -> Result<Duration> {
+    let began = Instant::now();
+    let mut args = install;
+    args.extend(["--timeout".to_string(), "5m".to_string()]);
     // running pods follow the node's figures within seconds, not VPA's 12 h
     // (and figures are published as they move, not paced to a write per 10 minutes)
     for set in [

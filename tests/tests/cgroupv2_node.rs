@@ -4,19 +4,29 @@
 //! `cgroupDriver: systemd` and default settings otherwise (it would refuse cgroup v1; it signs its
 //! own serving certificate). See `tests/README.md`, "cgroup v2 node (virtual machine)".
 //!
+//! Everything runs from a release of this machine's platform (`cargo xtask release`, which the CI
+//! prefetch builds first), walking the README's user path ("Use it on a cluster") with the lines
+//! the README itself holds (`nodewarden_tests::release`): `sha256sum -c SHA256SUMS`; the chart
+//! taken out of its OCI layout as a registry client would, and `helm install`ed from that file;
+//! the images' archives imported into each node's containerd; the README's DaemonSetAutoscaler;
+//! the plugin unpacked from its archive, and `kubectl nodewarden report`.
+//!
 //! What a user would see:
+//! 0. The release's files check out, and the chart a registry would serve is the release's `.tgz`.
 //! 1. The node joins and is Ready, running containerd 2.x, on cgroup v2 (`cgroup2fs`, with the
 //!    cpu and memory controllers).
 //! 2. A pod with requests and a memory limit runs there; its container's cgroup is
 //!    `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`,
 //!    with `cpu.weight` and `memory.max` as the kubelet derives them from the pod's resources.
-//! 3. The chart installed from the project's images runs its agent there too (the agent tolerates
+//! 3. The chart installed from the release runs its agent there too (the agent tolerates
 //!    the node's taint; the webhook stays on the host node, where the API server reaches it): for
 //!    a log-shipper-like DaemonSet on the VM node, the agent reads the containers' v2 cgroup files
 //!    and publishes `NodeRecommendation/<vm node>` with figures near what the shipper uses there,
 //!    through the `kubernetes` Service (the guest's kube-proxy, then the forwarding rule).
 //!    The agent also reads the guest kubelet's feature gates, verifying its self-signed serving
-//!    certificate against the node's own (the chart's default).
+//!    certificate against the node's own (the chart's default). `kubectl nodewarden report -n
+//!    logging`, the release's plugin binary, shows the VM node's row with the node's own figure
+//!    (`node`), equal to that NodeRecommendation's target; so does its HTML page.
 //! 4. A new pod of that DaemonSet on the VM node gets the node's figures from the webhook, and
 //!    the guest's kubelet runs it with them: `cpu.weight` and `memory.max` of its scope.
 //! 5. With `updateMode: InPlace` and a CPU floor above the node's figure, the agent resizes the
@@ -25,19 +35,23 @@
 //!
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
 use kube::api::PostParams;
+use kube::{Api, Client};
+use nodewarden_api::NodeRecommendation;
+use nodewarden_cli::report::render;
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
+use nodewarden_tests::release::{self, HostRelease, UserPath};
 use nodewarden_tests::shipper::{
-    self, QUIET, SHIPPER, SHIPPER_NS, container_limits, container_requests, describe_pods, install_chart,
-    recreate_shipper_pod, resize_in_place, running_container, wait_for_kubelet_gates,
-    wait_for_recommendation,
+    self, QUIET, SHIPPER, SHIPPER_NS, container_limits, container_requests, cpu_milli, describe_pods,
+    install_chart_with, memory_bytes, recreate_shipper_pod, resize_in_place, running_container,
+    wait_for_kubelet_gates, wait_for_recommendation,
 };
 use nodewarden_tests::vm::{self, VM_TAINT_KEY, VmConfig, VmNode};
 use nodewarden_tests::{RealCluster, RealClusterConfig, create_namespace, failure_with, require_real_nodes};
@@ -47,13 +61,34 @@ const NAMESPACE: &str = "cgroupv2";
 const VM_NODE: &str = "nodewarden-vm-a";
 const POD_RUNNING_TIMEOUT: Duration = Duration::from_secs(240);
 
+/// The user's side of the README's path: the release, and what the user made of its files in a
+/// folder of their own (the chart as a registry serves it, the plugin unpacked).
+struct UserFiles {
+    release: HostRelease,
+    folder: tempfile::TempDir,
+    chart: PathBuf,
+    plugin: PathBuf,
+    /// The README's DaemonSetAutoscaler.
+    autoscaler: serde_json::Value,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
     if !require_real_nodes("pod_on_a_cgroup_v2_systemd_node")? {
         return Ok(());
     }
     let began = Instant::now();
-    let images = images::build_test_images().await?;
+    let user = user_files().await?;
+    // the release's two images; the test image is the pods' sandbox and the shipper's program
+    let images = TestImages {
+        webhook: user.release.webhook.clone(),
+        agent: user.release.agent.clone(),
+        testbox: images::build_testbox().await?,
+    };
+    eprintln!(
+        "cgroupv2_node: the release checked and unpacked, test image built, {:.1}s after the start",
+        began.elapsed().as_secs_f64()
+    );
     let cluster = RealCluster::start(&RealClusterConfig {
         nodes: 1,
         images: images.archives(),
@@ -73,7 +108,7 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
     // eat helm's --wait.
     let (vm, installed) = match vm::vm_image().await {
         Ok(_) => {
-            tokio::join!(VmNode::start(&cluster, &config), install(&cluster, &images))
+            tokio::join!(VmNode::start(&cluster, &config), install(&cluster, &user))
         }
         Err(e) => (Err(e), Ok(())),
     };
@@ -87,7 +122,7 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
         }
     };
     let result = match installed {
-        Ok(()) => scenario(&cluster, &vm, &images).await,
+        Ok(()) => scenario(&cluster, &vm, &images, &user).await,
         Err(e) => Err(e),
     };
     let details = match &result {
@@ -103,19 +138,201 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
     Ok(())
 }
 
-/// `helm install --wait` with the project's images, from an empty checkpoint folder.
-async fn install(cluster: &RealCluster, images: &TestImages) -> Result<()> {
+/// The release (found or built), then the README's first steps on its files: `sha256sum -c`,
+/// the chart out of its OCI layout (it must be the release's `.tgz`), the plugin out of its
+/// archive.
+async fn user_files() -> Result<UserFiles> {
+    let autoscaler = release::check_readme()?;
+    let started = Instant::now();
+    let release = release::host_release().await?;
+    eprintln!(
+        "cgroupv2_node: cargo xtask release --platform {} took {:.1}s ({})",
+        release.target.platform(),
+        started.elapsed().as_secs_f64(),
+        release.dir.display()
+    );
+    let started = Instant::now();
+    release::check_sums(
+        &release,
+        &[
+            &release.chart_tgz(),
+            &release.chart_layout(),
+            &release.webhook.archive,
+            &release.agent.archive,
+            &release.plugin_archive(),
+        ],
+    )?;
+    let folder = tempfile::Builder::new().prefix("nodewarden-user-").tempdir()?;
+    let chart = release::chart_from_layout(&release.chart_layout(), &release.chart_version, folder.path())?;
+    ensure!(
+        std::fs::read(&chart)? == std::fs::read(release.chart_tgz())?,
+        "the chart a registry serves from {} is not the release's {}",
+        release.chart_layout().display(),
+        release.chart_tgz().display()
+    );
+    // the plugin's archive, downloaded into the user's folder and unpacked there
+    let archive = release.plugin_archive();
+    std::fs::copy(
+        &archive,
+        folder
+            .path()
+            .join(archive.file_name().context("the plugin archive's name")?),
+    )?;
+    release::sh(folder.path(), &release.line(UserPath::UNPACK))?;
+    let plugin = folder.path().join(xtask::release::PLUGIN_BIN);
+    eprintln!(
+        "cgroupv2_node: sha256sum -c, the chart out of its layout and the plugin unpacked in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(UserFiles {
+        release,
+        folder,
+        chart,
+        plugin,
+        autoscaler,
+    })
+}
+
+/// The README's `helm install` of the chart a registry serves (the chart's defaults otherwise:
+/// the images as imported, `pullPolicy: IfNotPresent`), with the test's pace and an empty
+/// checkpoint folder.
+async fn install(cluster: &RealCluster, user: &UserFiles) -> Result<()> {
     let client = cluster.cp.admin_client().await?;
     let helm = Helm::for_control_plane(&cluster.cp)?;
-    let took = install_chart(&helm, &client, images, &cluster.fresh_checkpoint_dir()?).await?;
+    let line = user.release.line(UserPath::INSTALL);
+    let file = user.chart.file_name().map(|f| f.to_string_lossy().into_owned());
+    let args: Vec<String> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|a| {
+            // helm runs elsewhere than in the user's folder
+            if Some(a) == file.as_deref() {
+                user.chart.display().to_string()
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    ensure!(
+        args.contains(&user.chart.display().to_string()),
+        "`{line}` does not install {}",
+        user.chart.display()
+    );
+    let took = install_chart_with(&helm, &client, args, &cluster.fresh_checkpoint_dir()?).await?;
     eprintln!(
-        "cgroupv2_node: helm install --wait took {:.1}s (beside the guest's boot)",
+        "cgroupv2_node: {line} took {:.1}s (beside the guest's boot)",
         took.as_secs_f64()
     );
     Ok(())
 }
 
-async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages) -> Result<()> {
+/// `NodeRecommendation/<node>`'s target for the shipper's container: millicores and bytes.
+async fn shipper_target(client: &Client, node: &str) -> Result<Option<(u64, u64)>> {
+    let Some(rec) = Api::<NodeRecommendation>::all(client.clone())
+        .get_opt(node)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let Some(target) = rec.spec.recommendations.iter().find_map(|r| {
+        (r.autoscaler.namespace == SHIPPER_NS && r.autoscaler.name == SHIPPER && r.container_name == SHIPPER)
+            .then_some(r.target.as_ref())
+            .flatten()
+    }) else {
+        return Ok(None);
+    };
+    Ok(cpu_milli(target.get("cpu"))?.zip(memory_bytes(target.get("memory"))?))
+}
+
+/// Runs the README's `line` (`kubectl nodewarden …`, up to any `>`) as kubectl runs a plugin:
+/// the unpacked `kubectl-nodewarden` with the words after `kubectl nodewarden`, against the test
+/// cluster's kubeconfig; returns what it printed.
+async fn run_plugin(cluster: &RealCluster, user: &UserFiles, line: &str) -> Result<String> {
+    let words: Vec<&str> = line.split_whitespace().take_while(|w| *w != ">").collect();
+    let args = words
+        .strip_prefix(&["kubectl", "nodewarden"])
+        .with_context(|| format!("`{line}` is not a kubectl nodewarden command"))?;
+    let mut command = tokio::process::Command::new(&user.plugin);
+    command
+        .args(args)
+        .current_dir(user.folder.path())
+        .env("KUBECONFIG", cluster.cp.kubeconfig_path())
+        .kill_on_drop(true);
+    for proxy in [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        command.env_remove(proxy);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .with_context(|| format!("`{line}` did not end within 60 s"))??;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "`{line}` failed ({}): {}{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+/// `kubectl nodewarden report -n logging` (the release's plugin) shows `node`'s own figure for
+/// the shipper, equal to its NodeRecommendation's target, and so does `-o html`. The agent may
+/// publish a new figure meanwhile: the target is read before and after, and a report between
+/// two different reads is taken again.
+async fn report_shows_the_node_target(cluster: &RealCluster, user: &UserFiles, node: &str) -> Result<()> {
+    let client = cluster.cp.admin_client().await?;
+    let daemonset = format!("{SHIPPER_NS}/{SHIPPER}");
+    let mut last = String::new();
+    for _ in 0..5 {
+        let before = shipper_target(&client, node).await?;
+        let table = run_plugin(cluster, user, UserPath::REPORT).await?;
+        let html = run_plugin(cluster, user, UserPath::REPORT_HTML).await?;
+        let after = shipper_target(&client, node).await?;
+        let Some((cpu, memory)) = before.filter(|_| before == after) else {
+            last = format!("the target moved from {before:?} to {after:?}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        let expected = format!("{} / {}", render::cpu(cpu as i64), render::memory(memory as i64));
+        let row = release::report_row(&table, &daemonset, node)?;
+        ensure!(
+            row.get("TARGET") == Some(&expected) && row.get("SOURCE").map(String::as_str) == Some("node"),
+            "`{}` shows {row:?} for {node}; its NodeRecommendation's target is {expected} (source node):\n{table}",
+            UserPath::REPORT
+        );
+        let cell = format!("data-v=\"{cpu}\" data-w=\"{memory}\">{expected}</td>");
+        ensure!(
+            html.contains(&format!("<td>{node}</td>")) && html.contains(&cell),
+            "`{}` has no row for {node} with its target {expected} ({} bytes)",
+            UserPath::REPORT_HTML,
+            html.len()
+        );
+        std::fs::write(user.folder.path().join("report.html"), &html)?;
+        eprintln!("cgroupv2_node: {}: {node} {row:?}", UserPath::REPORT);
+        return Ok(());
+    }
+    bail!("no report between two equal reads of NodeRecommendation/{node} in 5 tries: {last}")
+}
+
+/// The README's DaemonSetAutoscaler, for the test's shipper (the README's is for `fluent-bit`).
+fn readme_autoscaler(user: &UserFiles) -> Result<nodewarden_api::DaemonSetAutoscaler> {
+    let mut autoscaler = user.autoscaler.clone();
+    ensure!(
+        autoscaler["metadata"]["namespace"] == SHIPPER_NS,
+        "the README's autoscaler is not in {SHIPPER_NS}: {autoscaler}"
+    );
+    autoscaler["metadata"]["name"] = json!(SHIPPER);
+    autoscaler["spec"]["targetRef"]["name"] = json!(SHIPPER);
+    Ok(serde_json::from_value(autoscaler)?)
+}
+
+async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages, user: &UserFiles) -> Result<()> {
     let client = cluster.cp.admin_client().await?;
     let image = images.testbox_ref();
 
@@ -212,19 +429,9 @@ async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages) -> Re
     daemonsets
         .create(&PostParams::default(), &vm_shipper(&image)?)
         .await?;
+    // the README's autoscaler, as `kubectl apply` would create it
     Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), SHIPPER_NS)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "nodewarden.io/v1alpha1",
-                "kind": "DaemonSetAutoscaler",
-                "metadata": {"name": SHIPPER},
-                "spec": {
-                    "targetRef": {"kind": "DaemonSet", "name": SHIPPER},
-                    "updatePolicy": {"updateMode": "Initial"},
-                },
-            }))?,
-        )
+        .create(&PostParams::default(), &readme_autoscaler(user)?)
         .await?;
     let shipper_created = Instant::now();
     let (cpu, memory) = wait_for_recommendation(&client, VM_NODE, QUIET).await?;
@@ -238,6 +445,9 @@ async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages) -> Re
     // from the node's own PKI folder with the chart's default values
     let gates = wait_for_kubelet_gates(&client, VM_NODE).await?;
     eprintln!("cgroupv2_node: NodeFeatureReport/{VM_NODE}: kubelet read, {gates} gates");
+
+    // …and the release's plugin shows the user that figure, the node's own
+    report_shows_the_node_target(cluster, user, VM_NODE).await?;
 
     // 4. a new shipper pod on the VM node gets the node's figures from the webhook, and the
     //    guest's kubelet runs it with them: read back from the v2 files of its systemd scope

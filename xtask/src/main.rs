@@ -336,10 +336,12 @@ impl Prefetch {
         if cfg!(target_os = "linux") && is_root() {
             scripts.splice(2..2, PREFETCH_ROOT_SCRIPTS.iter().copied());
         }
-        // the release images too (what the real-node tests and the demo import): cargo's lock on
-        // their build folders makes a test that asks early wait for this build, not repeat it
+        // the release images too (what the real-node tests and the demo import), then a release
+        // of this machine's platform (what the cgroup v2 node's test installs: its plugin is one
+        // more release build): cargo's lock on their build folders, and the release's lock on
+        // its folder, make a test that asks early wait for these builds, not repeat them
         let beside: Vec<String> = std::env::current_exe()
-            .map(|xtask| vec![format!("'{}' image", xtask.display())])
+            .map(|xtask| vec![beside_command(&xtask, host_release(root).as_ref())])
             .unwrap_or_default();
         let script = prefetch_script(&beside, &scripts);
         let child = std::fs::create_dir_all(root.join("target"))
@@ -381,6 +383,31 @@ impl Prefetch {
             log,
             started: std::time::Instant::now(),
         }
+    }
+}
+
+/// This machine's platform and the folder of its release ([`xtask::release::host_release_dir`]),
+/// if the images are built for it.
+fn host_release(root: &Path) -> Option<(String, PathBuf)> {
+    let target = xtask::image::Target::host().ok()?;
+    let target_dir = xtask::image::BuildOptions::for_repo(root).ok()?.target_dir;
+    Some((
+        target.platform().to_string(),
+        xtask::release::host_release_dir(&target_dir, target),
+    ))
+}
+
+/// The prefetch's command beside the scripts: `xtask image`, then, if it succeeded and `host`
+/// names a platform and a folder, `xtask release` of that platform into that folder.
+fn beside_command(xtask: &Path, host: Option<&(String, PathBuf)>) -> String {
+    let image = format!("'{}' image", xtask.display());
+    match host {
+        Some((platform, dir)) => format!(
+            "{image} && '{}' release --platform {platform} --out '{}'",
+            xtask.display(),
+            dir.display()
+        ),
+        None => image,
     }
 }
 
@@ -570,7 +597,7 @@ fn ci(root: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{available_bytes, prefetch_script};
+    use super::{available_bytes, beside_command, prefetch_script};
     use std::process::Command;
 
     #[test]
@@ -604,6 +631,43 @@ mod tests {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("failed: a.sh\n"), "{out:?}");
         assert!(stdout.contains("==> finished after "), "{out:?}");
+    }
+
+    #[test]
+    fn the_prefetch_releases_this_platform_after_the_images_and_only_if_they_built() {
+        let dir = tempfile::tempdir().unwrap();
+        let xtask = dir.path().join("fake xtask");
+        std::fs::write(
+            &xtask,
+            "#!/bin/sh\necho \"$*\" >> \"$(dirname \"$0\")/ran\"\n[ \"$1\" != image ] || [ ! -e \"$(dirname \"$0\")/fail\" ]\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&xtask, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let out_dir = dir.path().join("release out");
+        let host = ("linux/amd64".to_string(), out_dir.clone());
+        let command = beside_command(&xtask, Some(&host));
+        let run = || {
+            let status = Command::new("bash").args(["-c", &command]).status().unwrap();
+            let ran = std::fs::read_to_string(dir.path().join("ran")).unwrap();
+            std::fs::remove_file(dir.path().join("ran")).unwrap();
+            (status.success(), ran)
+        };
+        assert_eq!(
+            run(),
+            (
+                true,
+                format!(
+                    "image\nrelease --platform linux/amd64 --out {}\n",
+                    out_dir.display()
+                )
+            )
+        );
+        std::fs::write(dir.path().join("fail"), "").unwrap();
+        assert_eq!(run(), (false, "image\n".to_string()));
+        assert_eq!(
+            beside_command(&xtask, None),
+            format!("'{}' image", xtask.display())
+        );
     }
 
     #[test]
