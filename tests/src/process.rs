@@ -209,6 +209,39 @@ impl Drop for Processes {
     }
 }
 
+/// Runs one of the repo's cached-build scripts (`tests/<script>`, e.g. `promtool/build.sh`), which
+/// build on first use and print their output folder as the last line of stdout, and returns that
+/// folder once it holds every file of `holds`. The script's progress goes to stderr, kept for the
+/// error when it fails.
+pub fn cached_build(script: &str, holds: &[&str]) -> Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}):\n{}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    for file in holds {
+        if dir.as_os_str().is_empty() || !dir.join(file).is_file() {
+            bail!(
+                "{} printed {:?}, which holds no {file}",
+                script.display(),
+                dir.display().to_string()
+            );
+        }
+    }
+    Ok(dir)
+}
+
 /// The last `lines` lines of a text file (reads at most the last 256 KiB).
 pub fn tail(path: &Path, lines: usize) -> String {
     let Ok(mut f) = File::open(path) else {

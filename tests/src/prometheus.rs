@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::process::{Processes, write_file};
+use crate::process::{Processes, cached_build, write_file};
 
 /// Scrape interval of the synthetic series.
 pub const SCRAPE_SECS: i64 = 30;
@@ -33,29 +33,7 @@ pub const SCRAPE_SECS: i64 = 30;
 /// The bin folder holding `prometheus` and `promtool`, built (or found cached) by
 /// `tests/promtool/build.sh`.
 pub fn binaries() -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("promtool/build.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} failed ({}):\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let dir = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-    for bin in ["prometheus", "promtool"] {
-        ensure!(
-            dir.join(bin).is_file(),
-            "{} printed {}, which holds no {bin}",
-            script.display(),
-            dir.display()
-        );
-    }
-    Ok(dir)
+    cached_build("promtool/build.sh", &["prometheus", "promtool"])
 }
 
 /// One container's synthetic usage, minute by minute from `start_ms`.

@@ -5,7 +5,7 @@
 //! bytes, before any rendering). Built (or found cached) by `tests/vpa/build-recommend.sh`.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, ensure};
@@ -108,26 +108,7 @@ struct Output {
 
 /// The `vpa-recommend` program, built (or found cached) by `tests/vpa/build-recommend.sh`.
 pub fn program() -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("vpa/build-recommend.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} failed ({}):\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let program = PathBuf::from(stdout.lines().last().unwrap_or_default().trim()).join("vpa-recommend");
-    ensure!(
-        program.is_file(),
-        "{} printed no folder holding vpa-recommend",
-        script.display()
-    );
-    Ok(program)
+    Ok(crate::process::cached_build("vpa/build-recommend.sh", &["vpa-recommend"])?.join("vpa-recommend"))
 }
 
 /// VPA's figures for each of `traces`, in their order.
