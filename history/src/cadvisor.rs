@@ -11,6 +11,9 @@
 //! - OOM kills: `max by (…) (max_over_time(container_oom_events_total{…}[step]))`, the
 //!   counter's rises counted on this side (VPA reads no OOM kills from Prometheus; the agent
 //!   counts the cgroup's counter the same way). Optional: a kubelet without it gives none.
+//! - OOM kills from kube-state-metrics (`crate::kube_state_metrics`): the steps in which a
+//!   container's restart count rose while its last run ended `OOMKilled`, its node from
+//!   `kube_pod_info`; merged with the counter's, a kill both saw counted once. Optional too.
 //! - `{…}` is `namespace="…", pod=~"…", container!="", container!="POD"`: no pod-level and no
 //!   pause-container series, as VPA's selector. `max by` drops the labels that differ between a
 //!   container's instances (`id`, `name`, `image`, `instance`, `job`), so a restarted container
@@ -85,7 +88,7 @@ pub struct ContainerUsage {
     /// OOM kills counted in each step where there were some: `(ms, kills)`. From the counter's
     /// rises after its first point in the window (the first is the baseline, as the agent takes
     /// its first reading); a counter that goes down started again from 0, so its new value
-    /// counts.
+    /// counts. With kube-state-metrics' kills added ([`crate::kube_state_metrics::add_kills`]).
     pub oom: Vec<(i64, u64)>,
 }
 
@@ -110,7 +113,7 @@ pub fn escape_regex(s: &str) -> String {
 }
 
 /// `s` as a PromQL string literal.
-fn quoted(s: &str) -> String {
+pub(crate) fn quoted(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -221,8 +224,9 @@ pub fn counter_rises(points: &[(i64, f64)]) -> Vec<(i64, u64)> {
         .collect()
 }
 
-/// CPU and memory of every container of the pods of `namespace` whose names match `pods` (a
-/// regular expression, e.g. [`daemonset_pods`]s joined by `|`), ordered by pod and container.
+/// CPU, memory and OOM kills of every container of the pods of `namespace` whose names match
+/// `pods` (a regular expression, e.g. [`daemonset_pods`]s joined by `|`), ordered by pod and
+/// container (containers with OOM kills from kube-state-metrics alone last).
 pub async fn read(
     prometheus: &Prometheus,
     labels: &Labels,
@@ -252,7 +256,10 @@ pub async fn read_on(
     let cpu = read(Kind::Cpu).await?;
     let memory = read(Kind::Memory).await?;
     let oom = read(Kind::Oom).await?;
-    Ok(join(labels, cpu, memory, oom))
+    let restarts = crate::kube_state_metrics::read(prometheus, labels, namespace, pods, node, window).await?;
+    let mut usage = join(labels, cpu, memory, oom);
+    crate::kube_state_metrics::add_kills(labels, &mut usage, restarts, window);
+    Ok(usage)
 }
 
 /// Whether the series every read needs are there over the window: the first one missing is

@@ -23,6 +23,7 @@
 
 pub mod cadvisor;
 mod client;
+pub mod kube_state_metrics;
 
 use std::path::PathBuf;
 use std::time::Duration;
