@@ -118,6 +118,11 @@ pub struct HistoryArgs {
     /// How far back to read (VPA's 8 days; at most 90d).
     #[arg(long, env = "NODEWARDEN_HISTORY_WINDOW", default_value = "8d", value_parser = parse_history_window)]
     pub history_window: Duration,
+    /// The range of CPU's rate() (the report's --rate-window; 1s to 24h): at least twice the
+    /// scrape interval of the kubelets' /metrics/cadvisor. Give the report the same, so that
+    /// both read the same figures.
+    #[arg(long, env = "NODEWARDEN_HISTORY_RATE_WINDOW", default_value = "2m", value_parser = parse_rate_window)]
+    pub history_rate_window: Duration,
     /// How long one query may take.
     #[arg(long, env = "NODEWARDEN_HISTORY_PROMETHEUS_TIMEOUT", default_value = "30s", value_parser = parse_interval)]
     pub history_prometheus_timeout: Duration,
@@ -134,6 +139,17 @@ fn parse_history_window(s: &str) -> Result<Duration, String> {
     let d = nodewarden_runtime::duration::parse_at_least(s, Duration::from_secs(60))?;
     if d > MAX_HISTORY_WINDOW {
         return Err(format!("{s} is longer than 90d"));
+    }
+    Ok(d)
+}
+
+/// The longest `--history-rate-window` (as the report's `--rate-window`).
+pub const MAX_HISTORY_RATE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+fn parse_rate_window(s: &str) -> Result<Duration, String> {
+    let d = nodewarden_runtime::duration::parse_at_least(s, Duration::from_secs(1))?;
+    if d > MAX_HISTORY_RATE_WINDOW {
+        return Err(format!("{s} is longer than 24h"));
     }
     Ok(d)
 }
@@ -163,6 +179,7 @@ impl HistoryArgs {
                 ..nodewarden_history::Limits::default()
             },
             window: self.history_window,
+            rate_window: self.history_rate_window,
             budget: self.history_budget,
         })
     }
@@ -458,6 +475,36 @@ mod tests {
         assert!(err.contains("longer than 90d"), "{err}");
         let c = Config::try_parse_from(["nodewarden-agent", "--node-name", "x"]).unwrap();
         assert_eq!(c.history.history_window, Duration::from_secs(8 * 24 * 3600));
+        assert_eq!(
+            c.history.history_rate_window,
+            crate::rightsizing::seed::RATE_WINDOW
+        );
+    }
+
+    #[test]
+    fn the_rate_window_is_a_flag_with_clear_errors() {
+        let parse = |v: &str| {
+            Config::try_parse_from([
+                "nodewarden-agent",
+                "--node-name",
+                "x",
+                "--history-prometheus-url",
+                "http://prom:9090",
+                "--history-rate-window",
+                v,
+            ])
+        };
+        let s = parse("30s").unwrap().history.seed().expect("seeding");
+        assert_eq!(s.rate_window, Duration::from_secs(30));
+        let err = parse("25h").unwrap_err().to_string();
+        assert!(err.contains("longer than 24h"), "{err}");
+        let err = parse("500ms").unwrap_err().to_string();
+        assert!(err.contains("--history-rate-window"), "{err}");
+        let err = parse("soon").unwrap_err().to_string();
+        assert!(
+            err.contains("--history-rate-window") && err.contains("soon"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1460,6 +1460,10 @@ async fn bad_values_fail_rendering_with_a_message_naming_the_problem() -> Result
         ),
         (&["--set", "features.clearRate=0"], &["features/clearRate", "1"]),
         (
+            &["--set", "agent.history.rateWindow=2 minutes"],
+            &["agent/history/rateWindow", "ms|s|m|h"],
+        ),
+        (
             &["--set", "agent.kubeProxyMetricsUrl=127.0.0.1:10249"],
             &["agent/kubeProxyMetricsUrl", "https?://"],
         ),
@@ -1798,6 +1802,7 @@ async fn agent_history_values_reach_the_env_only_with_a_url() -> Result<()> {
             "NODEWARDEN_HISTORY_PROMETHEUS_TIMEOUT",
         ),
         ("window", "14d", "NODEWARDEN_HISTORY_WINDOW"),
+        ("rateWindow", "30s", "NODEWARDEN_HISTORY_RATE_WINDOW"),
         ("budget", "90s", "NODEWARDEN_HISTORY_BUDGET"),
     ];
     let config = std::fs::read_to_string(chart_dir().join("../../agent/src/config.rs"))?;

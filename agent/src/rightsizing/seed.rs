@@ -28,7 +28,8 @@ use crate::rightsizing::recommender::{EstimatorConfig, History};
 /// `report --prometheus` read the same steps (and confidence counts 1440 samples to a day).
 pub const RESOLUTION: Duration = Duration::from_secs(60);
 
-/// CPU's `rate()` range: the report's default (at least two scrapes at the usual 30–60 s).
+/// CPU's `rate()` range by default (`--history-rate-window`): the report's default (at least two
+/// scrapes at the usual 30–60 s).
 pub const RATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Retries of a failed read, after the first try.
@@ -137,6 +138,8 @@ pub struct Config {
     pub limits: Limits,
     /// How far back to read (`--history-window`, 8 days as VPA).
     pub window: Duration,
+    /// CPU's `rate()` range (`--history-rate-window`, [`RATE_WINDOW`] by default).
+    pub rate_window: Duration,
     /// The whole seeding, retries included, stops after this long.
     pub budget: Duration,
 }
@@ -301,7 +304,7 @@ pub async fn seed(
 ) -> Result<Seeded, SeedError> {
     let prometheus =
         Prometheus::new(config.endpoint.clone(), config.limits).map_err(SeedError::Prometheus)?;
-    let window = window(config.window, RESOLUTION, RATE_WINDOW, now_ms);
+    let window = window(config.window, RESOLUTION, config.rate_window, now_ms);
     let last_error = Mutex::new(None);
     let load = load_noting(&prometheus, node, targets, &window, cfg, &last_error);
     match tokio::time::timeout(config.budget, load).await {
@@ -439,6 +442,7 @@ mod tests {
             },
             limits: Limits::default(),
             window: Duration::from_secs(3600),
+            rate_window: RATE_WINDOW,
             budget: Duration::from_millis(1500),
         };
         let target = Target {
