@@ -8,7 +8,9 @@
 //! free loopback port; dropping it stops the server and removes the folder (a watchdog kills
 //! it if the test process ends without dropping it). [`Prometheus::scraping`] starts one with
 //! an empty TSDB that scrapes what its configuration names (the real-node tier: the kubelets'
-//! `/metrics/cadvisor`).
+//! `/metrics/cadvisor`). Where a series asks for it ([`OomSeries`]), kube-state-metrics' series
+//! of its pod are written too (`kube_pod_info`, restarts, last terminated reason), and its OOM
+//! kills show in them.
 //!
 //! The synthetic series are scraped every 30 s from a minute boundary: in minute `m` (the
 //! interval `(start + m min, start + (m+1) min]`) the container uses `cpu[m]` cores and its
@@ -53,10 +55,31 @@ pub struct Synthetic {
     pub cpu: Vec<f64>,
     /// Working set in each minute, in bytes.
     pub memory: Vec<f64>,
-    /// Minutes in which the container was OOM-killed once (`container_oom_events_total`, a
-    /// counter; written only for containers with a kill).
+    /// Minutes in which the container was OOM-killed once, shown by the series `oom_series` says.
     pub oom_minutes: Vec<usize>,
+    /// Which series the pod and its OOM kills show in.
+    pub oom_series: OomSeries,
 }
+
+/// Which exporter's series a [`Synthetic`] container's OOM kills show in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OomSeries {
+    /// The kubelet's cAdvisor counter `container_oom_events_total` (written only for containers
+    /// with a kill).
+    #[default]
+    Cadvisor,
+    /// kube-state-metrics, as it exports every pod: `kube_pod_info` (value 1, the pod's `node`),
+    /// `kube_pod_container_status_restarts_total` (one restart per kill) and, from the first kill
+    /// on, `kube_pod_container_status_last_terminated_reason{reason="OOMKilled"}` (1). Its
+    /// container series carry the `node` label a scrape job of endpoints gives them: the node
+    /// kube-state-metrics runs on ([`KSM_NODE`]), not the pod's.
+    KubeStateMetrics,
+    /// Both.
+    Both,
+}
+
+/// The node kube-state-metrics runs on, in the `node` label of its container series.
+pub const KSM_NODE: &str = "monitoring-node";
 
 impl Synthetic {
     fn labels(&self) -> String {
@@ -77,6 +100,24 @@ impl Synthetic {
             .collect()
     }
 
+    fn ksm_labels(&self) -> String {
+        format!(
+            "namespace=\"{}\",pod=\"{}\",container=\"{}\",job=\"kube-state-metrics\",node=\"{KSM_NODE}\"",
+            self.namespace, self.pod, self.container
+        )
+    }
+
+    fn scrapes(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
+        (0..self.memory.len()).flat_map(move |m| {
+            (1..=(60 / SCRAPE_SECS))
+                .map(move |k| (m, self.start_ms + m as i64 * 60_000 + k * SCRAPE_SECS * 1000))
+        })
+    }
+
+    fn kills_until(&self, m: usize) -> usize {
+        self.oom_minutes.iter().filter(|&&k| k <= m).count()
+    }
+
     /// The OOM kills a 1-minute `query_range` shows: `(end of minute m in ms, kills)`.
     pub fn expected_oom(&self) -> Vec<(i64, u64)> {
         self.oom_minutes
@@ -91,8 +132,8 @@ fn seconds(ms: i64) -> String {
 }
 
 /// Writes `series` as OpenMetrics text to `path`: the CPU counter family, the gauge family, the
-/// OOM counter family (when a series has kills),
-/// each series' points in time order, ending with `# EOF`.
+/// OOM counter family (when a series has kills shown by cAdvisor), kube-state-metrics' families
+/// (when a series shows in them), each series' points in time order, ending with `# EOF`.
 pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
     let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut out = std::io::BufWriter::new(file);
@@ -139,14 +180,17 @@ pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
             }
         }
     }
-    if series.iter().any(|s| !s.oom_minutes.is_empty()) {
+    let cadvisor_oom =
+        |s: &&Synthetic| !s.oom_minutes.is_empty() && s.oom_series != OomSeries::KubeStateMetrics;
+    let ksm = |s: &&Synthetic| s.oom_series != OomSeries::Cadvisor;
+    if series.iter().any(|s| cadvisor_oom(&s)) {
         writeln!(
             out,
             "# HELP container_oom_events Count of out of memory events observed for the container."
         )?;
         writeln!(out, "# TYPE container_oom_events counter")?;
     }
-    for s in series.iter().filter(|s| !s.oom_minutes.is_empty()) {
+    for s in series.iter().filter(cadvisor_oom) {
         let labels = s.labels();
         let mut kills = 0;
         for m in 0..s.memory.len() {
@@ -157,6 +201,53 @@ pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
                 writeln!(
                     out,
                     "container_oom_events_total{{{labels}}} {kills} {}",
+                    seconds(at)
+                )?;
+            }
+        }
+    }
+    if series.iter().any(|s| ksm(&s)) {
+        writeln!(out, "# HELP kube_pod_info Information about pod.")?;
+        writeln!(out, "# TYPE kube_pod_info gauge")?;
+        for s in series.iter().filter(ksm) {
+            let labels = format!(
+                "namespace=\"{}\",pod=\"{}\",node=\"{}\",created_by_kind=\"DaemonSet\",job=\"kube-state-metrics\"",
+                s.namespace, s.pod, s.node
+            );
+            for (_, at) in s.scrapes() {
+                writeln!(out, "kube_pod_info{{{labels}}} 1 {}", seconds(at))?;
+            }
+        }
+        writeln!(
+            out,
+            "# HELP kube_pod_container_status_restarts The number of container restarts per container."
+        )?;
+        writeln!(out, "# TYPE kube_pod_container_status_restarts counter")?;
+        for s in series.iter().filter(ksm) {
+            let labels = s.ksm_labels();
+            for (m, at) in s.scrapes() {
+                writeln!(
+                    out,
+                    "kube_pod_container_status_restarts_total{{{labels}}} {} {}",
+                    s.kills_until(m),
+                    seconds(at)
+                )?;
+            }
+        }
+        writeln!(
+            out,
+            "# HELP kube_pod_container_status_last_terminated_reason Describes the last reason the container was in terminated state."
+        )?;
+        writeln!(
+            out,
+            "# TYPE kube_pod_container_status_last_terminated_reason gauge"
+        )?;
+        for s in series.iter().filter(ksm) {
+            let labels = format!("{},reason=\"OOMKilled\"", s.ksm_labels());
+            for (_, at) in s.scrapes().filter(|&(m, _)| s.kills_until(m) > 0) {
+                writeln!(
+                    out,
+                    "kube_pod_container_status_last_terminated_reason{{{labels}}} 1 {}",
                     seconds(at)
                 )?;
             }

@@ -6,7 +6,9 @@
 //! controller creates. The history (tests/src/prometheus.rs, one value per minute, scraped
 //! every 30 s) for those pods:
 //! - node A, busy: 0.2 core, 0.5 core in 3 minutes of every 20 (15 %); 200 MiB, 300 MiB in the
-//!   first hour of every day; one OOM kill on the last day (`container_oom_events_total`);
+//!   first hour of every day; one OOM kill on the last day, shown both by cAdvisor's
+//!   `container_oom_events_total` and by kube-state-metrics (restarts, last terminated reason; its
+//!   series of every pod are there), and counted once;
 //! - node B, quiet: 0.02 core, 40 MiB;
 //! - node C: a pod that is gone now (0.1 core, 100 MiB) for the first 5 days, then the current
 //!   pod (0.3 core, 150 MiB) from day 4 on: a day of overlap, as a replaced pod's series have.
@@ -29,7 +31,7 @@ use kube::{Api, ResourceExt};
 use nodewarden_agent::rightsizing::pods::Policy;
 use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
 use nodewarden_agent::rightsizing::sampler;
-use nodewarden_tests::prometheus::{Prometheus, Synthetic};
+use nodewarden_tests::prometheus::{OomSeries, Prometheus, Synthetic};
 use nodewarden_tests::{e2e, kubectl_nodewarden, simple_daemonset, vpa, wait_for_daemonset_pods};
 use serde_json::Value;
 
@@ -67,6 +69,8 @@ fn history(
         cpu,
         memory,
         oom_minutes: Vec::new(),
+        // kube-state-metrics exports every pod: the busy node's kill shows in both exporters
+        oom_series: OomSeries::Both,
     };
     let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
     let mut busy = series(
@@ -299,7 +303,8 @@ async fn report_from_prometheus_history_matches_the_agents_estimator() {
         );
         ensure!(figures(busy, "target").0 == 588, "{busy}");
         // the OOM kill of the last day: that day's peak is max(300Mi + 100Mi, 300Mi × 1.2) =
-        // 400Mi, and weighs about half of all the days' peaks → p90 is its bucket
+        // 400Mi, and weighs about half of all the days' peaks → p90 is its bucket. cAdvisor's
+        // counter and kube-state-metrics both show it: one kill, not two
         ensure!(busy["oomKills"] == 1, "{busy}");
         ensure!(
             figures(busy, "upperBound").0 == milli(edge(0.01, 0.5) * 1.15 * (1.0 + 1.0 / conf)),
