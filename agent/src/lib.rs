@@ -102,8 +102,9 @@ fn restore(sampler: &mut Sampler, config: &Config) -> bool {
 }
 
 /// Seeds the histories of this node's autoscaled containers from Prometheus when
-/// `--history-prometheus-url` is set and no checkpoint was resumed (the checkpoint wins), within
-/// `--history-budget`; any failure is logged and counted, and the agent goes on empty.
+/// `--history-prometheus-url` is set, for the containers without a checkpointed history (the
+/// checkpoint wins), within `--history-budget`; any failure is logged and counted, and the agent
+/// goes on empty.
 async fn seed_from_history(
     sampler: &mut Sampler,
     client: &Client,
@@ -116,19 +117,48 @@ async fn seed_from_history(
     let Some(seed) = config.history.seed() else {
         return;
     };
-    if resumed {
-        tracing::info!("a checkpoint was resumed; not seeding from Prometheus");
+    let fresh: Vec<pods::Target> = targets
+        .iter()
+        .filter(|t| sampler.history(&t.key).is_none())
+        .cloned()
+        .collect();
+    if resumed && fresh.is_empty() {
+        tracing::info!("every autoscaled container has a checkpointed history; not seeding from Prometheus");
         metrics.history_seed("checkpoint", 0);
         return;
     }
     let started = Instant::now();
-    match rightsizing::seed::seed(&seed, &config.node_name, targets, estimator, now_ms()).await {
+    let outcome = rightsizing::seed::seed(&seed, &config.node_name, &fresh, estimator, now_ms()).await;
+    if let Some(note) = take_seeded(
+        sampler,
+        &seed.endpoint.url,
+        fresh.len(),
+        outcome,
+        started.elapsed(),
+        metrics,
+    ) {
+        node_event(client, &config.node_name, "HistorySeedFailed", note).await;
+    }
+}
+
+/// Puts what a seeding read into `sampler`, logging and counting how it ended; returns the note
+/// of the Warning Event to publish when it failed.
+fn take_seeded(
+    sampler: &mut Sampler,
+    url: &str,
+    containers: usize,
+    outcome: Result<rightsizing::seed::Seeded, rightsizing::seed::SeedError>,
+    took: Duration,
+    metrics: &Metrics,
+) -> Option<String> {
+    match outcome {
         Ok(seeded) if seeded.histories.is_empty() => {
             tracing::info!(
-                prometheus = %seed.endpoint.url, containers = targets.len(),
-                "Prometheus has no history of this node's autoscaled containers; starting without history"
+                prometheus = %url, containers,
+                "Prometheus has no history of these autoscaled containers; starting them without history"
             );
             metrics.history_seed("empty", 0);
+            None
         }
         Ok(seeded) => {
             let mut taken = 0;
@@ -136,26 +166,33 @@ async fn seed_from_history(
                 taken += usize::from(sampler.seed(key, history, per_pod));
             }
             tracing::info!(
-                prometheus = %seed.endpoint.url,
+                prometheus = %url,
                 histories = taken,
                 samples = seeded.samples,
                 first_sample_ms = seeded.first_sample_ms,
-                took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
                 "seeded history from Prometheus"
             );
             metrics.history_seed("seeded", seeded.samples);
+            None
         }
         Err(err) => {
-            tracing::warn!(prometheus = %seed.endpoint.url, error = %err, "seeding from Prometheus failed; starting without history");
+            tracing::warn!(prometheus = %url, error = %err, "seeding from Prometheus failed; starting without history");
             metrics.history_seed("failed", 0);
-            node_event(
-                client,
-                &config.node_name,
-                "HistorySeedFailed",
-                format!("seeding from Prometheus failed, starting without history: {err}"),
-            )
-            .await;
+            Some(format!(
+                "seeding from Prometheus failed, starting without history: {err}"
+            ))
         }
+    }
+}
+
+/// The next read of `later` that ends; never, without seeding.
+async fn seed_finished(
+    later: &mut Option<rightsizing::seed_later::SeedLater>,
+) -> rightsizing::seed_later::Finished {
+    match later {
+        Some(l) => l.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -280,6 +317,13 @@ pub async fn run_with_clients(
         () = seed_from_history(&mut sampler, &event_client, &config, &targets, resumed, &estimator, &metrics) => {}
     }
     tracing::info!("caches synced; measuring");
+    // containers first seen later: seeded off this loop, once each (docs/history.md)
+    let mut later = config.history.seed().map(|seed| {
+        let mut later =
+            rightsizing::seed_later::SeedLater::new(seed, config.node_name.clone(), estimator.clone());
+        later.mark_seen(targets.iter().map(|t| &t.key));
+        later
+    });
 
     let mut ticker = tokio::time::interval(config.sample_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -288,9 +332,27 @@ pub async fn run_with_clients(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = ticker.tick() => {}
+            finished = seed_finished(&mut later) => {
+                let url = config.history.history_prometheus_url.clone().unwrap_or_default();
+                let note = take_seeded(&mut sampler, &url, finished.keys.len(), finished.outcome, finished.took, &metrics);
+                if let Some(note) = note {
+                    // not awaited: the Event's write must not hold the sampling back
+                    let (client, node) = (event_client.clone(), config.node_name.clone());
+                    tokio::spawn(async move { node_event(&client, &node, "HistorySeedFailed", note).await });
+                }
+                if let Some(l) = later.as_mut() {
+                    l.done(now_ms());
+                }
+                continue;
+            }
         }
         let now = now_ms();
-        let (targets, autoscalers) = stores.targets();
+        let (mut targets, autoscalers) = stores.targets();
+        if let Some(l) = later.as_mut() {
+            l.offer(&targets, |key| sampler.history(key).is_some(), now);
+            // a container waiting for its history is measured once it is there
+            targets.retain(|t| !l.is_pending(&t.key));
+        }
         let tick = sampler.tick(now, &targets, &autoscalers);
         let pods_changed = pods_rx.has_changed().unwrap_or(false);
         let publish = match tick.publish {

@@ -271,15 +271,15 @@ impl Metrics {
         let history_seed = Family::<OutcomeLabels, Gauge>::default();
         registry.register(
             "history_seed",
-            "1 for how seeding from Prometheus ended at start (seeded, empty: no history found, failed: \
-             Prometheus could not be read, checkpoint: not tried, a checkpoint was there); absent without \
-             --history-prometheus-url",
+            "1 for how the last seeding from Prometheus ended, at start or for containers first seen later \
+             (seeded, empty: no history found, failed: Prometheus could not be read, checkpoint: not tried at \
+             start, every container had a checkpointed history); absent without --history-prometheus-url",
             history_seed.clone(),
         );
         let history_seed_samples = Gauge::default();
         registry.register(
             "history_seed_samples",
-            "Samples (CPU and memory) read from Prometheus into the histories at start",
+            "Samples (CPU and memory) read from Prometheus into the histories by the last seeding",
             history_seed_samples.clone(),
         );
         Metrics {

@@ -5,15 +5,21 @@
 //! bound to the node with the container status a kubelet reports, and a synthetic cgroup tree
 //! for that container (CPU counter standing still, 300 MiB in use: the history's daily peak, so
 //! the first live reading moves no percentile). The history: 0.2 core with 0.5 core in 3
-//! minutes of every 20, 200 MiB with 300 MiB in the first hour of every day.
+//! minutes of every 20, 200 MiB with 300 MiB in the first hour of every day, and one OOM kill on
+//! the day before the last that only kube-state-metrics shows (no `container_oom_events_total`).
 //!
 //! 1. A fresh agent (no checkpoint) with `--history-prometheus-url` publishes, within a minute,
 //!    the figures `kubectl nodewarden report --prometheus --window 8d` prints for the node
 //!    (within VPA's rounding: one 5 % bucket), with the history's sample count and first sample
-//!    time in the NodeRecommendation.
-//! 2. With a checkpoint present (one without this container), the agent does not seed: its
+//!    time in the NodeRecommendation. Both count the OOM kill and bump memory for it: the
+//!    target is the 400 MiB bucket (the day's 300 MiB peak + 100 MiB) instead of the 300 MiB one.
+//! 2. With a checkpoint holding this container's history, the agent does not seed it: its
 //!    figures come from its own few samples.
-//! 3. With Prometheus unreachable, the agent starts empty within its budget and publishes from
+//! 3. With the autoscaler deleted, a fresh agent starts (nothing to seed); once its sampling
+//!    loop runs, the autoscaler is created again: the agent seeds the container when it first
+//!    sees it and publishes, within a minute, a NodeRecommendation carrying the history's
+//!    sample count, first sample time and OOM kill.
+//! 4. With Prometheus unreachable, the agent starts empty within its budget and publishes from
 //!    live samples: no crash, no wait beyond the budget; a Warning Event on the Node says why:
 //!    the budget spent, and the last error seen (the refused connection).
 
@@ -28,9 +34,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodewarden_agent::config::Config;
 use nodewarden_agent::rightsizing::checkpoint::{self, Checkpoint};
+use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
 use nodewarden_api::quantity::parse_milli;
-use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
-use nodewarden_tests::prometheus::{Prometheus, Synthetic};
+use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler, NodeRecommendation};
+use nodewarden_tests::prometheus::{OomSeries, Prometheus, Synthetic};
 use nodewarden_tests::{
     TestEnv, apply_crds, cgroupfs, chart_crd_files, e2e, kubectl_nodewarden, read_crds, simple_daemonset,
     wait_for_daemonset_pods,
@@ -90,7 +97,12 @@ fn history(namespace: &str, pod: &str, node: &str, now_ms: i64) -> Synthetic {
                 }
             })
             .collect(),
-        oom_minutes: Vec::new(),
+        // one OOM kill on the day before the last, at 10:00 of the history's day, shown by
+        // kube-state-metrics only (no container_oom_events_total at all, as where cAdvisor does not
+        // export it). Not on the last day: that day would weigh half of the peaks, and the live
+        // reading's new day (300 MiB) would move the median, the lower bound
+        oom_minutes: vec![(DAYS - 2) * DAY_MIN + 600],
+        oom_series: OomSeries::KubeStateMetrics,
     }
 }
 
@@ -107,12 +119,13 @@ fn agent_config(node: &str, dir: &Path, extra: &[&str]) -> Result<Config> {
         checkpoint.to_str().unwrap_or_default(),
         "--admin-addr",
         "127.0.0.1:0",
-        // one tick a minute: the first (published at once) is the one compared
-        "--sample-interval",
-        "1m",
         "--log-format",
         "text",
     ];
+    if !extra.contains(&"--sample-interval") {
+        // one tick a minute: the first (published at once) is the one compared
+        args.extend_from_slice(&["--sample-interval", "1m"]);
+    }
     args.extend_from_slice(extra);
     Ok(Config::try_from_args(args)?)
 }
@@ -192,6 +205,12 @@ fn report_pair(row: &Value, field: &str) -> (u64, u64) {
         row[field]["cpuMillis"].as_u64().unwrap_or(0),
         row[field]["memoryBytes"].as_u64().unwrap_or(0),
     )
+}
+
+/// Upper edge of the VPA histogram bucket holding `v` (first bucket `first`, ratio 1.05).
+fn edge(first: f64, v: f64) -> f64 {
+    let n = ((v * 0.05 / first + 1.0).ln() / 1.05f64.ln()).floor();
+    first * (1.05f64.powi(n as i32 + 1) - 1.0) / 0.05
 }
 
 /// Within one VPA bucket (5 %) of each other.
@@ -276,6 +295,20 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
         // a 2-minute rate blends the 3-minute bursts: between the steady 0.2 core and the
         // bursts' 0.5 (588m with a 1-minute rate), + 15 %
         ensure!(report.0.0 > 230 && report.0.0 < 588, "the busy history's target: {report:?}");
+        // the OOM kill kube-state-metrics shows: counted, and the day's peak bumped to
+        // max(300Mi + 100Mi, 300Mi × 1.2) = 400Mi, which weighs about a quarter of the days'
+        // peaks (half-life one day) → the target (p90) is its bucket (without the kill: the
+        // 300 MiB bucket)
+        let bumped = (edge(1e7, 400.0 * MIB) * 1.15).ceil() as u64;
+        ensure!(
+            row["oomKills"] == 1 && report.0.1 == bumped,
+            "the report must count the OOM kill and bump memory to {bumped} bytes: {row}"
+        );
+        ensure!(
+            r.oom_count == 1 && agent.0.1 >= bumped,
+            "the seeded agent must count the OOM kill ({}) and bump memory to {bumped} bytes: {agent:?}",
+            r.oom_count
+        );
         // the history's samples and first sample time are on the recommendation
         let expected = (DAYS * DAY_MIN) as i64;
         ensure!(
@@ -295,31 +328,124 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
             "the seeded agent checkpoints on stop"
         );
 
-        // 2. a checkpoint present wins: no seeding, the figures are the agent's own
+        // 2. a checkpointed history wins: no seeding, the figures are the agent's own (the
+        // checkpoint's 3 samples and the live ones)
         let resumed = tempfile::tempdir()?;
         cgroup_tree(resumed.path(), &pod_uid)?;
         let dir = resumed.path().join("checkpoint");
         std::fs::create_dir_all(&dir)?;
+        let cfg = EstimatorConfig::default();
+        let mut own = History::new(&cfg)?;
+        let now_ms = nodewarden_agent::now_ms();
+        for i in 0..3 {
+            own.add_cpu(&cfg, now_ms - (3 - i) * 10_000, 0.1);
+            own.add_memory(&cfg, now_ms - (3 - i) * 10_000, 100.0 * MIB);
+        }
         checkpoint::save(
             &dir,
             &Checkpoint {
                 version: checkpoint::VERSION,
                 node: node.clone(),
-                saved_at_ms: nodewarden_agent::now_ms(),
-                entries: Vec::new(),
+                saved_at_ms: now_ms,
+                entries: vec![checkpoint::Entry {
+                    autoscaler: AutoscalerRef {
+                        namespace: env.namespace.clone(),
+                        name: DS.to_string(),
+                    },
+                    container: "agent".to_string(),
+                    containers_per_pod: 1,
+                    history: own.to_stored(),
+                }],
             },
         )?;
         let config = agent_config(&node, resumed.path(), &["--history-prometheus-url", &url])?;
         let (rec, _) = first_recommendation(&env, &node, config).await?;
         let r = &rec.spec.recommendations[0];
         ensure!(
-            r.sample_count < 10,
-            "with a checkpoint the agent must not seed: {} samples",
+            r.sample_count >= 3 && r.sample_count < 10,
+            "with a checkpointed history the agent must not seed it: {} samples",
             r.sample_count
         );
+
+        // 3. an autoscaler created after the agent started: its container is seeded when the
+        // agent first sees it, off the sampling loop, and published with the history's count
+        let late = tempfile::tempdir()?;
+        cgroup_tree(late.path(), &pod_uid)?;
+        let dsas = env.api::<DaemonSetAutoscaler>();
+        dsas.delete(DS, &Default::default()).await?;
+        let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
+        if recs.get_opt(&node).await?.is_some() {
+            recs.delete(&node, &Default::default()).await?;
+        }
+        let config = agent_config(
+            &node,
+            late.path(),
+            &[
+                "--history-prometheus-url",
+                &url,
+                "--sample-interval",
+                "1s",
+                "--checkpoint-interval",
+                "1s",
+            ],
+        )?;
+        let stop = CancellationToken::new();
+        let agent = tokio::spawn(nodewarden_agent::run_with_client(
+            config,
+            env.client.clone(),
+            stop.clone(),
+        ));
+        // its sampling loop runs (past the start's seeding) once it has written a checkpoint
+        let written = checkpoint::path(&late.path().join("checkpoint"), &node);
+        env.cp
+            .poll("the late agent's first checkpoint", || {
+                let written = written.clone();
+                async move { Ok(written.exists().then_some(())) }
+            })
+            .await?;
+        ensure!(!agent.is_finished(), "the agent stopped: {:?}", agent.await);
+        let created = Instant::now();
+        dsas.create(&PostParams::default(), &dsa).await?;
+        let rec = env
+            .cp
+            .poll("the late autoscaler's NodeRecommendation", || {
+                let recs = recs.clone();
+                let node = node.clone();
+                async move {
+                    Ok(recs
+                        .get_opt(&node)
+                        .await?
+                        .filter(|r| !r.spec.recommendations.is_empty()))
+                }
+            })
+            .await;
+        let took = created.elapsed();
+        ensure!(!agent.is_finished(), "the agent stopped: {:?}", agent.await);
+        stop.cancel();
+        agent.await??;
+        let rec = rec?;
+        eprintln!(
+            "history_seed: an autoscaler created after the agent started: published in {:.1}s",
+            took.as_secs_f64()
+        );
+        ensure!(took < Duration::from_secs(60), "published after {took:?}");
+        let r = &rec.spec.recommendations[0];
+        ensure!(
+            r.sample_count >= expected - 5 && r.sample_count <= expected + 5,
+            "the late autoscaler's container: sample count {} for {expected} minutes of history",
+            r.sample_count
+        );
+        let late_first = r.first_sample_time.as_ref().context("no first sample time")?;
+        ensure!(
+            (late_first.0.as_millisecond() - series.start_ms - 60_000).abs() <= 5 * 60_000,
+            "the late autoscaler's container: first sample at {}, the history starts at {}",
+            late_first.0.as_millisecond(),
+            series.start_ms
+        );
+        ensure!(r.oom_count == 1, "the late seeding's OOM kill: {}", r.oom_count);
         drop(prometheus);
 
-        // 3. Prometheus gone: the agent starts empty within its budget and publishes live
+        // 4. Prometheus gone: the agent starts empty within its budget and publishes live
         let down = tempfile::tempdir()?;
         cgroup_tree(down.path(), &pod_uid)?;
         let config = agent_config(

@@ -9,6 +9,7 @@
 //! - [`sampler`]: one sample tick tying the above together (it reads the containers through
 //!   [`cgroup`](crate::cgroup)),
 //! - [`seed`]: the histories of a node without a checkpoint, from Prometheus (`--history-prometheus-url`),
+//! - [`seed_later`]: the same for containers first seen after the start, off the sampling loop,
 //! - [`update`]: the updater: running pods of this node follow its figures (resize or evict).
 //!
 //! The rules the webhook applies too (which autoscaler and container policy apply to a pod, the
@@ -22,4 +23,5 @@ pub mod publish;
 pub mod recommender;
 pub mod sampler;
 pub mod seed;
+pub mod seed_later;
 pub mod update;
