@@ -104,9 +104,10 @@ pub struct Config {
 /// `--history-prometheus-url`.
 #[derive(Args, Debug, Clone)]
 pub struct HistoryArgs {
-    /// Without a checkpoint, start this node's histories from this Prometheus server's history
-    /// of the kubelet's cAdvisor series (base URL, e.g. http://prometheus.monitoring:9090).
-    /// Unset (the default): no seeding. A checkpoint present: no seeding.
+    /// Start the histories of this node's autoscaled containers that have none in the
+    /// checkpoint from this Prometheus server's history of the kubelet's cAdvisor series (base
+    /// URL, e.g. `http://prometheus.monitoring:9090`): at the start, and for a container first
+    /// seen later. Unset (the default): no seeding. A checkpointed history is never replaced.
     #[arg(long, env = "NODEWARDEN_HISTORY_PROMETHEUS_URL", value_name = "URL", value_parser = parse_url)]
     pub history_prometheus_url: Option<String>,
     /// A file holding a bearer token sent to Prometheus (read again for each query).

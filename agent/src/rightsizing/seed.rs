@@ -1,12 +1,14 @@
-//! Seeding: the histories of a node without a checkpoint, loaded from Prometheus.
+//! Seeding: the histories of containers without one, loaded from Prometheus.
 //!
-//! With `--history-prometheus-url`, an agent whose node has no checkpoint reads its own node's
-//! history of the autoscaled DaemonSet containers running there (the kubelet's cAdvisor series,
-//! through `nodewarden-history`, every query narrowed to `node="<this node>"`) and feeds it into
-//! the same histories as live samples, with [`history_of`], before its first sample tick. A
-//! checkpoint wins: with one, nothing is read. `kubectl nodewarden report --prometheus` builds its
-//! figures with the same [`history_of`] and [`window`], so a seeded agent's first
-//! `NodeRecommendation` is what the report prints for its node.
+//! With `--history-prometheus-url`, an agent reads its own node's history of the autoscaled
+//! DaemonSet containers that have no history in its checkpoint (the kubelet's cAdvisor series
+//! and kube-state-metrics' OOM kills, through `nodewarden-history`, every query narrowed to
+//! `node="<this node>"`) and feeds it into the same histories as live samples, with
+//! [`history_of`]: before its first sample tick for the containers running then, and for those it
+//! first sees later through [`super::seed_later`]. A checkpointed history wins: it is never
+//! read. `kubectl nodewarden report --prometheus` builds its figures with the same
+//! [`history_of`] and [`window`], so a seeded agent's first `NodeRecommendation` is what the
+//! report prints for its node.
 //!
 //! Bounded: every query has the reader's limits (timeout, series, points, bytes); a failed read
 //! is tried again with backoff ([`retry_backoff`]: 1 s doubling, at most [`RETRIES`] retries) and
