@@ -81,14 +81,17 @@ pub fn query(labels: &Labels, namespace: &str, pods: &str, node: Option<&str>, w
     )
 }
 
-/// `(namespace, pod, container)` and the node of a series, when it has a pod and a container.
+/// `(namespace, pod, container)` of a series, when it has a pod and a container.
 type Key = (String, String, String);
+
+/// A container's node (`None` when `kube_pod_info` had none) and its kills, `(ms, kills)`.
+pub type Kills = (Option<String>, Vec<(i64, u64)>);
 
 /// The kills of each series of an answer of [`query`]: `(ms, kills)` at the end of each step
 /// with kills, per container, with its node (`None` when `kube_pod_info` had none). Values that
 /// are not whole positive counts are rounded; 0 and less are no kill.
-pub fn kills(labels: &Labels, series: Vec<Series>) -> BTreeMap<Key, (Option<String>, Vec<(i64, u64)>)> {
-    let mut out: BTreeMap<Key, (Option<String>, Vec<(i64, u64)>)> = BTreeMap::new();
+pub fn kills(labels: &Labels, series: Vec<Series>) -> BTreeMap<Key, Kills> {
+    let mut out: BTreeMap<Key, Kills> = BTreeMap::new();
     for s in series {
         let get = |name: &str| s.labels.get(name).filter(|v| !v.is_empty()).cloned();
         let (Some(pod), Some(container)) = (get(&labels.pod), get(&labels.container)) else {
