@@ -68,7 +68,8 @@ pub enum OomSeries {
     /// with a kill).
     #[default]
     Cadvisor,
-    /// kube-state-metrics, as it exports every pod: `kube_pod_info` (value 1, the pod's `node`),
+    /// kube-state-metrics, as it exports every pod, scraped once a minute: `kube_pod_info`
+    /// (value 1, the pod's `node`),
     /// `kube_pod_container_status_restarts_total` (one restart per kill) and, from the first kill
     /// on, `kube_pod_container_status_last_terminated_reason{reason="OOMKilled"}` (1). Its
     /// container series carry the `node` label a scrape job of endpoints gives them: the node
@@ -107,11 +108,9 @@ impl Synthetic {
         )
     }
 
-    fn scrapes(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
-        (0..self.memory.len()).flat_map(move |m| {
-            (1..=(60 / SCRAPE_SECS))
-                .map(move |k| (m, self.start_ms + m as i64 * 60_000 + k * SCRAPE_SECS * 1000))
-        })
+    /// kube-state-metrics' scrapes: one a minute, at the end of each minute (`(minute, ms)`).
+    fn ksm_scrapes(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
+        (0..self.memory.len()).map(move |m| (m, self.start_ms + (m as i64 + 1) * 60_000))
     }
 
     fn kills_until(&self, m: usize) -> usize {
@@ -214,7 +213,7 @@ pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
                 "namespace=\"{}\",pod=\"{}\",node=\"{}\",created_by_kind=\"DaemonSet\",job=\"kube-state-metrics\"",
                 s.namespace, s.pod, s.node
             );
-            for (_, at) in s.scrapes() {
+            for (_, at) in s.ksm_scrapes() {
                 writeln!(out, "kube_pod_info{{{labels}}} 1 {}", seconds(at))?;
             }
         }
@@ -225,7 +224,7 @@ pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
         writeln!(out, "# TYPE kube_pod_container_status_restarts counter")?;
         for s in series.iter().filter(ksm) {
             let labels = s.ksm_labels();
-            for (m, at) in s.scrapes() {
+            for (m, at) in s.ksm_scrapes() {
                 writeln!(
                     out,
                     "kube_pod_container_status_restarts_total{{{labels}}} {} {}",
@@ -244,7 +243,7 @@ pub fn write_openmetrics(path: &Path, series: &[Synthetic]) -> Result<()> {
         )?;
         for s in series.iter().filter(ksm) {
             let labels = format!("{},reason=\"OOMKilled\"", s.ksm_labels());
-            for (_, at) in s.scrapes().filter(|&(m, _)| s.kills_until(m) > 0) {
+            for (_, at) in s.ksm_scrapes().filter(|&(m, _)| s.kills_until(m) > 0) {
                 writeln!(
                     out,
                     "kube_pod_container_status_last_terminated_reason{{{labels}}} 1 {}",
