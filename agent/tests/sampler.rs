@@ -12,6 +12,7 @@ use nodewarden_agent::rightsizing::pods::{self, Key, Target};
 use nodewarden_agent::rightsizing::publish::Snapshot;
 use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, MIB};
 use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
+use nodewarden_agent::rightsizing::seed::{self, Samples};
 use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler};
 use serde_json::json;
 
@@ -406,6 +407,56 @@ fn an_oom_kill_in_the_pod_status_bumps_memory_once() {
     // used = max(request 64 Mi, no peak yet) → max(64 + 100 Mi, 64 Mi × 1.2) = 164 Mi
     let want = (edge(1e7, 164.0 * MIB) * 1.15).ceil() as u64;
     assert_eq!(e.target.memory_bytes, Some(want));
+}
+
+/// The sidecar's pod with its last run OOM-killed 10 s before T0 (its status says so).
+fn pod_with_side_oom_killed() -> Vec<Target> {
+    let mut p = (*pod(
+        "0a1b2c3d-0000-4000-8000-000000000001",
+        &[("app", hex("a1")), ("side", hex("b2"))],
+    ))
+    .clone();
+    let status = &mut p
+        .status
+        .as_mut()
+        .expect("status")
+        .container_statuses
+        .as_mut()
+        .expect("statuses")[1];
+    status.last_state = serde_json::from_value(json!({"terminated": {
+        "reason": "OOMKilled", "containerID": format!("containerd://{}", hex("9f")),
+        "finishedAt": "2025-11-21T04:39:50Z"}}))
+    .expect("last state");
+    targets(&Arc::new(p))
+}
+
+#[test]
+fn a_kill_seeded_from_prometheus_is_not_counted_again_from_the_pod_status() {
+    // the sidecar's history from Prometheus: a minute's samples, the kill in the step ending at
+    // T0 (Prometheus dates a kill at the end of its step, after the container's finishedAt)
+    let seeded = |kill_at: i64| {
+        let cfg = EstimatorConfig::default();
+        let samples = Samples {
+            cpu: vec![(T0 - 60_000, 0.01), (T0, 0.01)],
+            memory: vec![(T0 - 60_000, 19.0 * MIB), (T0, 19.0 * MIB)],
+            oom: vec![(kill_at, 1)],
+        };
+        seed::history_of(&cfg, &samples, 64.0 * MIB).expect("history")
+    };
+    let count_after_ticks = |kill_at: i64| {
+        let (_tmp, root) = fixture_copy("systemd-containerd");
+        let mut s = sampler(&root, Arc::new(Metrics::new()));
+        assert!(s.seed(key("side"), seeded(kill_at), 2));
+        let t = pod_with_side_oom_killed();
+        for i in 1..=3 {
+            s.tick(T0 + i * 10_000, &t, &alive());
+        }
+        s.snapshot()[&key("side")].oom_count
+    };
+    // the status's kill is the one in the history: counted once
+    assert_eq!(count_after_ticks(T0), 1);
+    // a kill in the history an hour earlier is another one: the status's counts too
+    assert_eq!(count_after_ticks(T0 - 3_600_000), 2);
 }
 
 #[test]
