@@ -95,7 +95,7 @@ pub struct Config {
     #[command(flatten)]
     pub update: UpdateArgs,
 
-    /// Seeding from Prometheus history when there is no checkpoint.
+    /// Seeding from Prometheus history of the containers without a checkpointed history.
     #[command(flatten)]
     pub history: HistoryArgs,
 }

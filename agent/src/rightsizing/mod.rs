@@ -8,7 +8,7 @@
 //! - [`publish`]: when and how `NodeRecommendation` is written,
 //! - [`sampler`]: one sample tick tying the above together (it reads the containers through
 //!   [`cgroup`](crate::cgroup)),
-//! - [`seed`]: the histories of a node without a checkpoint, from Prometheus (`--history-prometheus-url`),
+//! - [`seed`]: the histories of containers without a checkpointed one, from Prometheus (`--history-prometheus-url`),
 //! - [`seed_later`]: the same for containers first seen after the start, off the sampling loop,
 //! - [`update`]: the updater: running pods of this node follow its figures (resize or evict).
 //!
