@@ -562,17 +562,7 @@ async fn main() -> Result<()> {
         port: addr.port(),
         ca_pem: cp.ca_pem().to_string(),
     };
-    let mut hook = Hook::new(
-        "pods.rightsizing.nodewarden.io",
-        "/mutate/pods",
-        "",
-        "v1",
-        &["pods"],
-        &["CREATE"],
-    )
-    .only_namespace(&namespace(0));
-    hook.failure_policy = "Ignore".to_string();
-    hook.timeout_seconds = 5;
+    let hook = Hook::pods().only_namespace(&namespace(0));
     register_mutating_webhooks(&client, "nodewarden-scale", &endpoint, &[hook]).await?;
     tokio::time::sleep(Duration::from_secs(2)).await; // the API server picks the configuration up
     create_namespace(&cp, &client, "plain").await?;

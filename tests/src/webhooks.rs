@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference, ValidatingWebhook,
     ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -24,13 +24,58 @@ pub struct LoopbackEndpoint {
     pub ca_pem: String,
 }
 
-impl LoopbackEndpoint {
+/// Where the API server reaches a webhook: what a configuration's `clientConfig` says for each
+/// handler path.
+pub trait WebhookEndpoint {
     /// `clientConfig` for the handler at `path` (e.g. `/mutate/pods`).
+    fn client_config(&self, path: &str) -> WebhookClientConfig;
+}
+
+/// A caBundle of `ca_pem`, or none when it is empty (the chart in managed mode registers none,
+/// and the webhook injects its own).
+fn ca_bundle(ca_pem: &str) -> Option<ByteString> {
+    (!ca_pem.is_empty()).then(|| ByteString(ca_pem.as_bytes().to_vec()))
+}
+
+impl LoopbackEndpoint {
+    /// `clientConfig` for the handler at `path` (e.g. `/mutate/pods`); no caBundle when
+    /// `ca_pem` is empty.
     pub fn client_config(&self, path: &str) -> WebhookClientConfig {
         WebhookClientConfig {
             url: Some(format!("https://127.0.0.1:{}{path}", self.port)),
-            ca_bundle: Some(ByteString(self.ca_pem.as_bytes().to_vec())),
+            ca_bundle: ca_bundle(&self.ca_pem),
             service: None,
+        }
+    }
+}
+
+impl WebhookEndpoint for LoopbackEndpoint {
+    fn client_config(&self, path: &str) -> WebhookClientConfig {
+        LoopbackEndpoint::client_config(self, path)
+    }
+}
+
+/// A webhook behind a Service of the cluster (the API server resolves it through its
+/// EndpointSlices), its serving certificate signed by the CA in `ca_pem` (none when empty).
+#[derive(Clone, Debug)]
+pub struct ServiceEndpoint {
+    pub namespace: String,
+    pub name: String,
+    pub port: i32,
+    pub ca_pem: String,
+}
+
+impl WebhookEndpoint for ServiceEndpoint {
+    fn client_config(&self, path: &str) -> WebhookClientConfig {
+        WebhookClientConfig {
+            url: None,
+            ca_bundle: ca_bundle(&self.ca_pem),
+            service: Some(ServiceReference {
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                path: Some(path.to_string()),
+                port: Some(self.port),
+            }),
         }
     }
 }
@@ -91,34 +136,71 @@ impl Hook {
         self
     }
 
+    /// Restricts the hook to objects labelled `key`=`value` (its `objectSelector`).
+    pub fn only_labelled(mut self, key: &str, value: &str) -> Self {
+        self.object_selector = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+            match_expressions: None,
+        });
+        self
+    }
+
+    /// Keeps only the rules of API group `group` (e.g. one of the claims hook's three APIs).
+    pub fn only_group(mut self, group: &str) -> Self {
+        self.rules.retain(|r| {
+            r.api_groups
+                .as_deref()
+                .is_some_and(|g| g.iter().any(|g| g == group))
+        });
+        self
+    }
+
+    /// The hook for `operations` only, on every rule (e.g. without `DELETE`).
+    pub fn operations(mut self, operations: &[&str]) -> Self {
+        for rule in &mut self.rules {
+            rule.operations = Some(operations.iter().map(|o| o.to_string()).collect());
+        }
+        self
+    }
+
+    /// `failurePolicy`: `Fail` or `Ignore`.
+    pub fn failure_policy(mut self, policy: &str) -> Self {
+        self.failure_policy = policy.to_string();
+        self
+    }
+
+    /// `timeoutSeconds`.
+    pub fn timeout_seconds(mut self, seconds: i32) -> Self {
+        self.timeout_seconds = seconds;
+        self
+    }
+
     /// The right-sizing pod mutator, `/mutate/pods` on pod CREATE, as the chart registers it:
     /// `Ignore` (a pod is never refused for want of the webhook), 5 s.
     pub fn pods() -> Self {
-        let mut hook = Self::new(
+        Self::new(
             "pods.rightsizing.nodewarden.io",
             "/mutate/pods",
             "",
             "v1",
             &["pods"],
             &["CREATE"],
-        );
-        hook.failure_policy = "Ignore".to_string();
-        hook.timeout_seconds = 5;
-        hook
+        )
+        .failure_policy("Ignore")
+        .timeout_seconds(5)
     }
 
     /// The autoscalers' validation, `/validate/autoscalers` on CREATE and UPDATE, 5 s.
     pub fn autoscalers() -> Self {
-        let mut hook = Self::new(
+        Self::new(
             "autoscalers.rightsizing.nodewarden.io",
             "/validate/autoscalers",
             "nodewarden.io",
             "v1alpha1",
             &["daemonsetautoscalers"],
             &["CREATE", "UPDATE"],
-        );
-        hook.timeout_seconds = 5;
-        hook
+        )
+        .timeout_seconds(5)
     }
 
     /// The node reports' guard, `/validate/node-reports` on CREATE and UPDATE of
@@ -177,11 +259,11 @@ pub trait WebhookConfiguration:
     kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned
 {
     /// The configuration `name` of `hooks`, each calling `endpoint`.
-    fn of(name: &str, endpoint: &LoopbackEndpoint, hooks: &[Hook]) -> Self;
+    fn of(name: &str, endpoint: &dyn WebhookEndpoint, hooks: &[Hook]) -> Self;
 }
 
 impl WebhookConfiguration for MutatingWebhookConfiguration {
-    fn of(name: &str, endpoint: &LoopbackEndpoint, hooks: &[Hook]) -> Self {
+    fn of(name: &str, endpoint: &dyn WebhookEndpoint, hooks: &[Hook]) -> Self {
         MutatingWebhookConfiguration {
             metadata: meta(name),
             webhooks: Some(
@@ -208,7 +290,7 @@ impl WebhookConfiguration for MutatingWebhookConfiguration {
 }
 
 impl WebhookConfiguration for ValidatingWebhookConfiguration {
-    fn of(name: &str, endpoint: &LoopbackEndpoint, hooks: &[Hook]) -> Self {
+    fn of(name: &str, endpoint: &dyn WebhookEndpoint, hooks: &[Hook]) -> Self {
         ValidatingWebhookConfiguration {
             metadata: meta(name),
             webhooks: Some(
@@ -241,14 +323,14 @@ fn meta(name: &str) -> ObjectMeta {
 }
 
 /// Server-side applies the webhook configuration `name` of kind `C` (mutating or validating)
-/// calling `endpoint`.
+/// calling `endpoint` (a [`LoopbackEndpoint`] or a [`ServiceEndpoint`]).
 ///
 /// The API server picks a new configuration up from its watch within about a second; a
 /// test should retry its first request (or probe) until the webhook has seen it.
 pub async fn register_webhooks<C: WebhookConfiguration>(
     client: &Client,
     name: &str,
-    endpoint: &LoopbackEndpoint,
+    endpoint: &dyn WebhookEndpoint,
     hooks: &[Hook],
 ) -> Result<C> {
     let config = C::of(name, endpoint, hooks);
@@ -266,7 +348,7 @@ pub async fn register_webhooks<C: WebhookConfiguration>(
 pub async fn register_mutating_webhooks(
     client: &Client,
     name: &str,
-    endpoint: &LoopbackEndpoint,
+    endpoint: &dyn WebhookEndpoint,
     hooks: &[Hook],
 ) -> Result<MutatingWebhookConfiguration> {
     register_webhooks(client, name, endpoint, hooks).await
@@ -276,7 +358,7 @@ pub async fn register_mutating_webhooks(
 pub async fn register_validating_webhooks(
     client: &Client,
     name: &str,
-    endpoint: &LoopbackEndpoint,
+    endpoint: &dyn WebhookEndpoint,
     hooks: &[Hook],
 ) -> Result<ValidatingWebhookConfiguration> {
     register_webhooks(client, name, endpoint, hooks).await

@@ -9,7 +9,6 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodewarden_api::{ClusterClaim, ClusterClaimSpec};
@@ -40,18 +39,10 @@ async fn managed_certificates_are_created_injected_and_kept_current() {
         let config_name = format!("nw-certs-{}", env.id);
 
         // registered as the chart does in managed mode: no caBundle
-        let mut hook = Hook::new(
-            "claims.nodewarden.io",
-            "/validate/claims",
-            "nodewarden.io",
-            "v1alpha1",
-            &["clusterclaims"],
-            &["CREATE", "UPDATE"],
-        );
-        hook.object_selector = Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([(TEST_LABEL.to_string(), env.id.clone())])),
-            ..Default::default()
-        });
+        let hook = Hook::claims()
+            .only_group("nodewarden.io")
+            .operations(&["CREATE", "UPDATE"])
+            .only_labelled(TEST_LABEL, &env.id);
         let endpoint = LoopbackEndpoint { port: ports[0], ca_pem: String::new() };
         register_validating_webhooks(&client, &config_name, &endpoint, &[hook]).await?;
 

@@ -25,7 +25,6 @@ use nodewarden_tests::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const WEBHOOK: &str = "claims.nodewarden.io";
 const CONFIGURATION: &str = "e2e-client-auth";
 const DENIED: &str = "admission webhook \"claims.nodewarden.io\" denied the request: id-format: ";
 /// The common name the webhook allows (`--client-names`), as Gatekeeper's default.
@@ -137,14 +136,9 @@ async fn scenario(
     .await?;
 
     // through the API server, with the kubeconfig user named 127.0.0.1:<port>: the webhook answers
-    let hook = Hook::new(
-        WEBHOOK,
-        "/validate/claims",
-        "nodewarden.io",
-        "v1alpha1",
-        &["clusterclaims"],
-        &["CREATE", "UPDATE"],
-    );
+    let hook = Hook::claims()
+        .only_group("nodewarden.io")
+        .operations(&["CREATE", "UPDATE"]);
     let endpoint = LoopbackEndpoint {
         port: listen_port,
         ca_pem: cp.ca_pem().to_string(),

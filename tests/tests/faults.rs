@@ -21,17 +21,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use nodewarden_api::{ClusterClaim, ClusterClaimSpec};
 use nodewarden_certs::ServingSpec;
 use nodewarden_tests::process::{free_port, free_ports, host_address, write_file};
+use nodewarden_tests::webhooks::ServiceEndpoint;
 use nodewarden_tests::{
     ControlPlane, Hook, InProcessWebhook, LoopbackEndpoint, apply_crds, cgroupfs, chart_crd_files,
     create_namespace, create_ready_node, http_get, read_crds, register_mutating_webhooks,
@@ -265,9 +264,7 @@ async fn api_server_killed_and_restarted_while_the_webhook_serves_and_agents_pub
             "--shutdown-grace=2s".to_string(),
         ];
         let webhook = InProcessWebhook::start(&args, ports[1]).await?;
-        let mut hook = Hook::new("pods.nodewarden.io", "/mutate/pods", "", "v1", &["pods"], &["CREATE"])
-            .only_namespace(&f.ns);
-        hook.failure_policy = "Ignore".into();
+        let hook = Hook::pods().only_namespace(&f.ns).timeout_seconds(10);
         let endpoint = LoopbackEndpoint {
             port: ports[0],
             ca_pem: cp.ca_pem().to_string(),
@@ -628,23 +625,21 @@ async fn one_webhook_replica_killed_in_the_middle_of_a_burst_of_pod_creations() 
         for r in &replicas {
             endpoint_slice(&f, &r.name, &address, r.port, true).await?;
         }
-        let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
-            "metadata": {"name": format!("nw-pods-{}", f.id)},
-            "webhooks": [{
-                "name": "pods.nodewarden.io",
-                "clientConfig": {"service": {"namespace": f.ns, "name": "nodewarden-webhook", "path": "/mutate/pods", "port": 443},
-                                 "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, cp.ca_pem())},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": f.ns}},
-                // as the chart installs it: a pod is never refused for want of the webhook
-                "failurePolicy": "Ignore",
-                "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 10,
-                "reinvocationPolicy": "IfNeeded"
-            }]
-        }))?;
-        Api::<MutatingWebhookConfiguration>::all(f.client.clone())
-            .create(&PostParams::default(), &config)
-            .await?;
+        // the chart's pod hook (`Ignore`: a pod is never refused for want of the webhook), with
+        // the 10 s timeout this test has always given it
+        let behind_the_service = ServiceEndpoint {
+            namespace: f.ns.clone(),
+            name: "nodewarden-webhook".to_string(),
+            port: 443,
+            ca_pem: cp.ca_pem().to_string(),
+        };
+        register_mutating_webhooks(
+            &f.client,
+            &format!("nw-pods-{}", f.id),
+            &behind_the_service,
+            &[Hook::pods().only_namespace(&f.ns).timeout_seconds(10)],
+        )
+        .await?;
 
         // The API server resolves the Service each time it opens a connection, and keeps it: a
         // replica answers the requests sent over the connections that landed on it.
@@ -726,18 +721,10 @@ async fn ca_rotation_in_the_middle_of_a_burst_of_reviews() {
         let config_name = format!("nw-claims-{}", f.id);
         const LABEL: &str = "e2e.nodewarden.io/test";
         // registered as the chart does in managed mode: no caBundle
-        let mut hook = Hook::new(
-            "claims.nodewarden.io",
-            "/validate/claims",
-            "nodewarden.io",
-            "v1alpha1",
-            &["clusterclaims"],
-            &["CREATE", "UPDATE"],
-        );
-        hook.object_selector = Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([(LABEL.to_string(), f.id.clone())])),
-            ..Default::default()
-        });
+        let hook = Hook::claims()
+            .only_group("nodewarden.io")
+            .operations(&["CREATE", "UPDATE"])
+            .only_labelled(LABEL, &f.id);
         let endpoint = LoopbackEndpoint {
             port: ports[0],
             ca_pem: String::new(),
