@@ -23,6 +23,8 @@ pub struct Prometheus {
     base: String,
     limits: Limits,
     http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The largest answer's body so far, in bytes (shared by clones).
+    largest: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Prometheus {
@@ -54,7 +56,49 @@ struct Matrix {
 struct RawSeries {
     metric: BTreeMap<String, String>,
     #[serde(default)]
-    values: Vec<(f64, String)>,
+    values: Points,
+}
+
+/// A series' `values`, `[[<seconds>, "<value>"], …]`, decoded straight into `(ms, value)`: no
+/// string per point is kept (a point costs 16 bytes decoded, against about 28 in the answer),
+/// so an answer's peak while decoding is its body and its points, not a multiple of the body.
+/// Points whose time or value is not a finite number are left out.
+#[derive(Default)]
+struct Points(Vec<(i64, f64)>);
+
+impl<'de> Deserialize<'de> for Points {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Points;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of [time, \"value\"] pairs")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Points, A::Error> {
+                // the hint is the answer's own word: never reserve more than a page can hold
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(Point(p)) = seq.next_element()? {
+                    out.extend(p);
+                }
+                Ok(Points(out))
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
+}
+
+/// One `[<seconds>, "<value>"]`, `None` when either is not a finite number.
+struct Point(Option<(i64, f64)>);
+
+impl<'de> Deserialize<'de> for Point {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (t, v): (f64, std::borrow::Cow<'de, str>) = Deserialize::deserialize(d)?;
+        let value: f64 = v.parse().unwrap_or(f64::NAN);
+        // times are whole milliseconds in Prometheus
+        #[allow(clippy::cast_possible_truncation)]
+        let ms = (t * 1000.0).round() as i64;
+        Ok(Point((value.is_finite() && t.is_finite()).then_some((ms, value))))
+    }
 }
 
 fn file_error(what: &'static str, path: &std::path::Path, reason: impl ToString) -> Error {
@@ -139,12 +183,19 @@ impl Prometheus {
             base,
             limits,
             http,
+            largest: Arc::default(),
         })
     }
 
     /// The limits every query keeps to.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// The size of the largest answer read so far, in bytes: what [`Limits::max_response_bytes`]
+    /// must leave room for.
+    pub fn largest_answer(&self) -> usize {
+        self.largest.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The base URL, without a trailing `/`.
@@ -199,13 +250,11 @@ impl Prometheus {
             }
             for raw in data.result {
                 let points = joined.entry(raw.metric).or_default();
-                points.extend(raw.values.iter().filter_map(|(t, v)| {
-                    let value: f64 = v.parse().ok()?;
-                    // times are whole milliseconds in Prometheus
-                    #[allow(clippy::cast_possible_truncation)]
-                    let ms = (t * 1000.0).round() as i64;
-                    (value.is_finite() && t.is_finite()).then_some((ms, value))
-                }));
+                if points.is_empty() {
+                    *points = raw.values.0;
+                } else {
+                    points.extend(raw.values.0);
+                }
             }
             if joined.len() > self.limits.max_series {
                 return Err(Error::TooManySeries {
@@ -221,6 +270,8 @@ impl Prometheus {
             .map(|(labels, mut points)| {
                 points.sort_by_key(|p| p.0);
                 points.dedup_by_key(|p| p.0);
+                // the pages' growth can leave up to half of the buffer unused
+                points.shrink_to_fit();
                 Series { labels, points }
             })
             .collect())
@@ -283,10 +334,11 @@ impl Prometheus {
                 .await
                 .map_err(|e| {
                     if e.is::<http_body_util::LengthLimitError>() {
-                        self.bad_answer(
-                            query,
-                            format!("larger than {limit} bytes; narrow the query or shorten --window"),
-                        )
+                        Error::TooLarge {
+                            url: self.base.clone(),
+                            query: query.to_string(),
+                            limit,
+                        }
                     } else {
                         Error::Unreachable {
                             url: self.base.clone(),
@@ -304,6 +356,8 @@ impl Prometheus {
                 timeout: self.limits.query_timeout,
                 query: query.to_string(),
             })??;
+        self.largest
+            .fetch_max(body.len(), std::sync::atomic::Ordering::Relaxed);
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(Error::Unauthorized {
                 url: self.base.clone(),
@@ -444,6 +498,7 @@ mod tests {
         assert_eq!(series.len(), 1);
         // the same points in every page: joined, NaN left out
         assert_eq!(series[0].points, vec![(60_000, 1.5), (180_000, 2.0)]);
+        assert_eq!(p.largest_answer(), MATRIX.len());
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 3, "{seen:?}");
         assert!(seen[0].starts_with("POST /api/v1/query_range "), "{}", seen[0]);
@@ -479,6 +534,7 @@ mod tests {
             .query_range("up", 0, 0, Duration::from_secs(60))
             .await
             .unwrap_err();
+        assert!(matches!(err, Error::TooLarge { limit: 50, .. }), "{err:?}");
         assert!(err.to_string().contains("larger than 50 bytes"), "{err}");
         let (url, _) = canned(Some(http("200 OK", "<html>a login page</html>"))).await;
         let err = client(&url, Limits::default())

@@ -158,6 +158,20 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// An answer larger than [`Limits::max_response_bytes`]: refused as it arrives, before it
+    /// is held whole.
+    #[error(
+        "Prometheus at {url} sent an answer larger than {limit} bytes to {query}; narrow the query or \
+         shorten --window"
+    )]
+    TooLarge {
+        /// The base URL.
+        url: String,
+        /// The query.
+        query: String,
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// More series than [`Limits::max_series`].
     #[error(
         "the query {query} returned {count} series, more than the limit of {limit}; narrow it \
