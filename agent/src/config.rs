@@ -131,6 +131,42 @@ pub struct HistoryArgs {
     /// empty, as without the flag).
     #[arg(long, env = "NODEWARDEN_HISTORY_BUDGET", default_value = "2m", value_parser = parse_interval)]
     pub history_budget: Duration,
+    /// The most series one read of Prometheus may hold (pods × containers of one namespace's
+    /// autoscaled DaemonSets on this node, over the window; 1 to 2000); more fails the seeding
+    /// (the agent starts empty). What a read holds grows with this and the window: raise the
+    /// agent's memory limit with it (docs/history.md, "The agent's memory").
+    #[arg(long, env = "NODEWARDEN_HISTORY_MAX_SERIES", default_value_t = crate::rightsizing::seed::MAX_SERIES, value_parser = parse_max_series)]
+    pub history_max_series: usize,
+    /// The most bytes of one answer of Prometheus (64Ki to 256Mi), refused as it arrives; pages
+    /// are shortened so that answers of --history-max-series series fit. Raise the agent's memory
+    /// limit with it.
+    #[arg(long, env = "NODEWARDEN_HISTORY_MAX_ANSWER_SIZE", default_value = "4Mi", value_parser = parse_answer_size)]
+    pub history_max_answer_size: usize,
+}
+
+/// The most `--history-max-series` (the report's default).
+pub const MAX_HISTORY_SERIES: usize = 2000;
+
+fn parse_max_series(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_HISTORY_SERIES).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a whole number from 1 to {MAX_HISTORY_SERIES}"
+        )),
+    }
+}
+
+/// The bounds of `--history-max-answer-size`.
+pub const HISTORY_ANSWER_SIZES: std::ops::RangeInclusive<usize> = (64 << 10)..=(256 << 20);
+
+fn parse_answer_size(s: &str) -> Result<usize, String> {
+    let bytes = parse_milli(s)
+        .map(|m| m / 1000)
+        .ok_or_else(|| format!("{s:?} is not a size (use e.g. 4Mi, 512Ki)"))?;
+    usize::try_from(bytes)
+        .ok()
+        .filter(|b| HISTORY_ANSWER_SIZES.contains(b))
+        .ok_or_else(|| format!("{s} is not between 64Ki and 256Mi"))
 }
 
 /// The longest `--history-window`.
@@ -175,10 +211,11 @@ impl HistoryArgs {
                 bearer_token_file: self.history_prometheus_token_file.clone(),
                 ca_file: self.history_prometheus_ca_file.clone(),
             },
-            limits: nodewarden_history::Limits {
-                query_timeout: self.history_prometheus_timeout,
-                ..nodewarden_history::Limits::default()
-            },
+            limits: crate::rightsizing::seed::limits(
+                self.history_prometheus_timeout,
+                self.history_max_series,
+                self.history_max_answer_size,
+            ),
             window: self.history_window,
             rate_window: self.history_rate_window,
             budget: self.history_budget,
@@ -480,6 +517,52 @@ mod tests {
             c.history.history_rate_window,
             crate::rightsizing::seed::RATE_WINDOW
         );
+    }
+
+    #[test]
+    fn the_seeding_limits_fit_the_agents_memory_and_bad_ones_are_clear_errors() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec![
+                "nodewarden-agent",
+                "--node-name",
+                "x",
+                "--history-prometheus-url",
+                "http://prom:9090",
+            ];
+            args.extend_from_slice(extra);
+            Config::try_parse_from(args)
+        };
+        // the defaults: a few MiB per answer, not the report's 256 MiB, and pages short enough
+        // that an answer of every series allowed fits
+        let l = parse(&[]).unwrap().history.seed().expect("seeding").limits;
+        assert_eq!(l.max_response_bytes, 4 << 20);
+        assert_eq!(l.max_series, crate::rightsizing::seed::MAX_SERIES);
+        let page = l.steps_per_page();
+        assert!(
+            l.max_series * page * crate::rightsizing::seed::ANSWER_BYTES_PER_POINT <= l.max_response_bytes,
+            "{l:?}: pages of {page} steps"
+        );
+        let l = parse(&["--history-max-series", "200", "--history-max-answer-size", "16Mi"])
+            .unwrap()
+            .history
+            .seed()
+            .expect("seeding")
+            .limits;
+        assert_eq!((l.max_series, l.max_response_bytes), (200, 16 << 20));
+        assert!(
+            l.max_series * l.steps_per_page() * 48 <= l.max_response_bytes,
+            "{l:?}"
+        );
+        for (args, want) in [
+            (&["--history-max-series", "0"][..], "from 1 to 2000"),
+            (&["--history-max-series", "many"], "from 1 to 2000"),
+            (&["--history-max-answer-size", "1Ki"], "between 64Ki and 256Mi"),
+            (&["--history-max-answer-size", "1Gi"], "between 64Ki and 256Mi"),
+            (&["--history-max-answer-size", "big"], "is not a size"),
+        ] {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains(args[0]) && err.contains(want), "{args:?}: {err}");
+        }
     }
 
     #[test]

@@ -170,6 +170,7 @@ fn take_seeded(
                 histories = taken,
                 samples = seeded.samples,
                 first_sample_ms = seeded.first_sample_ms,
+                largest_answer_bytes = seeded.largest_answer_bytes,
                 took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
                 "seeded history from Prometheus"
             );

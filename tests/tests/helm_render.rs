@@ -1804,6 +1804,8 @@ async fn agent_history_values_reach_the_env_only_with_a_url() -> Result<()> {
         ("window", "14d", "NODEWARDEN_HISTORY_WINDOW"),
         ("rateWindow", "30s", "NODEWARDEN_HISTORY_RATE_WINDOW"),
         ("budget", "90s", "NODEWARDEN_HISTORY_BUDGET"),
+        ("maxSeries", "48", "NODEWARDEN_HISTORY_MAX_SERIES"),
+        ("maxAnswerSize", "8Mi", "NODEWARDEN_HISTORY_MAX_ANSWER_SIZE"),
     ];
     let config = std::fs::read_to_string(chart_dir().join("../../agent/src/config.rs"))?;
     let default = render_default().await?;
@@ -1843,5 +1845,18 @@ async fn agent_history_values_reach_the_env_only_with_a_url() -> Result<()> {
         .err()
         .context("a URL without a scheme must be refused")?;
     ensure!(err.to_string().contains("url"), "{err}");
+    // the agent's limits of a read: a number of series, a size
+    for (set, key) in [
+        ("agent.history.maxSeries=0", "maxSeries"),
+        ("agent.history.maxAnswerSize=4 MiB", "maxAnswerSize"),
+    ] {
+        let err = Helm::locate()
+            .await?
+            .template(RELEASE, NS, &["--set", set])
+            .await
+            .err()
+            .with_context(|| format!("{set} must be refused"))?;
+        ensure!(err.to_string().contains(key), "{set}: {err}");
+    }
     Ok(())
 }

@@ -10,7 +10,9 @@
 //! [`history_of`] and [`window`], so a seeded agent's first `NodeRecommendation` is what the
 //! report prints for its node.
 //!
-//! Bounded: every query has the reader's limits (timeout, series, points, bytes); a failed read
+//! Bounded: every query has the reader's limits (timeout, series, points, bytes), the agent's
+//! own ([`limits`]: answers of a few MiB, few series) so that a read fits its memory limit; one
+//! namespace's samples are held at a time. A failed read
 //! is tried again with backoff ([`retry_backoff`]: 1 s doubling, at most [`RETRIES`] retries) and
 //! the whole seeding stops after [`Config::budget`] whatever happens. A failure leaves the agent
 //! empty, as without the flag; it never stops the agent. docs/agent.md and docs/history.md.
@@ -36,6 +38,36 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Retries of a failed read, after the first try.
 pub const RETRIES: usize = 3;
+
+/// The agent's default of `--history-max-answer-size`: the most bytes of one answer. The
+/// reader's default (256 MiB, for `kubectl nodewarden report` on a workstation) would not fit
+/// the chart's 64 MiB memory limit of the agent; an answer is refused as it arrives, before it is
+/// held whole (docs/history.md, "The agent's memory").
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// The agent's default of `--history-max-series`: the most series (pods × containers of one
+/// namespace's autoscaled DaemonSets on this node, over the window) one read may hold. What a
+/// read holds grows with the series and the window's steps; 24 series over 8 days fit the
+/// chart's memory limit with room (docs/benchmarks.md, "Agent: seeding from Prometheus").
+pub const MAX_SERIES: usize = 24;
+
+/// The most bytes one point can take in an answer (`[1700000000.123,"1.2345678901234567e-05"],`
+/// is 42): pages hold at most `--history-max-answer-size / 48` points, so that an answer of
+/// `--history-max-series` series fits the size limit.
+pub const ANSWER_BYTES_PER_POINT: usize = 48;
+
+/// The reader's limits of the agent: `max_series` series and `max_answer_bytes` bytes per
+/// answer, pages short enough that every answer of `max_series` series fits in
+/// `max_answer_bytes` (at [`ANSWER_BYTES_PER_POINT`]), `timeout` per query.
+pub fn limits(timeout: Duration, max_series: usize, max_answer_bytes: usize) -> Limits {
+    Limits {
+        query_timeout: timeout,
+        max_series,
+        max_response_bytes: max_answer_bytes,
+        max_points_per_query: (max_answer_bytes / ANSWER_BYTES_PER_POINT).max(1),
+        ..Limits::default()
+    }
+}
 
 /// One container's samples on one node: what its node's agent would have seen.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -165,6 +197,7 @@ pub fn transient(err: &Error) -> bool {
         Error::BadUrl { .. }
         | Error::File { .. }
         | Error::Unauthorized { .. }
+        | Error::TooLarge { .. }
         | Error::TooManySeries { .. }
         | Error::MissingSeries { .. } => false,
     }
@@ -179,6 +212,8 @@ pub struct Seeded {
     pub samples: u64,
     /// The oldest sample read, in milliseconds since the Unix epoch.
     pub first_sample_ms: Option<i64>,
+    /// The largest answer of Prometheus, in bytes (against `--history-max-answer-size`).
+    pub largest_answer_bytes: usize,
 }
 
 /// The history of `targets` (this node's autoscaled containers, with `daemonset` named) on
@@ -221,8 +256,12 @@ async fn load_noting(
             .or_insert(t);
     }
     let labels = Labels::default();
-    let mut samples: BTreeMap<(&str, &str, &str), Samples> = BTreeMap::new();
+    let mut seeded = Seeded::default();
+    // one namespace at a time: its samples become histories before the next is read, so what a
+    // seeding holds at once is one read's samples (at most `max_series` series), whatever the
+    // number of namespaces
     for (ns, daemonsets) in &by_namespace {
+        let mut samples: BTreeMap<(&str, &str, &str), Samples> = BTreeMap::new();
         let regex = daemonsets
             .iter()
             .map(|ds| cadvisor::daemonset_pods(ds))
@@ -249,34 +288,34 @@ async fn load_noting(
             let Some(k) = found else { continue };
             samples.entry(k).or_default().extend(c);
         }
-    }
-    let mut seeded = Seeded::default();
-    for (k, mut s) in samples {
-        let Some(t) = wanted.get(&k) else { continue };
-        s.merge();
-        let Some(history) = history_of(cfg, &s, t.memory_request_bytes.unwrap_or(0) as f64) else {
-            continue;
-        };
-        if history.sample_count == 0 && s.memory.is_empty() {
-            continue;
+        // each container's samples dropped as soon as its history is built
+        while let Some((k, mut s)) = samples.pop_first() {
+            let Some(t) = wanted.get(&k) else { continue };
+            s.merge();
+            let Some(history) = history_of(cfg, &s, t.memory_request_bytes.unwrap_or(0) as f64) else {
+                continue;
+            };
+            if history.sample_count == 0 && s.memory.is_empty() {
+                continue;
+            }
+            seeded.samples = seeded
+                .samples
+                .saturating_add((s.cpu.len() + s.memory.len()) as u64);
+            let first = s
+                .cpu
+                .first()
+                .into_iter()
+                .chain(s.memory.first())
+                .map(|p| p.0)
+                .min();
+            seeded.first_sample_ms = match (seeded.first_sample_ms, first) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            seeded
+                .histories
+                .push((t.key.clone(), history, t.containers_per_pod.max(1)));
         }
-        seeded.samples = seeded
-            .samples
-            .saturating_add((s.cpu.len() + s.memory.len()) as u64);
-        let first = s
-            .cpu
-            .first()
-            .into_iter()
-            .chain(s.memory.first())
-            .map(|p| p.0)
-            .min();
-        seeded.first_sample_ms = match (seeded.first_sample_ms, first) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        seeded
-            .histories
-            .push((t.key.clone(), history, t.containers_per_pod.max(1)));
     }
     Ok(seeded)
 }
@@ -310,7 +349,21 @@ pub async fn seed(
     let last_error = Mutex::new(None);
     let load = load_noting(&prometheus, node, targets, &window, cfg, &last_error);
     match tokio::time::timeout(config.budget, load).await {
-        Ok(r) => r.map_err(SeedError::Prometheus),
+        Ok(Ok(mut seeded)) => {
+            seeded.largest_answer_bytes = prometheus.largest_answer();
+            Ok(seeded)
+        }
+        Ok(Err(err)) => Err(match err {
+            Error::TooLarge { url, query, limit } => SeedError::Limit(format!(
+                "Prometheus at {url} sent an answer larger than the agent's limit of {limit} bytes \
+                 (--history-max-answer-size, chart agent.history.maxAnswerSize; {RAISE}) to the query {query}"
+            )),
+            Error::TooManySeries { query, count, limit } => SeedError::Limit(format!(
+                "Prometheus answered {count} series, more than the agent's limit of {limit} \
+                 (--history-max-series, chart agent.history.maxSeries; {RAISE}), to the query {query}"
+            )),
+            err => SeedError::Prometheus(err),
+        }),
         Err(_) => Err(SeedError::Budget {
             budget: config.budget,
             last_error: last_error.lock().ok().and_then(|mut l| l.take()),
@@ -318,12 +371,20 @@ pub async fn seed(
     }
 }
 
+/// What an answer over one of the agent's limits says to do.
+const RAISE: &str =
+    "raise it only with agent.resources.limits.memory: docs/history.md, \"The agent's memory\"";
+
 /// Why seeding gave nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
     /// Prometheus could not be read (after the retries, for a reason that may pass).
     #[error(transparent)]
     Prometheus(Error),
+    /// An answer over one of the agent's limits, which bound its memory: never retried. The
+    /// text names the limit, its flag and chart value, then the query.
+    #[error("{0}")]
+    Limit(String),
     /// The budget ran out, with the last read's error if one had failed (else the first read
     /// was still waiting for its answer).
     #[error(
