@@ -15,7 +15,8 @@
 //! Invariants, every route: the answer encodes, and the webhook writes it as serde does; its uid is the request's; a denial carries a
 //! code and a message; warnings stay under 120 characters; only the pod route patches.
 //! A body the usual decode refuses is denied as malformed (never decided in one pass).
-//! Pod route: its one-pass answer is the one the handler gives the request decoded the usual way;
+//! Pod route: its one-pass answer is the one the handler gives the request decoded the usual way
+//! (object raw, then the pod's view: `PodMutator::review_raw`);
 //! the patch applies to the object; it removes no field the pod had; the pod it
 //! makes, reviewed again, gets no further change (save the `capped` annotation's cap names).
 //! Node reports: a write by someone outside the allowed groups is admitted only with a token
@@ -28,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 use futures::future::BoxFuture;
 use libfuzzer_sys::fuzz_target;
 use nodewarden_api::domain::sizing::ANNOTATION_CAPPED;
-use nodewarden_webhook::admission::{Handler, Outcome, Processed, ReviewIn, process, process_async};
+use nodewarden_webhook::admission::{Endpoint, Outcome, Processed, ReviewIn};
 use nodewarden_webhook::claims::{ClaimsGuard, ClaimsPolicy, Principals, Shape, StaticView};
 use nodewarden_webhook::features::{FeatureCaches, FeaturesGuard};
 use nodewarden_webhook::node_reports::evictions::{EvictionGuard, PodNode, PodNodes};
@@ -210,15 +211,18 @@ fn leaves(value: &Value, at: String, out: &mut Vec<String>) {
 fn answer(
     route: u8,
     body: &[u8],
-    handler: &dyn Handler,
+    handler: &dyn Endpoint,
 ) -> Option<(nodewarden_webhook::admission::AdmissionResponse, Outcome)> {
     let processed = if route == 5 {
-        futures::executor::block_on(process_async(body, handler))
+        futures::executor::block_on(handler.process_async(body))
     } else {
-        process(body, handler)
+        handler.process(body)
     };
     // a uid longer than the limit is never echoed: the answer is a 400 without it
-    if let Some(request) = serde_json::from_slice::<ReviewIn>(body).ok().and_then(|r| r.request) {
+    if let Some(request) = serde_json::from_slice::<ReviewIn>(body)
+        .ok()
+        .and_then(|r| r.request)
+    {
         if request.uid.len() > nodewarden_webhook::admission::MAX_UID_BYTES {
             assert!(
                 matches!(processed, Processed::BadRequest(_)),
@@ -247,7 +251,10 @@ fn answer(
     // a body the usual decode refuses is answered as malformed on every route: the pod route's
     // one-pass read refuses it too, never decides it
     if usual.is_err() {
-        assert!(!response.allowed, "a body the usual decode refuses was decided: {response:?}");
+        assert!(
+            !response.allowed,
+            "a body the usual decode refuses was decided: {response:?}"
+        );
     }
     if let Ok(ReviewIn {
         api_version,
@@ -258,9 +265,13 @@ fn answer(
         assert_eq!(response.uid, request.uid, "the uid is echoed");
         // the pod route decides in one pass over the body; its answer is the one the handler
         // gives the request decoded the usual way (raw object, then the pod's view)
-        if route == 0 && api_version == "admission.k8s.io/v1" && kind == "AdmissionReview" && !request.uid.is_empty() {
+        if route == 0
+            && api_version == "admission.k8s.io/v1"
+            && kind == "AdmissionReview"
+            && !request.uid.is_empty()
+        {
             assert_eq!(
-                handler.review(&request),
+                routes().pods.review_raw(&request),
                 response,
                 "the one-pass answer differs from the two-pass one"
             );
@@ -420,7 +431,7 @@ fuzz_target!(|data: &[u8]| {
     let routes = routes();
     let route = which % 6;
     let claims;
-    let handler: &dyn Handler = match route {
+    let handler: &dyn Endpoint = match route {
         0 => &routes.pods,
         1 => &routes.autoscalers,
         2 => {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
 };
-use nodewarden_webhook::admission::{self, Handler, Processed};
+use nodewarden_webhook::admission::{Endpoint, Processed};
 use nodewarden_webhook::rightsizing::{AutoscalerValidator, PodMutator, RightsizingCache};
 use serde_json::{Value, json};
 
@@ -132,11 +132,11 @@ fn index(policies: Vec<Value>) -> Arc<RightsizingCache> {
     index
 }
 
-fn time_of(body: &[u8], handler: &dyn Handler) -> Duration {
+fn time_of(body: &[u8], handler: &dyn Endpoint) -> Duration {
     (0..3)
         .map(|_| {
             let started = Instant::now();
-            let processed = admission::process(body, handler);
+            let processed = handler.process(body);
             let took = started.elapsed();
             assert!(
                 matches!(processed, Processed::Review(..)),
@@ -155,7 +155,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(6 * 1024 * 1024);
     let policy = |name: String| json!({"containerName": name, "minAllowed": {"cpu": "1m"}, "maxAllowed": {"cpu": "2"}});
-    type Shape = (&'static str, Box<dyn Fn(usize) -> (Vec<u8>, Arc<dyn Handler>)>);
+    type Shape = (&'static str, Box<dyn Fn(usize) -> (Vec<u8>, Arc<dyn Endpoint>)>);
     let shapes: Vec<Shape> = vec![
         (
             "autoscaler, n policies of one name",
@@ -163,7 +163,7 @@ fn main() {
                 let body = autoscaler_review((0..n).map(|_| policy("c".to_string())).collect());
                 (
                     body,
-                    Arc::new(AutoscalerValidator::new(index(Vec::new()))) as Arc<dyn Handler>,
+                    Arc::new(AutoscalerValidator::new(index(Vec::new()))) as Arc<dyn Endpoint>,
                 )
             }),
         ),
@@ -173,7 +173,7 @@ fn main() {
                 let body = autoscaler_review((0..n).map(|i| policy(format!("c{i}"))).collect());
                 (
                     body,
-                    Arc::new(AutoscalerValidator::new(index(Vec::new()))) as Arc<dyn Handler>,
+                    Arc::new(AutoscalerValidator::new(index(Vec::new()))) as Arc<dyn Endpoint>,
                 )
             }),
         ),
@@ -183,7 +183,7 @@ fn main() {
                 let body = pod_review((0..n).map(|_| "c".to_string()));
                 (
                     body,
-                    Arc::new(PodMutator::new(index(Vec::new()))) as Arc<dyn Handler>,
+                    Arc::new(PodMutator::new(index(Vec::new()))) as Arc<dyn Endpoint>,
                 )
             }),
         ),
@@ -194,7 +194,7 @@ fn main() {
                 let policies = (0..n).map(|i| policy(format!("p{i}"))).collect();
                 (
                     body,
-                    Arc::new(PodMutator::new(index(policies))) as Arc<dyn Handler>,
+                    Arc::new(PodMutator::new(index(policies))) as Arc<dyn Endpoint>,
                 )
             }),
         ),

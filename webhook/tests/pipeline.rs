@@ -363,3 +363,84 @@ async fn a_large_review_does_not_hold_up_small_ones() {
     assert_eq!(large["response"]["allowed"], true, "{large}");
     assert_eq!(large["response"]["uid"], uid());
 }
+
+/// A handler that declares its view of the object: the pod's name, required.
+struct NameOnly;
+
+#[derive(serde::Deserialize)]
+struct Named {
+    metadata: NamedMeta,
+}
+
+#[derive(serde::Deserialize)]
+struct NamedMeta {
+    name: String,
+}
+
+impl admission::Handler for NameOnly {
+    type Object = Named;
+    type Extras = admission::Skipped;
+
+    fn review(&self, request: &admission::Request<Self>) -> AdmissionResponse {
+        let name = request.object.as_ref().map_or("", |o| o.metadata.name.as_str());
+        AdmissionResponse::deny(&request.uid, 403, "Forbidden", format!("read {name}"))
+    }
+}
+
+/// A handler that declares a view receives the request typed, read in one pass; a body that is
+/// not a well-formed review gets the answer every handler gives it, and a review whose object
+/// does not read as the view gets the default answer, a 400 naming the reader's error.
+#[test]
+fn a_handler_receives_the_view_it_declares_and_malformed_reviews_their_usual_answers() {
+    use admission::{Endpoint, Processed};
+    let answer = |handler: &dyn Endpoint, review: &Value| match handler.process(review.to_string().as_bytes())
+    {
+        Processed::Review(out, outcome, _) => Ok((out.response, outcome)),
+        Processed::BadRequest(message) => Err(message),
+    };
+    let raw = |r: &AdmissionRequest| AdmissionResponse::allow(&r.uid);
+
+    let mut named = review();
+    named["request"]["object"]["metadata"]["name"] = json!("agent-x");
+    let (read, outcome) = answer(&NameOnly, &named).expect("a review");
+    assert_eq!(read.status.map(|s| s.message).as_deref(), Some("read agent-x"));
+    assert_eq!(outcome, admission::Outcome::Denied);
+    assert_eq!(read.uid, named["request"]["uid"]);
+
+    let mut unnamed = review();
+    unnamed["request"]["object"]["metadata"] = json!({"generateName": "agent-"});
+    let (unreadable, outcome) = answer(&NameOnly, &unnamed).expect("a review");
+    let status = unreadable.status.expect("a denial");
+    assert_eq!(status.code, Some(400));
+    assert!(
+        status
+            .message
+            .starts_with("request.object could not be read: missing field `name`"),
+        "{}",
+        status.message
+    );
+    assert_eq!(outcome, admission::Outcome::Denied);
+    // the usual handler admits the same review: only the view refused it
+    assert!(answer(&raw, &unnamed).expect("a review").0.allowed);
+
+    let mut malformed = Vec::new();
+    let mut edit = |f: &dyn Fn(&mut Value)| {
+        let mut r = review();
+        f(&mut r);
+        malformed.push(r);
+    };
+    edit(&|r| r["request"]["operation"] = json!("EXPLODE"));
+    edit(&|r| r["request"]["userInfo"] = json!({"groups": "not a list"}));
+    edit(&|r| r["request"]["uid"] = json!(""));
+    edit(&|r| r["apiVersion"] = json!("admission.k8s.io/v1beta1"));
+    edit(&|r| r["request"]["uid"] = json!("u".repeat(admission::MAX_UID_BYTES + 1)));
+    edit(&|r| drop(r.as_object_mut().map(|o| o.remove("request"))));
+    for review in &malformed {
+        let usual = answer(&raw, review);
+        assert!(
+            usual.as_ref().map_or(true, |(r, _)| !r.allowed),
+            "{review}: {usual:?}"
+        );
+        assert_eq!(answer(&NameOnly, review), usual, "{review}");
+    }
+}

@@ -741,7 +741,7 @@ fn request(review: &Value) -> AdmissionRequest {
 fn handler_patches_the_recorded_daemonset_pod_from_the_cache() {
     let handler = PodMutator::new(index_with("300m"));
     let review = review();
-    let response = handler.review(&request(&review));
+    let response = handler.review_raw(&request(&review));
     assert!(response.allowed);
     assert_eq!(response.patch_type.as_deref(), Some("JSONPatch"));
     let patch = response.decoded_patch().expect("patch");
@@ -753,7 +753,7 @@ fn handler_patches_the_recorded_daemonset_pod_from_the_cache() {
     // dryRun gets the same answer (the webhook has no side effects)
     let mut dry = review.clone();
     dry["request"]["dryRun"] = json!(true);
-    assert_eq!(handler.review(&request(&dry)).patch, response.patch);
+    assert_eq!(handler.review_raw(&request(&dry)).patch, response.patch);
 }
 
 #[test]
@@ -761,17 +761,17 @@ fn handler_leaves_pods_without_an_autoscaler_alone() {
     let handler = PodMutator::new(index_with("300m"));
     let mut other = review();
     other["request"]["object"]["metadata"]["ownerReferences"][0]["name"] = json!("someone-else");
-    let response = handler.review(&request(&other));
+    let response = handler.review_raw(&request(&other));
     assert!(response.allowed && response.patch.is_none());
 
     let mut replicaset = review();
     replicaset["request"]["object"]["metadata"]["ownerReferences"][0]["kind"] = json!("ReplicaSet");
-    let response = handler.review(&request(&replicaset));
+    let response = handler.review_raw(&request(&replicaset));
     assert!(response.allowed && response.patch.is_none());
 
     let mut elsewhere = review();
     elsewhere["request"]["namespace"] = json!("another-namespace");
-    let response = handler.review(&request(&elsewhere));
+    let response = handler.review_raw(&request(&elsewhere));
     assert!(response.allowed && response.patch.is_none());
 }
 
@@ -780,7 +780,7 @@ fn handler_admits_an_unreadable_pod_unchanged_with_a_warning() {
     let handler = PodMutator::new(index_with("300m"));
     let mut bad = review();
     bad["request"]["object"]["spec"]["containers"] = json!("not a list");
-    let response = handler.review(&request(&bad));
+    let response = handler.review_raw(&request(&bad));
     assert!(response.allowed && response.patch.is_none());
     assert_eq!(response.warnings.len(), 1);
     assert!(response.warnings[0].len() < 120);
@@ -799,12 +799,12 @@ fn a_pod_with_more_containers_than_the_limit_is_admitted_unchanged_with_a_warnin
         r
     };
     // at the limit the pod is still right-sized
-    let at = handler.review(&request(&with_sidecars(MAX_POD_CONTAINERS)));
+    let at = handler.review_raw(&request(&with_sidecars(MAX_POD_CONTAINERS)));
     assert!(
         at.allowed && at.patch.is_some(),
         "a pod of {MAX_POD_CONTAINERS} containers was not patched"
     );
-    let over = handler.review(&request(&with_sidecars(MAX_POD_CONTAINERS + 1)));
+    let over = handler.review_raw(&request(&with_sidecars(MAX_POD_CONTAINERS + 1)));
     assert!(over.allowed && over.patch.is_none());
     assert_eq!(over.warnings.len(), 1, "{:?}", over.warnings);
     assert!(
@@ -1075,7 +1075,7 @@ fn handler_only_mutates_pod_creates() {
     let mut update = review();
     update["request"]["operation"] = json!("UPDATE");
     update["request"]["oldObject"] = update["request"]["object"].clone();
-    let response = handler.review(&request(&update));
+    let response = handler.review_raw(&request(&update));
     assert!(response.allowed && response.patch.is_none());
 }
 
@@ -1119,7 +1119,7 @@ fn the_one_pass_pipeline_answers_as_the_handler_does() {
         let Processed::Review(out, _, _) = process(&body, &handler) else {
             panic!("{name}: not answered as a review");
         };
-        assert_eq!(out.response, handler.review(&request(review)), "{name}");
+        assert_eq!(out.response, handler.review_raw(&request(review)), "{name}");
         patched += usize::from(out.response.patch.is_some());
     }
     // the recorded pod, its dry run and the one the request names no namespace for
@@ -1205,7 +1205,7 @@ fn the_one_pass_read_refuses_what_the_usual_decode_refuses() {
         );
         assert_eq!(
             out.response,
-            handler.review(&request(&review)),
+            handler.review_raw(&request(&review)),
             "{field}: {value}"
         );
     }
@@ -1316,7 +1316,7 @@ fn the_pod_is_read_as_the_api_types_read_it() {
     for (name, pod) in &cases {
         let mut review = review();
         review["request"]["object"] = pod.clone();
-        let answer = handler.review(&request(&review));
+        let answer = handler.review_raw(&request(&review));
         let whole: Pod = serde_json::from_value(pod.clone()).expect(name);
         let expected = match handler.decide(NAMESPACE, &whole) {
             Some(decision) => AdmissionResponse::allow(&answer.uid).with_add_patch(decision.patch),
@@ -1509,7 +1509,7 @@ fn handler_gives_a_new_node_its_group_figure() {
     let handler = PodMutator::new(index.clone());
     let resources = || {
         let review = review();
-        let response = handler.review(&request(&review));
+        let response = handler.review_raw(&request(&review));
         let out = apply_ops(
             &review["request"]["object"],
             &response.decoded_patch().expect("patch"),

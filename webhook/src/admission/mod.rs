@@ -1,6 +1,8 @@
 //! The generic AdmissionReview pipeline every capability plugs into.
 //!
-//! decode → check the envelope → call the capability's [`Handler`] → echo the uid → encode.
+//! decode (the envelope and the handler's declared view of the object, in one pass) → check the
+//! envelope → call the capability's [`Handler`] with the typed request → echo the uid → encode.
+//! Each [`Route`] holds its handler behind [`Endpoint`], so the request type is fixed per path.
 //! Bad input never panics and never becomes a 5xx: a review whose uid can be read gets HTTP 200
 //! with `allowed: false` and a message; anything else gets a 4xx with a message.
 
@@ -18,19 +20,33 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use review::{
-    AdmissionRequest, AdmissionResponse, OnePassRequest, OnePassReview, Operation, RequestHead, ReviewIn,
-    ReviewOut, UserInfo,
+    AdmissionRequest, AdmissionResponse, Extras, Kept, Operation, ReviewIn, ReviewOut, Skipped, UserInfo,
 };
 
 /// A capability's admission decision: a pure function of the request (and whatever snapshot
 /// of the caches the handler holds), or, through [`Handler::review_async`], of the request and
 /// one bounded read from the API server.
+///
+/// A handler declares how it reads the request ([`Handler::Object`], [`Handler::Extras`]); the
+/// pipeline decodes the envelope and that view of the object in one pass and hands it the typed
+/// request ([`Request`]).
 pub trait Handler: Send + Sync + 'static {
+    /// How the request's `object` is read: `Box<RawValue>` keeps it as raw JSON (the handler
+    /// parses what it needs, e.g. with [`AdmissionRequest::object_as`]); a view type reads only
+    /// the fields the handler decides on, in the same pass as the envelope, so a large object is
+    /// read once instead of scanned raw and then parsed again.
+    type Object: DeserializeOwned + Send + Sync + 'static;
+    /// What the handler keeps of the request's other fields: [`Kept`] (all) or [`Skipped`]
+    /// (checked, not kept).
+    type Extras: Extras;
+
     /// The answer to one request; it must not panic (the pipeline turns a panic into an error answer).
-    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse;
+    fn review(&self, request: &Request<Self>) -> AdmissionResponse;
 
     /// Whether a fault in this handler (a panic) admits the request unchanged, as a webhook
     /// registered with `failurePolicy: Ignore` promises; otherwise it is denied with code 500.
@@ -42,50 +58,34 @@ pub trait Handler: Send + Sync + 'static {
     /// (the eviction guard reads the evicted pod). The router awaits this; the default is
     /// [`Handler::review`]. Same contract: it must not panic, and a panic is answered as in
     /// [`Handler::fails_open`].
-    fn review_async<'a>(&'a self, request: &'a AdmissionRequest) -> BoxFuture<'a, AdmissionResponse> {
+    fn review_async<'a>(&'a self, request: &'a Request<Self>) -> BoxFuture<'a, AdmissionResponse> {
         Box::pin(async move { self.review(request) })
     }
 
-    /// The decision in one pass over the body, for handlers that read a few fields of a large
-    /// object: the envelope and the handler's view of the object decoded together ([`one_pass`]),
-    /// instead of the object being scanned raw and then parsed again. `None` (the default, and
-    /// whenever the body is not a well-formed review whose object reads as the view) sends the
-    /// body the usual way: [`decode`], then [`Handler::review_async`], which answers it as before.
-    /// The answer must be the one [`Handler::review`] gives the same request.
-    fn review_one_pass(&self, _body: &str) -> Option<OnePass> {
-        None
+    /// The answer to a well-formed review whose object does not read as [`Handler::Object`]:
+    /// the review decoded again with its object raw (a second pass, for such reviews only).
+    /// The default denies it with code 400 and the reader's error; a handler with a raw object
+    /// never gets here.
+    fn review_unreadable(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        let error = match request.object_as::<Self::Object>() {
+            Err(error) => error,
+            Ok(_) => "the request could not be read".to_string(),
+        };
+        deny_invalid(&request.uid, error)
     }
 }
 
-/// A request decided in one pass ([`Handler::review_one_pass`]): the request without its object,
-/// and the handler's answer, or `Err` when it panicked.
-pub type OnePass = (RequestHead, Result<AdmissionResponse, ()>);
-
-/// [`Handler::review_one_pass`] for a handler that reads the object as `V`: the review decoded
-/// with its object read as `V` and checked as [`process`] checks every review, then decided by
-/// `decide` (which may take the view out of the request), its panics caught. `None` when the
-/// body is not such a review: the usual pipeline then answers it, so a malformed body or an
-/// unreadable object costs a second decode, never a different answer.
-pub fn one_pass<V: serde::de::DeserializeOwned>(
-    body: &str,
-    decide: impl FnOnce(&mut OnePassRequest<V>) -> AdmissionResponse,
-) -> Option<OnePass> {
-    let review: OnePassReview<V> = serde_json::from_str(body).ok()?;
-    if review.api_version != review::API_VERSION || review.kind != review::KIND {
-        return None;
-    }
-    let mut request = review
-        .request
-        .filter(|r| !r.uid.is_empty() && r.uid.len() <= MAX_UID_BYTES)?;
-    let decided = std::panic::catch_unwind(AssertUnwindSafe(|| decide(&mut request))).map_err(|_| ());
-    Some((request.into_head(), decided))
-}
+/// The request as `H` reads it.
+pub type Request<H> = AdmissionRequest<<H as Handler>::Object, <H as Handler>::Extras>;
 
 /// A handler whose faults admit the request unchanged ([`Handler::fails_open`]).
 pub struct FailOpen<H>(pub H);
 
 impl<H: Handler> Handler for FailOpen<H> {
-    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+    type Object = H::Object;
+    type Extras = H::Extras;
+
+    fn review(&self, request: &Request<Self>) -> AdmissionResponse {
         self.0.review(request)
     }
 
@@ -93,12 +93,12 @@ impl<H: Handler> Handler for FailOpen<H> {
         true
     }
 
-    fn review_async<'a>(&'a self, request: &'a AdmissionRequest) -> BoxFuture<'a, AdmissionResponse> {
+    fn review_async<'a>(&'a self, request: &'a Request<Self>) -> BoxFuture<'a, AdmissionResponse> {
         self.0.review_async(request)
     }
 
-    fn review_one_pass(&self, body: &str) -> Option<OnePass> {
-        self.0.review_one_pass(body)
+    fn review_unreadable(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        self.0.review_unreadable(request)
     }
 }
 
@@ -110,8 +110,30 @@ impl<F> Handler for F
 where
     F: Fn(&AdmissionRequest) -> AdmissionResponse + Send + Sync + 'static,
 {
+    type Object = Box<RawValue>;
+    type Extras = Kept;
+
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
         self(request)
+    }
+}
+
+/// A [`Handler`] behind the pipeline, its request type fixed by the handler: what a [`Route`]
+/// holds. Every handler is one.
+pub trait Endpoint: Send + Sync {
+    /// [`process`] with this handler.
+    fn process(&self, body: &[u8]) -> Processed;
+    /// [`process_async`] with this handler.
+    fn process_async<'a>(&'a self, body: &'a [u8]) -> BoxFuture<'a, Processed>;
+}
+
+impl<H: Handler> Endpoint for H {
+    fn process(&self, body: &[u8]) -> Processed {
+        process(body, self)
+    }
+
+    fn process_async<'a>(&'a self, body: &'a [u8]) -> BoxFuture<'a, Processed> {
+        Box::pin(process_async(body, self))
     }
 }
 
@@ -121,7 +143,7 @@ pub struct Route {
     /// URL path, e.g. `/validate/claims`.
     pub path: &'static str,
     /// What answers the reviews posted there.
-    pub handler: Arc<dyn Handler>,
+    pub handler: Arc<dyn Endpoint>,
 }
 
 impl Route {
@@ -189,64 +211,13 @@ pub struct Ident {
 }
 
 impl Ident {
-    fn of<O>(request: &AdmissionRequest<O>) -> Self {
-        Ident::from_parts(
-            &request.kind,
-            request.namespace.as_deref(),
-            request.name.as_deref(),
-            request.operation,
-        )
-    }
-
-    fn from_parts(
-        kind: &review::GroupVersionKind,
-        namespace: Option<&str>,
-        name: Option<&str>,
-        operation: Operation,
-    ) -> Self {
+    fn of<O, X: Extras>(request: &AdmissionRequest<O, X>) -> Self {
         Ident {
-            kind: kind.kind.clone(),
-            namespace: namespace.unwrap_or_default().to_string(),
-            name: name.unwrap_or_default().to_string(),
-            operation: operation.as_str(),
+            kind: request.kind.kind.clone(),
+            namespace: request.namespace.as_deref().unwrap_or_default().to_string(),
+            name: request.name.as_deref().unwrap_or_default().to_string(),
+            operation: request.operation.as_str(),
         }
-    }
-}
-
-/// What the pipeline needs of a decided request to answer it: its uid, and who and what it was
-/// about for the outcome line.
-trait Decided {
-    fn uid(&self) -> &str;
-    fn into_uid(self) -> String;
-    fn ident(&self) -> Ident;
-}
-
-impl<O> Decided for AdmissionRequest<O> {
-    fn uid(&self) -> &str {
-        &self.uid
-    }
-    fn into_uid(self) -> String {
-        self.uid
-    }
-    fn ident(&self) -> Ident {
-        Ident::of(self)
-    }
-}
-
-impl<O> Decided for OnePassRequest<O> {
-    fn uid(&self) -> &str {
-        &self.uid
-    }
-    fn into_uid(self) -> String {
-        self.uid
-    }
-    fn ident(&self) -> Ident {
-        Ident::from_parts(
-            &self.kind,
-            self.namespace.as_deref(),
-            self.name.as_deref(),
-            self.operation,
-        )
     }
 }
 
@@ -259,82 +230,127 @@ pub enum Processed {
     BadRequest(String),
 }
 
-/// Runs the pipeline on one request body with [`Handler::review`] (or the handler's one-pass
-/// decision). Pure apart from logging.
-pub fn process(body: &[u8], handler: &dyn Handler) -> Processed {
-    if let Some((request, decided)) = one_pass_of(body, handler) {
-        return finish(request, decided, handler);
-    }
-    match decode(body) {
-        Ok(request) => {
+/// A body read for a handler.
+enum Read<H: Handler> {
+    /// A well-formed review, its object read as the handler's view.
+    Typed(Request<H>),
+    /// A well-formed review whose object (or another field, as the handler reads it) does not
+    /// read as the handler reads it, decoded again with its object raw (rare: boxed, so the
+    /// usual variant stays small).
+    Unreadable(Box<AdmissionRequest>),
+    /// Not a well-formed review: its answer.
+    Answered(Processed),
+}
+
+/// Runs the pipeline on one request body with [`Handler::review`]. Pure apart from logging.
+pub fn process<H: Handler>(body: &[u8], handler: &H) -> Processed {
+    let fails_open = handler.fails_open();
+    match read::<H>(body) {
+        Read::Typed(request) => {
             let decided =
                 std::panic::catch_unwind(AssertUnwindSafe(|| handler.review(&request))).map_err(|_| ());
-            finish(request, decided, handler)
+            finish(request, decided, fails_open)
         }
-        Err(answered) => answered,
+        Read::Unreadable(request) => {
+            let decided = std::panic::catch_unwind(AssertUnwindSafe(|| handler.review_unreadable(&request)))
+                .map_err(|_| ());
+            finish(*request, decided, fails_open)
+        }
+        Read::Answered(answered) => answered,
     }
 }
 
-/// Runs the pipeline on one request body with [`Handler::review_async`] (or the handler's
-/// one-pass decision): what the router does.
-pub async fn process_async(body: &[u8], handler: &dyn Handler) -> Processed {
-    if let Some((request, decided)) = one_pass_of(body, handler) {
-        return finish(request, decided, handler);
-    }
-    match decode(body) {
-        Ok(request) => {
+/// Runs the pipeline on one request body with [`Handler::review_async`]: what the router does.
+pub async fn process_async<H: Handler>(body: &[u8], handler: &H) -> Processed {
+    let fails_open = handler.fails_open();
+    match read::<H>(body) {
+        Read::Typed(request) => {
             // a panic while the future is made is caught too, not only while it runs
             let decided = AssertUnwindSafe(async { handler.review_async(&request).await })
                 .catch_unwind()
                 .await
                 .map_err(|_| ());
-            finish(request, decided, handler)
+            finish(request, decided, fails_open)
         }
-        Err(answered) => answered,
+        Read::Unreadable(request) => {
+            let decided = std::panic::catch_unwind(AssertUnwindSafe(|| handler.review_unreadable(&request)))
+                .map_err(|_| ());
+            finish(*request, decided, fails_open)
+        }
+        Read::Answered(answered) => answered,
     }
 }
 
-/// The handler's one-pass decision on `body`, if it makes one.
-fn one_pass_of(body: &[u8], handler: &dyn Handler) -> Option<OnePass> {
-    handler.review_one_pass(std::str::from_utf8(body).ok()?)
+/// `body` read as `H` reads a request: envelope and object in one pass. A body that does not
+/// read so is decoded again the usual way (object raw, every field kept), which gives a
+/// malformed review the same answer whatever the handler's view, and a well-formed one whose
+/// object the view cannot read to [`Handler::review_unreadable`]. A body that is not UTF-8 is
+/// decoded the usual way only.
+fn read<H: Handler>(body: &[u8]) -> Read<H> {
+    // Checked as UTF-8 once, then read as text: read as bytes, serde_json would check every
+    // string it skips inside the raw `object` again.
+    let text = std::str::from_utf8(body).ok();
+    // a handler that reads the request the usual way has its answer in one decode
+    let usual = std::any::TypeId::of::<Request<H>>() == std::any::TypeId::of::<AdmissionRequest>();
+    if text.is_some() && !usual {
+        match decode::<H::Object, H::Extras>(body, text) {
+            Ok(request) => return Read::Typed(request),
+            Err(Refused::Answered(answered)) => return Read::Answered(answered),
+            Err(Refused::Malformed(_)) => {}
+        }
+    }
+    match decode::<Box<RawValue>, Kept>(body, text) {
+        Ok(request) if usual => match reread(request) {
+            Some(request) => Read::Typed(request),
+            None => Read::Answered(Processed::BadRequest("the request could not be read".to_string())),
+        },
+        Ok(request) => Read::Unreadable(Box::new(request)),
+        Err(Refused::Answered(answered)) => Read::Answered(answered),
+        Err(Refused::Malformed(error)) => Read::Answered(malformed(body, error)),
+    }
 }
 
-/// The request of a well-formed review, or the answer to one that is not.
-fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
-    // Checked as UTF-8 once, then read as text: read as bytes, serde_json would check every
-    // string it skips inside the raw `object` again. A body that is not UTF-8 is read as bytes
-    // for serde_json's message.
-    let parsed = match std::str::from_utf8(body) {
-        Ok(text) => serde_json::from_str::<ReviewIn>(text),
-        Err(_) => serde_json::from_slice::<ReviewIn>(body),
+/// `request` as the request type `R`, when it is that type (a handler that reads the request
+/// the usual way).
+fn reread<R: 'static>(request: AdmissionRequest) -> Option<R> {
+    let mut request = Some(request);
+    (&mut request as &mut dyn std::any::Any)
+        .downcast_mut::<Option<R>>()
+        .and_then(Option::take)
+}
+
+/// Why a body was not read as a request.
+enum Refused {
+    /// It is not a review as the reader reads it (serde_json's error).
+    Malformed(serde_json::Error),
+    /// It was read, but is not one the pipeline answers: its answer.
+    Answered(Processed),
+}
+
+/// The request of a well-formed review, its object read as `O`.
+/// `text` is `body` when it is UTF-8; a body that is not is read as bytes for serde_json's message.
+fn decode<O: DeserializeOwned, X: Extras>(
+    body: &[u8],
+    text: Option<&str>,
+) -> Result<AdmissionRequest<O, X>, Refused> {
+    let parsed = match text {
+        Some(text) => serde_json::from_str::<ReviewIn<O, X>>(text),
+        None => serde_json::from_slice::<ReviewIn<O, X>>(body),
     };
-    let review: ReviewIn = match parsed {
-        Ok(r) => r,
-        Err(err) => {
-            let message = format!("malformed AdmissionReview: {err}");
-            return Err(match uid_of(body) {
-                Some(Ok(uid)) => Processed::Review(
-                    Box::new(ReviewOut::new(deny_invalid(&uid, message))),
-                    Outcome::Invalid,
-                    Ident::default(),
-                ),
-                Some(Err(len)) => Processed::BadRequest(format!("{message}; {}", uid_too_long(len))),
-                None => Processed::BadRequest(message),
-            });
-        }
-    };
+    let review = parsed.map_err(Refused::Malformed)?;
+    let answered = |p| Err(Refused::Answered(p));
     let Some(request) = review.request else {
-        return Err(Processed::BadRequest(
+        return answered(Processed::BadRequest(
             "AdmissionReview has no request: expected {\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{...}}".to_string(),
         ));
     };
     if request.uid.is_empty() {
-        return Err(Processed::BadRequest(
+        return answered(Processed::BadRequest(
             "AdmissionReview request has an empty uid".to_string(),
         ));
     }
     if request.uid.len() > MAX_UID_BYTES {
-        return Err(Processed::BadRequest(format!(
+        return answered(Processed::BadRequest(format!(
             "malformed AdmissionReview: {}",
             uid_too_long(request.uid.len())
         )));
@@ -347,7 +363,7 @@ fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
             review::API_VERSION,
             review::KIND
         );
-        return Err(Processed::Review(
+        return answered(Processed::Review(
             Box::new(ReviewOut::new(deny_invalid(&request.uid, message))),
             Outcome::Invalid,
             Ident::of(&request),
@@ -356,8 +372,26 @@ fn decode(body: &[u8]) -> Result<AdmissionRequest, Processed> {
     Ok(request)
 }
 
+/// The answer to a body that is not a well-formed review (`error`, serde_json's).
+fn malformed(body: &[u8], error: serde_json::Error) -> Processed {
+    let message = format!("malformed AdmissionReview: {error}");
+    match uid_of(body) {
+        Some(Ok(uid)) => Processed::Review(
+            Box::new(ReviewOut::new(deny_invalid(&uid, message))),
+            Outcome::Invalid,
+            Ident::default(),
+        ),
+        Some(Err(len)) => Processed::BadRequest(format!("{message}; {}", uid_too_long(len))),
+        None => Processed::BadRequest(message),
+    }
+}
+
 /// The review answering `request` with the handler's answer, or `Err` when the handler panicked.
-fn finish(request: impl Decided, decided: Result<AdmissionResponse, ()>, handler: &dyn Handler) -> Processed {
+fn finish<O, X: Extras>(
+    request: AdmissionRequest<O, X>,
+    decided: Result<AdmissionResponse, ()>,
+    fails_open: bool,
+) -> Processed {
     let (mut response, outcome) = match decided {
         Ok(response) => {
             let outcome = if !response.allowed {
@@ -369,9 +403,9 @@ fn finish(request: impl Decided, decided: Result<AdmissionResponse, ()>, handler
             };
             (response, outcome)
         }
-        Err(_) if handler.fails_open() => {
-            tracing::error!(uid = %clip(request.uid()), "admission handler panicked; admitting unchanged (fail-open)");
-            let mut allowed = AdmissionResponse::allow(request.uid());
+        Err(_) if fails_open => {
+            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; admitting unchanged (fail-open)");
+            let mut allowed = AdmissionResponse::allow(&request.uid);
             allowed.warnings.push(FAILED_OPEN_WARNING.to_string());
             allowed
                 .audit_annotations
@@ -379,10 +413,10 @@ fn finish(request: impl Decided, decided: Result<AdmissionResponse, ()>, handler
             (allowed, Outcome::FailedOpen)
         }
         Err(_) => {
-            tracing::error!(uid = %clip(request.uid()), "admission handler panicked; answering allowed=false");
+            tracing::error!(uid = %clip(&request.uid), "admission handler panicked; answering allowed=false");
             (
                 AdmissionResponse::deny(
-                    request.uid(),
+                    &request.uid,
                     500,
                     "InternalError",
                     "nodewarden could not evaluate this request; see the webhook's logs",
@@ -394,11 +428,11 @@ fn finish(request: impl Decided, decided: Result<AdmissionResponse, ()>, handler
     // whatever the handler did, the uid must be the request's; who and what the review was
     // about is copied only when its outcome line will be written
     let ident = if outcome_logged(outcome) {
-        request.ident()
+        Ident::of(&request)
     } else {
         Ident::default()
     };
-    response.uid = request.into_uid();
+    response.uid = request.uid;
     Processed::Review(Box::new(ReviewOut::new(response)), outcome, ident)
 }
 
@@ -591,7 +625,7 @@ struct RouteState {
     path: &'static str,
     /// The route's span, made at its first request and entered by every request after it.
     span: Arc<std::sync::OnceLock<tracing::Span>>,
-    handler: Arc<dyn Handler>,
+    handler: Arc<dyn Endpoint>,
     metrics: Arc<dyn AdmissionObserver>,
     large_turns: Arc<tokio::sync::Semaphore>,
     bodies: Arc<BodyBudget>,
@@ -606,7 +640,7 @@ async fn process_large(state: &RouteState, body: Bytes, span: tracing::Span) -> 
     let runtime = tokio::runtime::Handle::current();
     let decided = tokio::task::spawn_blocking(move || {
         // async handlers (one bounded API read) are driven from this thread
-        runtime.block_on(process_async(&body, handler.as_ref()).instrument(span))
+        runtime.block_on(handler.process_async(&body).instrument(span))
     })
     .await;
     match decided {
@@ -647,9 +681,7 @@ async fn serve_review(State(state): State<RouteState>, body: axum::body::Body) -
     let processed = if body.len() >= LARGE_REVIEW_BYTES {
         process_large(&state, body, span.clone()).await
     } else {
-        process_async(&body, state.handler.as_ref())
-            .instrument(span.clone())
-            .await
+        state.handler.process_async(&body).instrument(span.clone()).await
     };
     let _entered = span.enter();
     match processed {

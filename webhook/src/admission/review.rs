@@ -1,14 +1,15 @@
 //! AdmissionReview v1 on the wire.
 //!
-//! The request's `object` and `oldObject` stay raw JSON: the pipeline only checks that they are
-//! well-formed, and each capability parses the part it needs. The response's `patch` is a base64
+//! The request's `object` and `oldObject` stay raw JSON unless a handler declares its view of the
+//! object ([`super::Handler::Object`]): the pipeline only checks that they are well-formed, and
+//! each capability parses the part it needs. The response's `patch` is a base64
 //! string, as the API server's own types define it.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use nodewarden_api::domain::patch::AddPatch;
-use serde::de::IgnoredAny;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -17,11 +18,13 @@ pub const API_VERSION: &str = "admission.k8s.io/v1";
 /// The `kind` of an AdmissionReview.
 pub const KIND: &str = "AdmissionReview";
 
-/// What the API server sends. `O` is how the request's `object` is read: raw JSON by default;
-/// a handler's own view of it when the review is decoded in one pass ([`super::one_pass`]).
+/// What the API server sends. `O` is how the request's `object` is read and `X` what is kept of
+/// its other fields ([`Extras`]): raw JSON and all of them by default; a handler's own view and
+/// nothing when it declares so ([`super::Handler::Object`], [`super::Handler::Extras`]).
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-pub struct ReviewIn<O = Box<RawValue>> {
+#[serde(bound(deserialize = "O: Deserialize<'de>"))]
+pub struct ReviewIn<O = Box<RawValue>, X: Extras = Kept> {
     /// The review's `apiVersion`; empty when absent.
     #[serde(default)]
     pub api_version: String,
@@ -29,7 +32,7 @@ pub struct ReviewIn<O = Box<RawValue>> {
     #[serde(default)]
     pub kind: String,
     /// The request; a review without one is refused as a bad request.
-    pub request: Option<AdmissionRequest<O>>,
+    pub request: Option<AdmissionRequest<O, X>>,
 }
 
 /// A group, version and kind (`metav1.GroupVersionKind`).
@@ -103,11 +106,56 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
-/// One admission request. `oldObject` is kept as raw JSON, and so is `object` unless `O` names
-/// a handler's view of it.
+/// What a request keeps of its fields beyond who and what it is about and its object:
+/// `userInfo`, `requestKind`, `requestResource`, `requestSubResource`, `oldObject` and
+/// `options`. [`Kept`] reads them all; [`Skipped`] reads them only as far as [`Kept`] would
+/// accept or refuse them, and keeps nothing, for a handler that decides without them (the pod
+/// mutator; docs/benchmarks.md, "the lean envelope"). Either way a body one of them makes malformed is
+/// refused.
+pub trait Extras: Send + Sync + 'static {
+    /// `userInfo`.
+    type User: DeserializeOwned + Default + std::fmt::Debug + Send + Sync;
+    /// `requestKind`.
+    type Kind: DeserializeOwned + std::fmt::Debug + Send + Sync;
+    /// `requestResource`.
+    type Resource: DeserializeOwned + std::fmt::Debug + Send + Sync;
+    /// `requestSubResource`.
+    type Str: DeserializeOwned + std::fmt::Debug + Send + Sync;
+    /// `oldObject` and `options`.
+    type Raw: DeserializeOwned + std::fmt::Debug + Send + Sync;
+}
+
+/// Every field of the request kept ([`Extras`]).
+#[derive(Debug)]
+pub struct Kept;
+
+impl Extras for Kept {
+    type User = UserInfo;
+    type Kind = GroupVersionKind;
+    type Resource = GroupVersionResource;
+    type Str = String;
+    type Raw = Box<RawValue>;
+}
+
+/// The request's other fields checked and not kept ([`Extras`]).
+#[derive(Debug)]
+pub struct Skipped;
+
+impl Extras for Skipped {
+    type User = checked::User;
+    type Kind = checked::Kind;
+    type Resource = checked::Resource;
+    type Str = checked::Str;
+    type Raw = IgnoredAny;
+}
+
+/// One admission request. `object` is read as `O` (raw JSON unless a handler names its view of
+/// it); `oldObject` and `options` stay raw JSON, and with [`Skipped`] they, `userInfo` and the
+/// requested kind and resource are checked and not kept.
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest<O = Box<RawValue>> {
+#[serde(bound(deserialize = "O: Deserialize<'de>"))]
+pub struct AdmissionRequest<O = Box<RawValue>, X: Extras = Kept> {
     /// Identifies this request; the response must carry it back.
     pub uid: String,
     /// The kind of the object, as the webhook is called for it.
@@ -118,14 +166,14 @@ pub struct AdmissionRequest<O = Box<RawValue>> {
     #[serde(default)]
     pub sub_resource: Option<String>,
     /// The kind the client asked for, when the API server converted it to `kind`.
-    #[serde(default)]
-    pub request_kind: Option<GroupVersionKind>,
+    #[serde(default = "none")]
+    pub request_kind: Option<X::Kind>,
     /// The resource the client asked for, when the API server converted it to `resource`.
-    #[serde(default)]
-    pub request_resource: Option<GroupVersionResource>,
+    #[serde(default = "none")]
+    pub request_resource: Option<X::Resource>,
     /// The subresource the client asked for.
-    #[serde(default)]
-    pub request_sub_resource: Option<String>,
+    #[serde(default = "none")]
+    pub request_sub_resource: Option<X::Str>,
     /// The object's name; absent when the server generates it.
     #[serde(default)]
     pub name: Option<String>,
@@ -136,115 +184,29 @@ pub struct AdmissionRequest<O = Box<RawValue>> {
     pub operation: Operation,
     /// Who made the request.
     #[serde(default)]
-    pub user_info: UserInfo,
+    pub user_info: X::User,
     /// The object as it would be admitted (raw JSON, or the handler's view); absent for DELETE.
     #[serde(default = "none")]
     pub object: Option<O>,
     /// The object before the change (raw JSON), for UPDATE and DELETE.
-    #[serde(default)]
-    pub old_object: Option<Box<RawValue>>,
+    #[serde(default = "none")]
+    pub old_object: Option<X::Raw>,
     /// Whether the request is a dry run (nothing is persisted).
     #[serde(default)]
     pub dry_run: Option<bool>,
     /// The operation's options, e.g. `CreateOptions` (raw JSON).
-    #[serde(default)]
-    pub options: Option<Box<RawValue>>,
+    #[serde(default = "none")]
+    pub options: Option<X::Raw>,
 }
 
-/// No object (the default of `object`, without asking `O` for a default).
+/// No value (the default of an optional field, without asking its type for a default).
 fn none<O>() -> Option<O> {
     None
 }
 
-/// A review read for a one-pass decision ([`super::one_pass`]).
-#[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase")]
-pub struct OnePassReview<O> {
-    /// The review's `apiVersion`; empty when absent.
-    #[serde(default)]
-    pub api_version: String,
-    /// The review's `kind`; empty when absent.
-    #[serde(default)]
-    pub kind: String,
-    /// The request.
-    pub request: Option<OnePassRequest<O>>,
-}
-
-/// What a one-pass decision ([`super::one_pass`]) keeps of a request: who and what it is
-/// about, and `object` read as the handler's view `O`. `userInfo`, `requestKind`,
-/// `requestResource`, `requestSubResource`, `oldObject` and `options` are read only as far as
-/// [`AdmissionRequest`] would accept or refuse them, and not kept: a body one of them makes
-/// malformed is refused here too (and then answered the usual way). A handler that needs them
-/// decides the usual way.
-#[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase")]
-pub struct OnePassRequest<O> {
-    /// Identifies this request; the response must carry it back.
-    pub uid: String,
-    /// The kind of the object, as the webhook is called for it.
-    pub kind: GroupVersionKind,
-    /// The resource, as the webhook is called for it.
-    pub resource: GroupVersionResource,
-    /// The subresource, e.g. `status` or `eviction`.
-    #[serde(default)]
-    pub sub_resource: Option<String>,
-    /// The object's name; absent when the server generates it.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// The object's namespace; absent for cluster-scoped objects.
-    #[serde(default)]
-    pub namespace: Option<String>,
-    /// The operation.
-    pub operation: Operation,
-    /// The object as the handler's view; absent for DELETE.
-    #[serde(default = "none")]
-    pub object: Option<O>,
-    /// Whether the request is a dry run (nothing is persisted).
-    #[serde(default)]
-    pub dry_run: Option<bool>,
-    #[serde(default, rename = "requestKind")]
-    _request_kind: Option<checked::Kind>,
-    #[serde(default, rename = "requestResource")]
-    _request_resource: Option<checked::Resource>,
-    #[serde(default, rename = "requestSubResource")]
-    _request_sub_resource: Option<checked::Str>,
-    #[serde(default, rename = "userInfo")]
-    _user_info: checked::User,
-    #[serde(default, rename = "oldObject")]
-    _old_object: Option<IgnoredAny>,
-    #[serde(default, rename = "options")]
-    _options: Option<IgnoredAny>,
-}
-
-/// A one-pass request after its decision, its object dropped: what the pipeline needs to answer.
-pub type RequestHead = OnePassRequest<IgnoredAny>;
-
-impl<O> OnePassRequest<O> {
-    /// The request without its object.
-    pub fn into_head(self) -> RequestHead {
-        OnePassRequest {
-            uid: self.uid,
-            kind: self.kind,
-            resource: self.resource,
-            sub_resource: self.sub_resource,
-            name: self.name,
-            namespace: self.namespace,
-            operation: self.operation,
-            object: None,
-            dry_run: self.dry_run,
-            _request_kind: None,
-            _request_resource: None,
-            _request_sub_resource: None,
-            _user_info: checked::User::default(),
-            _old_object: None,
-            _options: None,
-        }
-    }
-}
-
-/// Types that accept and refuse what [`AdmissionRequest`]'s fields of the same names do, and
-/// keep nothing (no allocation: a list of zero-sized items allocates nothing).
-mod checked {
+/// Types that accept and refuse what [`AdmissionRequest`]'s fields of the same names do with
+/// [`Kept`], and keep nothing (no allocation: a list of zero-sized items allocates nothing).
+pub mod checked {
     use serde::Deserialize;
     use serde::de::{Deserializer, MapAccess, Visitor};
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::Shape;
 use super::presence::{ClaimView, Merged, RecentWrites, Written};
 use super::rules::{ClaimsPolicy, Decision, NameClass, Rule, classify, decide};
-use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Kept, Operation};
 
 /// Counts the guard's decisions (the webhook's metrics, or nothing).
 pub trait ClaimsObserver: Send + Sync {
@@ -66,6 +66,10 @@ impl ClaimsGuard {
 }
 
 impl Handler for ClaimsGuard {
+    /// The object is read as raw JSON, every other field kept.
+    type Object = Box<serde_json::value::RawValue>;
+    type Extras = Kept;
+
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
         let decision = self.decide_at(request, Instant::now());
         self.observer.decided(decision.rule, decision.allowed);

@@ -8,7 +8,7 @@ use nodewarden_api::features::Feature;
 use super::cache::FeatureCaches;
 use super::rules::{review_feature, review_owned};
 use super::{Decision, FeaturesObserver};
-use crate::admission::{AdmissionRequest, AdmissionResponse, Handler};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Kept};
 
 /// The `/validate/features` handler.
 pub struct FeaturesGuard {
@@ -39,6 +39,10 @@ impl FeaturesGuard {
 }
 
 impl Handler for FeaturesGuard {
+    /// The object is read as raw JSON, every other field kept.
+    type Object = Box<serde_json::value::RawValue>;
+    type Extras = Kept;
+
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
         let (response, decision) =
             if request.kind.group == Feature::group(&()) && request.kind.kind == "Feature" {

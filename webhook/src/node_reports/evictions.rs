@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 
 use super::{NODE_NAME_EXTRA, NodeReportsPolicy, token_nodes};
-use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Kept, Operation};
 
 /// Path of the eviction guard.
 pub const ROUTE: &str = "/validate/evictions";
@@ -211,6 +211,10 @@ impl EvictionGuard {
 }
 
 impl Handler for EvictionGuard {
+    /// The object is read as raw JSON, every other field kept.
+    type Object = Box<serde_json::value::RawValue>;
+    type Extras = Kept;
+
     /// Without the API server: what the request alone decides; an eviction that needs the pod is
     /// denied (the router always calls [`Handler::review_async`], which reads it).
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {

@@ -22,7 +22,7 @@ pub mod evictions;
 use clap::Args;
 use nodewarden_api::domain::names::{ServiceAccountError, ServiceAccountName};
 
-use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Operation};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Kept, Operation};
 
 /// Path of the node-reports webhook.
 pub const ROUTE: &str = "/validate/node-reports";
@@ -190,6 +190,10 @@ pub fn decide(policy: &NodeReportsPolicy, request: &AdmissionRequest) -> Result<
 }
 
 impl Handler for NodeReportsGuard {
+    /// The object is read as raw JSON, every other field kept.
+    type Object = Box<serde_json::value::RawValue>;
+    type Extras = Kept;
+
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
         match decide(&self.policy, request) {
             Ok(()) => AdmissionResponse::allow(&request.uid),

@@ -10,10 +10,8 @@ use nodewarden_api::rightsizing::DaemonSetAutoscaler;
 
 use super::cache::{Prepared, RightsizingCache};
 use super::rules::{denial, validate_autoscaler};
-use super::view::{
-    MAX_CONTAINER_POLICIES, MAX_POD_CONTAINERS, MetaView, PodView, PoliciesCount, SpecView, target_node,
-};
-use crate::admission::{self, AdmissionRequest, AdmissionResponse, Handler, OnePass, Operation};
+use super::view::{MAX_CONTAINER_POLICIES, MAX_POD_CONTAINERS, PodView, PoliciesCount, target_node};
+use crate::admission::{AdmissionRequest, AdmissionResponse, Handler, Kept, Operation, Request, Skipped};
 
 /// Counts right-sizing decisions (bounded labels: reason and source).
 pub trait RightsizingObserver: Send + Sync + 'static {
@@ -56,15 +54,11 @@ impl PodMutator {
     }
 
     /// [`PodMutator::decide`] for a pod read as its view.
-    fn decide_view(&self, namespace: &str, metadata: &MetaView, spec: Option<SpecView>) -> Option<Decision> {
-        let daemonset = metadata.daemonset.as_deref()?;
+    fn decide_view(&self, namespace: &str, pod: &PodView) -> Option<Decision> {
+        let daemonset = pod.metadata.daemonset.as_deref()?;
         let prepared = self.index.prepared_for(namespace, daemonset)?;
-        let node = target_node(spec.as_ref());
-        let facts = sizing::PodFacts {
-            has_annotations: metadata.annotations.is_some(),
-            containers: spec.map(|s| s.containers).unwrap_or_default(),
-        };
-        Some(decide_with(&self.index, namespace, &prepared, node, &facts))
+        let node = target_node(pod.placement.as_ref());
+        Some(decide_with(&self.index, namespace, &prepared, node, &pod.facts))
     }
 }
 
@@ -111,7 +105,7 @@ impl PodMutator {
         &self,
         uid: &str,
         request_namespace: Option<&str>,
-        view: Result<PodView, String>,
+        view: Result<&PodView, String>,
     ) -> AdmissionResponse {
         let pod = match view {
             Ok(view) => view,
@@ -125,11 +119,10 @@ impl PodMutator {
                 return response;
             }
         };
-        let PodView { metadata, spec } = pod;
         let namespace = request_namespace
-            .or(metadata.namespace.as_deref())
+            .or(pod.metadata.namespace.as_deref())
             .unwrap_or_default();
-        let Some(decision) = self.decide_view(namespace, &metadata, spec) else {
+        let Some(decision) = self.decide_view(namespace, pod) else {
             return AdmissionResponse::allow(uid);
         };
         self.observer.decided(decision.reason, &decision.sources);
@@ -141,10 +134,12 @@ impl PodMutator {
         );
         AdmissionResponse::allow(uid).with_add_patch(decision.patch)
     }
-}
 
-impl Handler for PodMutator {
-    fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
+    /// The answer to a pod review decoded with its object raw: the pod's view read from it in a
+    /// second pass. The pipeline answers so a review whose pod does not read as [`PodView`]
+    /// ([`Handler::review_unreadable`]); for any other it gives the answer [`Handler::review`]
+    /// gives the review read in one pass (the tests and the fuzzer compare the two).
+    pub fn review_raw(&self, request: &AdmissionRequest) -> AdmissionResponse {
         if !is_pod_create(
             request.operation,
             &request.kind.kind,
@@ -152,31 +147,40 @@ impl Handler for PodMutator {
         ) {
             return AdmissionResponse::allow(&request.uid);
         }
-        self.review_pod(
-            &request.uid,
-            request.namespace.as_deref(),
-            request.object_as::<PodView>(),
-        )
+        let uid = &request.uid;
+        let namespace = request.namespace.as_deref();
+        match request.object_as::<PodView>() {
+            Ok(view) => self.review_pod(uid, namespace, Ok(&view)),
+            Err(err) => self.review_pod(uid, namespace, Err(err)),
+        }
+    }
+}
+
+/// The pod is read in the same pass as the envelope, as its view ([`PodView`]): the pod is most
+/// of a review's bytes, and it is read once instead of skipped raw and then read again. The
+/// request's other fields (`userInfo`, `oldObject`, …) are checked and not kept.
+impl Handler for PodMutator {
+    type Object = PodView;
+    type Extras = Skipped;
+
+    fn review(&self, request: &Request<Self>) -> AdmissionResponse {
+        if !is_pod_create(
+            request.operation,
+            &request.kind.kind,
+            request.sub_resource.as_deref(),
+        ) {
+            return AdmissionResponse::allow(&request.uid);
+        }
+        let view = request
+            .object
+            .as_ref()
+            .ok_or_else(|| "request.object is missing".to_string());
+        self.review_pod(&request.uid, request.namespace.as_deref(), view)
     }
 
-    /// The envelope and the pod's view read in one pass: the pod is most of a review's bytes,
-    /// and it is read once instead of skipped raw and then read again. Same answers as
-    /// [`Handler::review`].
-    fn review_one_pass(&self, body: &str) -> Option<OnePass> {
-        admission::one_pass::<PodView>(body, |request| {
-            if !is_pod_create(
-                request.operation,
-                &request.kind.kind,
-                request.sub_resource.as_deref(),
-            ) {
-                return AdmissionResponse::allow(&request.uid);
-            }
-            let view = request
-                .object
-                .take()
-                .ok_or_else(|| "request.object is missing".to_string());
-            self.review_pod(&request.uid, request.namespace.as_deref(), view)
-        })
+    /// A pod that does not read as its view: admitted unchanged, with a warning.
+    fn review_unreadable(&self, request: &AdmissionRequest) -> AdmissionResponse {
+        self.review_raw(request)
     }
 
     /// The pod webhook is registered with `failurePolicy: Ignore`: a fault admits the pod unchanged.
@@ -202,6 +206,9 @@ impl AutoscalerValidator {
 }
 
 impl Handler for AutoscalerValidator {
+    type Object = Box<serde_json::value::RawValue>;
+    type Extras = Kept;
+
     fn review(&self, request: &AdmissionRequest) -> AdmissionResponse {
         let uid = request.uid.as_str();
         if !matches!(request.operation, Operation::Create | Operation::Update) {

@@ -26,7 +26,7 @@ pub use cache::{Prepared, RightsizingCache};
 pub use guard::{AutoscalerValidator, PodMutator, RightsizingObserver};
 pub use nodewarden_api::domain::sizing::{Decision, Reason, Source, Targets};
 pub use rules::{MAX_PROBLEMS_NAMED, validate_autoscaler};
-pub use view::{MAX_CONTAINER_POLICIES, MAX_POD_CONTAINERS};
+pub use view::{MAX_CONTAINER_POLICIES, MAX_POD_CONTAINERS, PodView};
 
 /// Path of the pod mutation webhook.
 pub const MUTATE_ROUTE: &str = "/mutate/pods";

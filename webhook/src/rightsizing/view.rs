@@ -1,9 +1,9 @@
 //! The fields of a pod the `/mutate/pods` handler reads, decoded straight from the review's
-//! bytes (in the same pass as the AdmissionReview envelope, see [`Handler::review_one_pass`]), and
-//! the count of an autoscaler's container policies the `/validate/autoscalers` handler takes
-//! before reading the autoscaler whole.
+//! bytes (in the same pass as the AdmissionReview envelope: the handler declares [`PodView`] as
+//! its [`Handler::Object`]), and the count of an autoscaler's container policies the
+//! `/validate/autoscalers` handler takes before reading the autoscaler whole.
 //!
-//! [`Handler::review_one_pass`]: crate::admission::Handler::review_one_pass
+//! [`Handler::Object`]: crate::admission::Handler::Object
 
 use nodewarden_api::domain::rightsizing::is_controlling_daemonset;
 use nodewarden_api::domain::sizing::{self, Amounts, ContainerFacts, ResourceFacts};
@@ -16,11 +16,49 @@ use nodewarden_api::rightsizing::ResourceName;
 /// require (a container's `name`, a node selector's `nodeSelectorTerms`, a requirement's `key`
 /// and `operator`) are required here too, and a quantity must be a string.
 #[derive(serde::Deserialize)]
-pub(super) struct PodView {
-    #[serde(default)]
+#[serde(from = "PodRead")]
+pub struct PodView {
     pub(super) metadata: MetaView,
+    /// Where the pod goes (`nodeName`, the node affinity); `None` when it has no `spec`.
+    pub(super) placement: Option<Placement>,
+    /// What the decision reads of the pod, borrowed by it.
+    pub(super) facts: sizing::PodFacts,
+}
+
+/// A pod as read, before its facts are gathered into [`PodView`].
+#[derive(serde::Deserialize)]
+struct PodRead {
     #[serde(default)]
-    pub(super) spec: Option<SpecView>,
+    metadata: MetaView,
+    #[serde(default)]
+    spec: Option<SpecView>,
+}
+
+impl From<PodRead> for PodView {
+    fn from(PodRead { metadata, spec }: PodRead) -> Self {
+        let (placement, containers) = match spec {
+            Some(SpecView {
+                node_name,
+                affinity,
+                containers,
+            }) => (Some(Placement { node_name, affinity }), containers),
+            None => (None, Vec::new()),
+        };
+        PodView {
+            facts: sizing::PodFacts {
+                has_annotations: metadata.annotations.is_some(),
+                containers,
+            },
+            metadata,
+            placement,
+        }
+    }
+}
+
+/// Where a pod goes: the fields of its `spec` [`target_node`] reads.
+pub(super) struct Placement {
+    node_name: Option<String>,
+    affinity: Option<AffinityView>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -81,13 +119,13 @@ fn controlling_daemonset_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Op
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct SpecView {
+struct SpecView {
     #[serde(default)]
     node_name: Option<String>,
     #[serde(default)]
     affinity: Option<AffinityView>,
     #[serde(default, deserialize_with = "at_most_max_containers")]
-    pub(super) containers: Vec<ContainerFacts>,
+    containers: Vec<ContainerFacts>,
 }
 
 #[derive(serde::Deserialize)]
@@ -125,8 +163,8 @@ struct FieldView {
     values: Option<Vec<String>>,
 }
 
-/// The node a pod with `spec` is for ([`sizing::target_node`]).
-pub(super) fn target_node(spec: Option<&SpecView>) -> Result<String, String> {
+/// The node a pod placed so is for ([`sizing::target_node`]).
+pub(super) fn target_node(spec: Option<&Placement>) -> Result<String, String> {
     let spec = spec.ok_or(sizing::NO_SPEC)?;
     let terms = spec
         .affinity
@@ -336,7 +374,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::admission::{self, AdmissionResponse};
+    use crate::admission::{ReviewIn, Skipped};
 
     /// A DaemonSet pod's CREATE as the API server sent it (managed fields, tolerations, probes
     /// and all).
@@ -375,12 +413,12 @@ mod tests {
         );
         assert_eq!(view.metadata.daemonset.as_deref(), Some("node-agent"));
         assert_eq!(
-            target_node(view.spec.as_ref()).as_deref(),
+            target_node(view.placement.as_ref()).as_deref(),
             Ok("webhook-b8hcd8g-node-1")
         );
-        let spec = view.spec.expect("spec");
+        assert!(!view.facts.has_annotations);
         assert_eq!(
-            spec.containers,
+            view.facts.containers,
             vec![ContainerFacts {
                 name: "agent".to_string(),
                 resources: Some(ResourceFacts {
@@ -393,19 +431,19 @@ mod tests {
 
     #[test]
     fn the_one_pass_read_of_the_review_keeps_the_same_fields() {
-        let mut read = None;
-        let answered = admission::one_pass::<PodView>(REVIEW, |request| {
-            read = request.object.take();
-            AdmissionResponse::allow(&request.uid)
-        });
-        assert!(answered.is_some(), "the recorded review is read in one pass");
-        let view = read.expect("the pod is read as its view");
+        // as the pipeline reads it for the pod handler: envelope and view together
+        let review: ReviewIn<PodView, Skipped> =
+            serde_json::from_str(REVIEW).expect("the recorded review is read in one pass");
+        let view = review
+            .request
+            .and_then(|r| r.object)
+            .expect("the pod is read as its view");
         assert_eq!(view.metadata.daemonset.as_deref(), Some("node-agent"));
         assert_eq!(
-            target_node(view.spec.as_ref()).as_deref(),
+            target_node(view.placement.as_ref()).as_deref(),
             Ok("webhook-b8hcd8g-node-1")
         );
-        assert_eq!(view.spec.expect("spec").containers.len(), 1);
+        assert_eq!(view.facts.containers.len(), 1);
     }
 
     #[test]
@@ -428,15 +466,11 @@ mod tests {
             let view = view_of(&pod).expect("view");
             let typed: Pod = serde_json::from_value(pod.clone()).expect("pod");
             assert_eq!(
-                target_node(view.spec.as_ref()),
+                target_node(view.placement.as_ref()),
                 sizing::target_node(&typed),
                 "{pod}"
             );
-            assert_eq!(
-                view.spec.map(|s| s.containers).unwrap_or_default(),
-                sizing::PodFacts::of(&typed).containers,
-                "{pod}"
-            );
+            assert_eq!(view.facts, sizing::PodFacts::of(&typed), "{pod}");
         }
     }
 
@@ -452,6 +486,7 @@ mod tests {
         let view = view_of(&pod).expect("view");
         assert_eq!(view.metadata.daemonset.as_deref(), Some("controller"));
         assert!(view.metadata.annotations.is_some());
+        assert!(view.facts.has_annotations);
 
         pod["metadata"]["ownerReferences"] = Value::Null;
         assert_eq!(view_of(&pod).expect("view").metadata.daemonset, None);
@@ -469,14 +504,14 @@ mod tests {
             "requests": {"cpu": "not a quantity", "memory": "64Mi", "nvidia.com/gpu": "1"},
             "limits": {"ephemeral-storage": "1Gi"}
         });
-        let spec = view_of(&pod).expect("view").spec.expect("spec");
+        let facts = view_of(&pod).expect("view").facts;
         let mut requests = Amounts::default();
         requests.set(
             ResourceName::Memory,
             sizing::amount_of(ResourceName::Memory, "64Mi"),
         );
         assert_eq!(
-            spec.containers[0].resources,
+            facts.containers[0].resources,
             Some(ResourceFacts {
                 requests: Some(requests),
                 limits: Some(Amounts::default()),
@@ -548,7 +583,7 @@ mod tests {
         assert!(err.contains("more than 1000 containers"), "{err}");
         pod["spec"]["containers"].as_array_mut().expect("list").pop();
         assert_eq!(
-            view_of(&pod).expect("view").spec.expect("spec").containers.len(),
+            view_of(&pod).expect("view").facts.containers.len(),
             MAX_POD_CONTAINERS
         );
     }
