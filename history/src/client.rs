@@ -216,6 +216,8 @@ impl Prometheus {
         let step_ms = i64::try_from(step.as_millis()).unwrap_or(i64::MAX).max(1);
         let per_page = i64::try_from(self.limits.steps_per_page()).unwrap_or(i64::MAX);
         let mut joined: BTreeMap<BTreeMap<String, String>, Vec<(i64, f64)>> = BTreeMap::new();
+        // points gathered so far, against `max_points_per_read`
+        let mut held = 0usize;
         let mut page_start = start_ms;
         while page_start <= end_ms {
             let page_end = page_start
@@ -249,6 +251,13 @@ impl Prometheus {
                 });
             }
             for raw in data.result {
+                held = held.saturating_add(raw.values.0.len());
+                if held > self.limits.max_points_per_read {
+                    return Err(Error::TooManyPoints {
+                        query: query.to_string(),
+                        limit: self.limits.max_points_per_read,
+                    });
+                }
                 let points = joined.entry(raw.metric).or_default();
                 if points.is_empty() {
                     *points = raw.values.0;
@@ -507,6 +516,20 @@ mod tests {
             "{}",
             seen[1]
         );
+        drop(seen);
+        // two points a page: the third page goes over a limit of 5 points in all
+        let p = client(
+            &url,
+            Limits {
+                max_points_per_read: 5,
+                ..limits
+            },
+        );
+        let err = p
+            .query_range("up", 60_000, 60_000 * 30, Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::TooManyPoints { limit: 5, .. }), "{err:?}");
     }
 
     #[tokio::test]

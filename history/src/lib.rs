@@ -59,6 +59,10 @@ pub struct Limits {
     pub max_points_per_query: usize,
     /// Most bytes of one answer (256 MiB).
     pub max_response_bytes: usize,
+    /// Most points one [`Prometheus::query_range`] may gather over all its pages: what it holds
+    /// at its end, 16 bytes a point. Unbounded by default (the report: `max_series` series of the
+    /// window's steps); the agent's seeding bounds it so that a long window fits its memory.
+    pub max_points_per_read: usize,
 }
 
 impl Default for Limits {
@@ -69,6 +73,7 @@ impl Default for Limits {
             max_series: 2_000,
             max_points_per_query: 2_000_000,
             max_response_bytes: 256 << 20,
+            max_points_per_read: usize::MAX,
         }
     }
 }
@@ -170,6 +175,16 @@ pub enum Error {
         /// The query.
         query: String,
         /// The limit, in bytes.
+        limit: usize,
+    },
+    /// More points over all pages of one query than [`Limits::max_points_per_read`].
+    #[error(
+        "the query {query} returned more than {limit} points over the window; narrow it or shorten --window"
+    )]
+    TooManyPoints {
+        /// The query.
+        query: String,
+        /// The limit.
         limit: usize,
     },
     /// More series than [`Limits::max_series`].

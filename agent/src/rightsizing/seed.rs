@@ -56,15 +56,26 @@ pub const MAX_SERIES: usize = 24;
 /// `--history-max-series` series fits the size limit.
 pub const ANSWER_BYTES_PER_POINT: usize = 48;
 
+/// Steps of the window [`max_points_per_read`] is measured in: 8 days at [`RESOLUTION`].
+pub const STEPS_PER_SERIES: usize = 8 * 24 * 60;
+
+/// The most points one query of a read may gather: `max_series` series of 8 days at 1 minute,
+/// whatever `--history-window` says (a longer window holds fewer series in the same memory).
+pub fn max_points_per_read(max_series: usize) -> usize {
+    max_series.saturating_mul(STEPS_PER_SERIES)
+}
+
 /// The reader's limits of the agent: `max_series` series and `max_answer_bytes` bytes per
 /// answer, pages short enough that every answer of `max_series` series fits in
-/// `max_answer_bytes` (at [`ANSWER_BYTES_PER_POINT`]), `timeout` per query.
+/// `max_answer_bytes` (at [`ANSWER_BYTES_PER_POINT`]), at most [`max_points_per_read`] points
+/// gathered per query, `timeout` per query.
 pub fn limits(timeout: Duration, max_series: usize, max_answer_bytes: usize) -> Limits {
     Limits {
         query_timeout: timeout,
         max_series,
         max_response_bytes: max_answer_bytes,
         max_points_per_query: (max_answer_bytes / ANSWER_BYTES_PER_POINT).max(1),
+        max_points_per_read: max_points_per_read(max_series),
         ..Limits::default()
     }
 }
@@ -198,6 +209,7 @@ pub fn transient(err: &Error) -> bool {
         | Error::File { .. }
         | Error::Unauthorized { .. }
         | Error::TooLarge { .. }
+        | Error::TooManyPoints { .. }
         | Error::TooManySeries { .. }
         | Error::MissingSeries { .. } => false,
     }
@@ -356,7 +368,16 @@ pub async fn seed(
         Ok(Err(err)) => Err(match err {
             Error::TooLarge { url, query, limit } => SeedError::Limit(format!(
                 "Prometheus at {url} sent an answer larger than the agent's limit of {limit} bytes \
-                 (--history-max-answer-size, chart agent.history.maxAnswerSize; {RAISE}) to the query {query}"
+                 (--history-max-answer-size, chart agent.history.maxAnswerSize; pages are cut so that \
+                 {series} series fit, more series than --history-max-series make it larger; {RAISE}) to the \
+                 query {query}",
+                series = config.limits.max_series,
+            )),
+            Error::TooManyPoints { query, limit } => SeedError::Limit(format!(
+                "Prometheus answered more than the agent's limit of {limit} points over the window \
+                 ({} series of 8 days at 1 minute: --history-max-series, chart agent.history.maxSeries; \
+                 a longer --history-window holds fewer series; {RAISE}) to the query {query}",
+                config.limits.max_series,
             )),
             Error::TooManySeries { query, count, limit } => SeedError::Limit(format!(
                 "Prometheus answered {count} series, more than the agent's limit of {limit} \
