@@ -538,7 +538,7 @@ mod tests {
         assert_eq!(l.max_response_bytes, 4 << 20);
         assert_eq!(l.max_series, crate::rightsizing::seed::MAX_SERIES);
         // a query gathers at most that many series of 8 days at 1 minute, whatever the window
-        assert_eq!(l.max_points_per_read, l.max_series * 8 * 24 * 60);
+        assert_eq!(l.max_points_per_read, l.max_series * (8 * 24 * 60 + 1));
         let page = l.steps_per_page();
         assert!(
             l.max_series * page * crate::rightsizing::seed::ANSWER_BYTES_PER_POINT <= l.max_response_bytes,

@@ -508,15 +508,16 @@ mod tests {
         // the same points in every page: joined, NaN left out
         assert_eq!(series[0].points, vec![(60_000, 1.5), (180_000, 2.0)]);
         assert_eq!(p.largest_answer(), MATRIX.len());
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.len(), 3, "{seen:?}");
-        assert!(seen[0].starts_with("POST /api/v1/query_range "), "{}", seen[0]);
-        assert!(
-            seen[1].contains("start=660.000&end=1200.000&step=60.000"),
-            "{}",
-            seen[1]
-        );
-        drop(seen);
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 3, "{seen:?}");
+            assert!(seen[0].starts_with("POST /api/v1/query_range "), "{}", seen[0]);
+            assert!(
+                seen[1].contains("start=660.000&end=1200.000&step=60.000"),
+                "{}",
+                seen[1]
+            );
+        }
         // two points a page: the third page goes over a limit of 5 points in all
         let p = client(
             &url,

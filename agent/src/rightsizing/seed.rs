@@ -56,8 +56,9 @@ pub const MAX_SERIES: usize = 24;
 /// `--history-max-series` series fits the size limit.
 pub const ANSWER_BYTES_PER_POINT: usize = 48;
 
-/// Steps of the window [`max_points_per_read`] is measured in: 8 days at [`RESOLUTION`].
-pub const STEPS_PER_SERIES: usize = 8 * 24 * 60;
+/// Points of a series over the window [`max_points_per_read`] is measured in: 8 days at
+/// [`RESOLUTION`], both ends included.
+pub const STEPS_PER_SERIES: usize = 8 * 24 * 60 + 1;
 
 /// The most points one query of a read may gather: `max_series` series of 8 days at 1 minute,
 /// whatever `--history-window` says (a longer window holds fewer series in the same memory).
