@@ -111,7 +111,7 @@ impl App {
         readiness.set(READY_NOT_TERMINATING, true);
 
         let claims = ClaimsCache::new(ClaimsCacheOptions {
-            discovery_interval: config.claims_discovery_interval,
+            discovery_interval: config.claims.claims_discovery_interval,
         });
         let rightsizing = RightsizingCache::new();
         let features = FeatureCaches::new();
@@ -120,7 +120,7 @@ impl App {
         let handlers = Handlers {
             features: Arc::new(FeaturesGuard::new(features.clone()).with_observer(metrics.clone())),
             claims: Arc::new(ClaimsGuard::new(
-                config.claims_policy(),
+                config.claims.policy(),
                 claims.claims(),
                 metrics.clone(),
             )),
@@ -337,19 +337,21 @@ impl App {
         let config = &self.config;
         let mut tasks = vec![rightsizing::controller::task(
             self.rightsizing.clone(),
-            config.rightsizing_status_interval,
+            config.rightsizing.rightsizing_status_interval,
             Some(self.metrics.clone()),
         )];
-        if config.claims_initialize_id {
-            tasks.push(claims::initializer::task(config.claims_initialize_interval));
+        if config.claims.claims_initialize_id {
+            tasks.push(claims::initializer::task(
+                config.claims.claims_initialize_interval,
+            ));
         }
-        if config.features_controller {
+        if config.features.features_controller {
             tasks.push(features::controller::task(
                 self.features.clone(),
                 features::controller::FeaturesOptions {
-                    clear_page_size: config.features_clear_page_size,
-                    clear_rate: config.features_clear_rate,
-                    resync_interval: config.features_resync_interval,
+                    clear_page_size: config.features.features_clear_page_size,
+                    clear_rate: config.features.features_clear_rate,
+                    resync_interval: config.features.features_resync_interval,
                 },
                 Some(self.metrics.clone()),
                 Some(self.metrics.clone()),

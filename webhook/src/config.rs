@@ -4,13 +4,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 use nodewarden_runtime::duration::{parse_duration, parse_interval};
 use nodewarden_runtime::telemetry::LogFormat;
 
 use crate::certificates::CertArgs;
-use crate::claims::{ClaimsPolicy, Principals, ServiceAccountName};
+use crate::claims::ServiceAccountName;
 use crate::node_reports::NodeReportsArgs;
 
 /// The command line and environment of `nodewarden-webhook`.
@@ -168,43 +168,9 @@ pub struct Config {
     #[arg(long, env = "NODEWARDEN_POD_NAME")]
     pub pod_name: Option<String>,
 
-    /// Users allowed to write reserved claims (`*.k8s.io`, `*.kubernetes.io`), comma-separated.
-    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_USERS", value_delimiter = ',')]
-    pub claims_allowed_users: Vec<String>,
-
-    /// Groups allowed to write reserved claims, comma-separated.
-    #[arg(
-        long,
-        env = "NODEWARDEN_CLAIMS_ALLOWED_GROUPS",
-        value_delimiter = ',',
-        default_value = "system:masters"
-    )]
-    pub claims_allowed_groups: Vec<String>,
-
-    /// Service accounts allowed to write reserved claims, comma-separated, each
-    /// `namespace:name` or `system:serviceaccount:namespace:name`.
-    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS", value_delimiter = ',', value_parser = parse_service_account)]
-    pub claims_allowed_service_accounts: Vec<Option<ServiceAccountName>>,
-
-    /// Accept an RFC 1123 DNS subdomain (under 128 characters) as the value of
-    /// `cluster.clusterset.k8s.io`, as the published standard permits; otherwise it must be a
-    /// DNS label like `id.k8s.io`.
-    #[arg(long, env = "NODEWARDEN_CLAIMS_ID_SUBDOMAIN", action = ArgAction::Set, default_value_t = false)]
-    pub claims_id_subdomain: bool,
-
-    /// How often to look for claim APIs (about.k8s.io ClusterProperty, Open Cluster Management
-    /// ClusterClaim) installed after start-up.
-    #[arg(long, env = "NODEWARDEN_CLAIMS_DISCOVERY_INTERVAL", default_value = "1m", value_parser = parse_interval)]
-    pub claims_discovery_interval: Duration,
-
-    /// Let the leader create `id.k8s.io` with the kube-system namespace UID when no ID claim
-    /// exists (never overwrites one).
-    #[arg(long, env = "NODEWARDEN_CLAIMS_INITIALIZE_ID", action = ArgAction::Set, default_value_t = false)]
-    pub claims_initialize_id: bool,
-
-    /// How often the ID initializer checks that an ID claim exists.
-    #[arg(long, env = "NODEWARDEN_CLAIMS_INITIALIZE_INTERVAL", default_value = "1m", value_parser = parse_interval)]
-    pub claims_initialize_interval: Duration,
+    /// The claims guard and the ID initializer.
+    #[command(flatten)]
+    pub claims: crate::claims::ClaimsArgs,
 
     /// Who may write NodeRecommendation and NodeFeatureReport objects.
     #[command(flatten)]
@@ -214,28 +180,13 @@ pub struct Config {
     #[command(flatten)]
     pub certs: CertArgs,
 
-    /// How often the leader recomputes every DaemonSetAutoscaler's status (nodes with a
-    /// recommendation, fleet figure, conditions).
-    #[arg(long, env = "NODEWARDEN_RIGHTSIZING_STATUS_INTERVAL", default_value = "15s", value_parser = parse_interval)]
-    pub rightsizing_status_interval: Duration,
+    /// Right-sizing's status controller.
+    #[command(flatten)]
+    pub rightsizing: crate::rightsizing::RightsizingArgs,
 
-    /// Run the Feature lifecycle controller in the leader (transitions, uses, ClearField).
-    #[arg(long, env = "NODEWARDEN_FEATURES_CONTROLLER", action = ArgAction::Set, default_value_t = true)]
-    pub features_controller: bool,
-
-    /// Objects per list page of a Feature's ClearField task.
-    #[arg(long, env = "NODEWARDEN_FEATURES_CLEAR_PAGE_SIZE", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(1..=5000))]
-    pub features_clear_page_size: u32,
-
-    /// Most objects per second a ClearField task patches.
-    #[arg(long, env = "NODEWARDEN_FEATURES_CLEAR_RATE", default_value_t = 50,
-          value_parser = clap::value_parser!(u32).range(1..=10000))]
-    pub features_clear_rate: u32,
-
-    /// How often the leader looks at every Feature, besides when a Feature or report changes.
-    #[arg(long, env = "NODEWARDEN_FEATURES_RESYNC_INTERVAL", default_value = "10s", value_parser = parse_interval)]
-    pub features_resync_interval: Duration,
+    /// The Feature lifecycle controller.
+    #[command(flatten)]
+    pub features: crate::features::FeaturesArgs,
 }
 
 /// What `nodewarden-webhook <command>` does instead of serving.
@@ -300,22 +251,10 @@ impl Config {
             })
             .transpose()
     }
-
-    /// The claims guard's settings from the flags.
-    pub fn claims_policy(&self) -> ClaimsPolicy {
-        ClaimsPolicy {
-            principals: Principals::new(
-                self.claims_allowed_users.iter().cloned(),
-                self.claims_allowed_groups.iter().cloned(),
-                self.claims_allowed_service_accounts.iter().flatten().cloned(),
-            ),
-            id_subdomain: self.claims_id_subdomain,
-        }
-    }
 }
 
 /// A service account, or nothing for an empty entry (an empty list in an environment variable).
-fn parse_service_account(s: &str) -> Result<Option<ServiceAccountName>, String> {
+pub(crate) fn parse_service_account(s: &str) -> Result<Option<ServiceAccountName>, String> {
     if s.trim().is_empty() {
         return Ok(None);
     }
@@ -401,7 +340,7 @@ mod tests {
             "true",
         ])
         .expect("parses");
-        let policy = c.claims_policy();
+        let policy = c.claims.policy();
         assert!(policy.id_subdomain);
         let user = |name: &str, groups: &[&str]| UserInfo {
             username: name.to_string(),
@@ -428,10 +367,11 @@ mod tests {
         assert!(!policy.principals.allows(&user("", &[])));
 
         let defaults = Config::try_parse_from(["nodewarden-webhook"]).expect("defaults parse");
-        assert!(!defaults.claims_id_subdomain && !defaults.claims_initialize_id);
+        assert!(!defaults.claims.claims_id_subdomain && !defaults.claims.claims_initialize_id);
         assert!(
             !defaults
-                .claims_policy()
+                .claims
+                .policy()
                 .principals
                 .allows(&user("alice", &["developers"]))
         );

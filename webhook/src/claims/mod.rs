@@ -67,6 +67,62 @@ pub const MAX_SUBDOMAIN_ID_CHARS: usize = 127;
 /// How much of a value a message quotes.
 const QUOTE_CHARS: usize = 64;
 
+/// Flags of the claims guard and the ID initializer.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClaimsArgs {
+    /// Users allowed to write reserved claims (`*.k8s.io`, `*.kubernetes.io`), comma-separated.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_USERS", value_delimiter = ',')]
+    pub claims_allowed_users: Vec<String>,
+
+    /// Groups allowed to write reserved claims, comma-separated.
+    #[arg(
+        long,
+        env = "NODEWARDEN_CLAIMS_ALLOWED_GROUPS",
+        value_delimiter = ',',
+        default_value = "system:masters"
+    )]
+    pub claims_allowed_groups: Vec<String>,
+
+    /// Service accounts allowed to write reserved claims, comma-separated, each
+    /// `namespace:name` or `system:serviceaccount:namespace:name`.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS", value_delimiter = ',', value_parser = crate::config::parse_service_account)]
+    pub claims_allowed_service_accounts: Vec<Option<nodewarden_api::domain::names::ServiceAccountName>>,
+
+    /// Accept an RFC 1123 DNS subdomain (under 128 characters) as the value of
+    /// `cluster.clusterset.k8s.io`, as the published standard permits; otherwise it must be a
+    /// DNS label like `id.k8s.io`.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_ID_SUBDOMAIN", action = clap::ArgAction::Set, default_value_t = false)]
+    pub claims_id_subdomain: bool,
+
+    /// How often to look for claim APIs (about.k8s.io ClusterProperty, Open Cluster Management
+    /// ClusterClaim) installed after start-up.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_DISCOVERY_INTERVAL", default_value = "1m", value_parser = nodewarden_runtime::duration::parse_interval)]
+    pub claims_discovery_interval: std::time::Duration,
+
+    /// Let the leader create `id.k8s.io` with the kube-system namespace UID when no ID claim
+    /// exists (never overwrites one).
+    #[arg(long, env = "NODEWARDEN_CLAIMS_INITIALIZE_ID", action = clap::ArgAction::Set, default_value_t = false)]
+    pub claims_initialize_id: bool,
+
+    /// How often the ID initializer checks that an ID claim exists.
+    #[arg(long, env = "NODEWARDEN_CLAIMS_INITIALIZE_INTERVAL", default_value = "1m", value_parser = nodewarden_runtime::duration::parse_interval)]
+    pub claims_initialize_interval: std::time::Duration,
+}
+
+impl ClaimsArgs {
+    /// The claims guard's settings from the flags.
+    pub fn policy(&self) -> ClaimsPolicy {
+        ClaimsPolicy {
+            principals: Principals::new(
+                self.claims_allowed_users.iter().cloned(),
+                self.claims_allowed_groups.iter().cloned(),
+                self.claims_allowed_service_accounts.iter().flatten().cloned(),
+            ),
+            id_subdomain: self.claims_id_subdomain,
+        }
+    }
+}
+
 /// The three APIs that carry claims, all cluster-scoped with the value at `spec.value`. Each is a
 /// set of claims of its own: the cross-object rules only look at claims of the same shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -42,6 +42,28 @@ pub const ROUTE: &str = "/validate/features";
 /// Longest warning sent back (the API server truncates longer ones).
 pub const MAX_WARNING: usize = 119;
 
+/// Flags of the Feature lifecycle controller.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FeaturesArgs {
+    /// Run the Feature lifecycle controller in the leader (transitions, uses, ClearField).
+    #[arg(long, env = "NODEWARDEN_FEATURES_CONTROLLER", action = clap::ArgAction::Set, default_value_t = true)]
+    pub features_controller: bool,
+
+    /// Objects per list page of a Feature's ClearField task.
+    #[arg(long, env = "NODEWARDEN_FEATURES_CLEAR_PAGE_SIZE", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=5000))]
+    pub features_clear_page_size: u32,
+
+    /// Most objects per second a ClearField task patches.
+    #[arg(long, env = "NODEWARDEN_FEATURES_CLEAR_RATE", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub features_clear_rate: u32,
+
+    /// How often the leader looks at every Feature, besides when a Feature or report changes.
+    #[arg(long, env = "NODEWARDEN_FEATURES_RESYNC_INTERVAL", default_value = "10s", value_parser = nodewarden_runtime::duration::parse_interval)]
+    pub features_resync_interval: std::time::Duration,
+}
+
 /// How the guard decided, as counted in `nodewarden_features_decisions_total{outcome}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {

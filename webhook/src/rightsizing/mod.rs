@@ -32,3 +32,12 @@ pub use view::{MAX_CONTAINER_POLICIES, MAX_POD_CONTAINERS, PodView};
 pub const MUTATE_ROUTE: &str = "/mutate/pods";
 /// Path of the autoscaler validation webhook.
 pub const VALIDATE_ROUTE: &str = "/validate/autoscalers";
+
+/// Flags of right-sizing (the status controller the leader runs).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RightsizingArgs {
+    /// How often the leader recomputes every DaemonSetAutoscaler's status (nodes with a
+    /// recommendation, fleet figure, conditions).
+    #[arg(long, env = "NODEWARDEN_RIGHTSIZING_STATUS_INTERVAL", default_value = "15s", value_parser = nodewarden_runtime::duration::parse_interval)]
+    pub rightsizing_status_interval: std::time::Duration,
+}
