@@ -22,9 +22,17 @@
 //! 4. With Prometheus unreachable, the agent starts empty within its budget and publishes from
 //!    live samples: no crash, no wait beyond the budget; a Warning Event on the Node says why:
 //!    the budget spent, and the last error seen (the refused connection).
+//! 5. With a Prometheus whose answer is larger than the agent's limit (a stand-in at the I/O
+//!    edge: a loopback server streaming a 1 GiB matrix, as a misconfigured or hostile one could),
+//!    the agent refuses it as it arrives (it takes a few MiB of it, not the gigabyte it would
+//!    need memory for), is not retried, stays up, starts empty and publishes live figures; the
+//!    Node gets the `HistorySeedFailed` Warning Event naming the limit, its flag and chart value,
+//!    and `/metrics` says `nodewarden_agent_history_seed{outcome="failed"}`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
@@ -123,11 +131,12 @@ fn agent_config(node: &str, dir: &Path, extra: &[&str]) -> Result<Config> {
         cgroup.to_str().unwrap_or_default(),
         "--checkpoint-dir",
         checkpoint.to_str().unwrap_or_default(),
-        "--admin-addr",
-        "127.0.0.1:0",
         "--log-format",
         "text",
     ];
+    if !extra.contains(&"--admin-addr") {
+        args.extend_from_slice(&["--admin-addr", "127.0.0.1:0"]);
+    }
     if !extra.contains(&"--sample-interval") {
         // one tick a minute: the first (published at once) is the one compared
         args.extend_from_slice(&["--sample-interval", "1m"]);
@@ -156,6 +165,18 @@ async fn first_recommendation(
     node: &str,
     config: Config,
 ) -> Result<(NodeRecommendation, Duration)> {
+    let (rec, took, _) = first_recommendation_and_metrics(env, node, config, None).await?;
+    Ok((rec, took))
+}
+
+/// [`first_recommendation`], and the agent's `/metrics` read on `admin_port` once it has
+/// published (while it still runs).
+async fn first_recommendation_and_metrics(
+    env: &TestEnv,
+    node: &str,
+    config: Config,
+    admin_port: Option<u16>,
+) -> Result<(NodeRecommendation, Duration, String)> {
     let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
     if recs.get_opt(node).await?.is_some() {
         recs.delete(node, &Default::default()).await?;
@@ -188,10 +209,65 @@ async fn first_recommendation(
         })
         .await;
     let took = started.elapsed();
+    let metrics = match (admin_port, &rec) {
+        (Some(port), Ok(_)) => nodewarden_tests::webhooks::http_get(port, "/metrics").await?.1,
+        _ => String::new(),
+    };
     ensure!(!agent.is_finished(), "the agent stopped: {:?}", agent.await);
     stop.cancel();
     agent.await??;
-    Ok((rec?, took))
+    Ok((rec?, took, metrics))
+}
+
+/// The size of the matrix [`oversized_prometheus`] offers: far more than an agent's memory.
+const OVERSIZED_BODY: usize = 1 << 30;
+
+/// A stand-in for a Prometheus that answers too much: a loopback server that answers every
+/// request with `200 OK` and a matrix of [`OVERSIZED_BODY`] bytes, written as fast as the client
+/// takes it; its URL and the body bytes clients took.
+async fn oversized_prometheus() -> Result<(String, Arc<AtomicUsize>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let taken = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let taken = taken.clone();
+            tokio::spawn(async move {
+                // the request (its head and form come in one read from this client)
+                let mut request = vec![0u8; 64 * 1024];
+                if stream.read(&mut request).await.is_err() {
+                    return;
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {OVERSIZED_BODY}\r\n\r\n"
+                );
+                let start = r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"pod":"p"},"values":["#;
+                if stream
+                    .write_all(format!("{head}{start}").as_bytes())
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let chunk = r#"[1700000000,"0.123456789"],"#.repeat(4096);
+                let mut body = start.len();
+                while body + chunk.len() < OVERSIZED_BODY {
+                    if stream.write_all(chunk.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    body += chunk.len();
+                    taken.fetch_add(chunk.len(), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    Ok((url, sent))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// (millicores, bytes) of a figure of the NodeRecommendation.
@@ -486,6 +562,66 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
             "seeding from Prometheus failed".to_string(),
             "longer than the budget of 5s".to_string(),
             format!("the last error: cannot reach Prometheus at {url}"),
+        ];
+        ensure!(
+            notes.iter().any(|n| want.iter().all(|w| n.contains(w.as_str()))),
+            "no HistorySeedFailed Event on the Node naming {want:?}: {notes:?}"
+        );
+
+        // 5. a Prometheus answering more than the agent's limit (the default, 4 MiB): refused as it
+        // arrives, not retried; the agent stays up, starts empty, publishes live, and says why
+        let (big_url, taken) = oversized_prometheus().await?;
+        let big = tempfile::tempdir()?;
+        cgroup_tree(big.path(), &pod_uid)?;
+        let admin = free_port()?;
+        let admin_addr = format!("127.0.0.1:{admin}");
+        let config = agent_config(
+            &node,
+            big.path(),
+            &["--history-prometheus-url", &big_url, "--admin-addr", &admin_addr],
+        )?;
+        let (rec, took, metrics) = first_recommendation_and_metrics(&env, &node, config, Some(admin)).await?;
+        let taken = taken.load(Ordering::Relaxed);
+        eprintln!(
+            "history_seed: agent with an oversized answer published in {:.1}s, took {:.1} MiB of the {} MiB answer",
+            took.as_secs_f64(),
+            taken as f64 / MIB,
+            OVERSIZED_BODY >> 20
+        );
+        // the budget (2 minutes) is not waited for: an answer over the limit is not retried
+        ensure!(took < Duration::from_secs(30), "published after {took:?}");
+        ensure!(rec.spec.recommendations[0].sample_count < 10, "{:?}", rec.spec);
+        // what it read of the answer: the limit and what the sockets buffer, far below the
+        // chart's 64 MiB memory limit
+        ensure!(
+            taken < 48 << 20,
+            "the agent took {taken} bytes of a {OVERSIZED_BODY}-byte answer"
+        );
+        ensure!(
+            metrics.contains("nodewarden_agent_history_seed{outcome=\"failed\"} 1"),
+            "/metrics does not say the seeding failed:\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("history_seed"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let notes: Vec<String> = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("HistorySeedFailed")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
+            })
+            .filter_map(|e| e.note)
+            .collect();
+        let want = [
+            format!("Prometheus at {big_url} sent an answer larger than the agent's limit of 4194304 bytes"),
+            "--history-max-answer-size, chart agent.history.maxAnswerSize".to_string(),
+            "agent.resources.limits.memory".to_string(),
         ];
         ensure!(
             notes.iter().any(|n| want.iter().all(|w| n.contains(w.as_str()))),
