@@ -52,7 +52,7 @@ pub fn now_ms() -> i64 {
 
 /// Runs the agent with the in-cluster (or kubeconfig) client until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
+    cgroup::Hierarchy::detect(&config.rightsizing.cgroup_root, config.rightsizing.cgroup_version)?;
     let kube = nodewarden_runtime::client::kube_config(None).await?;
     run_with_kube_config(config, kube, shutdown).await
 }
@@ -72,9 +72,9 @@ pub async fn run_with_kube_config(
 /// Loads the checkpoint into `sampler`, logging what happened: whether there was one to resume.
 fn restore(sampler: &mut Sampler, config: &Config) -> bool {
     let now_secs = u64::try_from(now_ms() / 1000).unwrap_or(0);
-    match checkpoint::load(&config.checkpoint_dir, &config.node_name, now_secs) {
+    match checkpoint::load(&config.rightsizing.checkpoint_dir, &config.node_name, now_secs) {
         Loaded::Missing => {
-            tracing::info!(dir = %config.checkpoint_dir.display(), "no checkpoint; starting without history");
+            tracing::info!(dir = %config.rightsizing.checkpoint_dir.display(), "no checkpoint; starting without history");
             false
         }
         Loaded::Found(c) => {
@@ -114,7 +114,7 @@ async fn seed_from_history(
     estimator: &rightsizing::recommender::EstimatorConfig,
     metrics: &Metrics,
 ) {
-    let Some(seed) = config.history.seed() else {
+    let Some(seed) = config.rightsizing.history.seed() else {
         return;
     };
     let fresh: Vec<pods::Target> = targets
@@ -233,18 +233,19 @@ pub async fn run_with_clients(
     evictions: Client,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let hierarchy = cgroup::Hierarchy::detect(&config.cgroup_root, config.cgroup_version)?;
-    let estimator = config.estimator.estimator()?;
+    let hierarchy =
+        cgroup::Hierarchy::detect(&config.rightsizing.cgroup_root, config.rightsizing.cgroup_version)?;
+    let estimator = config.rightsizing.estimator.estimator()?;
     let sampler_estimator = estimator.clone();
-    if let Err(err) = std::fs::create_dir_all(&config.checkpoint_dir) {
-        tracing::warn!(dir = %config.checkpoint_dir.display(), error = %err, "cannot create the checkpoint folder; history will not survive a restart");
+    if let Err(err) = std::fs::create_dir_all(&config.rightsizing.checkpoint_dir) {
+        tracing::warn!(dir = %config.rightsizing.checkpoint_dir.display(), error = %err, "cannot create the checkpoint folder; history will not survive a restart");
     }
     let metrics = Arc::new(Metrics::new());
     let mut sampler = Sampler::new(
         config.node_name.clone(),
         hierarchy.clone(),
         sampler_estimator,
-        config.publish(),
+        config.rightsizing.publish(),
         metrics.clone(),
     );
     let resumed = restore(&mut sampler, &config);
@@ -277,7 +278,7 @@ pub async fn run_with_clients(
         client.clone(),
         evictions,
         config.node_name.clone(),
-        config.update.clone(),
+        config.rightsizing.update.clone(),
         metrics.clone(),
     )
     .reporting_to(pods_tx);
@@ -319,14 +320,14 @@ pub async fn run_with_clients(
     }
     tracing::info!("caches synced; measuring");
     // containers first seen later: seeded off this loop, once each (docs/history.md)
-    let mut later = config.history.seed().map(|seed| {
+    let mut later = config.rightsizing.history.seed().map(|seed| {
         let mut later =
             rightsizing::seed_later::SeedLater::new(seed, config.node_name.clone(), estimator.clone());
         later.mark_seen(targets.iter().map(|t| &t.key));
         later
     });
 
-    let mut ticker = tokio::time::interval(config.sample_interval);
+    let mut ticker = tokio::time::interval(config.rightsizing.sample_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_checkpoint = Instant::now();
     loop {
@@ -334,7 +335,7 @@ pub async fn run_with_clients(
             _ = shutdown.cancelled() => break,
             _ = ticker.tick() => {}
             finished = seed_finished(&mut later) => {
-                let url = config.history.history_prometheus_url.clone().unwrap_or_default();
+                let url = config.rightsizing.history.history_prometheus_url.clone().unwrap_or_default();
                 let note = take_seeded(&mut sampler, &url, finished.keys.len(), finished.outcome, finished.took, &metrics);
                 if let Some(note) = note {
                     // not awaited: the Event's write must not hold the sampling back
@@ -374,7 +375,7 @@ pub async fn run_with_clients(
             );
             desired_tx.send_replace(Some(Arc::new(spec)));
         }
-        if last_checkpoint.elapsed() >= config.checkpoint_interval {
+        if last_checkpoint.elapsed() >= config.rightsizing.checkpoint_interval {
             write_checkpoint(&sampler, &config, &metrics);
             last_checkpoint = Instant::now();
         }
@@ -394,7 +395,7 @@ pub async fn run_with_clients(
 }
 
 fn write_checkpoint(sampler: &Sampler, config: &Config, metrics: &Metrics) {
-    match checkpoint::save(&config.checkpoint_dir, &sampler.checkpoint(now_ms())) {
+    match checkpoint::save(&config.rightsizing.checkpoint_dir, &sampler.checkpoint(now_ms())) {
         Ok(()) => metrics.checkpoint(true),
         Err(err) => {
             metrics.checkpoint(false);

@@ -172,6 +172,7 @@ async fn seed_once(args: &Args, url: &str) -> Result<()> {
     ];
     argv.extend(args.agent_args.split_whitespace());
     let config = Config::try_from_args(argv)?
+        .rightsizing
         .history
         .seed()
         .context("no seeding configured")?;

@@ -1,6 +1,8 @@
 //! Per-node right-sizing on the node: measures the autoscaled DaemonSet containers of this node,
 //! recommends their requests with the VPA estimator, publishes `NodeRecommendation/<node>`, and
 //! makes running pods follow those figures. Pure logic apart from I/O:
+//! - [`args`]: its flags, [`RightsizingArgs`](args::RightsizingArgs), one field of the agent's
+//!   [`Config`](crate::config::Config),
 //! - [`histogram`]: VPA's decaying exponential histogram,
 //! - [`recommender`]: per-container history and the estimator,
 //! - [`checkpoint`]: the history on disk,
@@ -13,9 +15,9 @@
 //! - [`update`]: the updater: running pods of this node follow its figures (resize or evict).
 //!
 //! The rules the webhook applies too (which autoscaler and container policy apply to a pod, the
-//! figures a pod gets, resize, evict or leave) are the api crate's `domain` module. The flags are
-//! in [`config`](crate::config). Semantics for users: docs/rightsizing.md and docs/agent.md.
+//! figures a pod gets, resize, evict or leave) are the api crate's `domain` module. Semantics for users: docs/rightsizing.md and docs/agent.md.
 
+pub mod args;
 pub mod checkpoint;
 pub mod histogram;
 pub mod pods;

@@ -47,8 +47,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::UpdateArgs;
 use crate::metrics::Metrics;
+use crate::rightsizing::args::UpdateArgs;
 use crate::rightsizing::pods::{NodePod, Stores, autoscaler_for, daemonset_owner};
 
 /// The label on a DaemonSet pod naming its ControllerRevision (`<daemonset>-<hash>`).
