@@ -1807,7 +1807,11 @@ async fn agent_history_values_reach_the_env_only_with_a_url() -> Result<()> {
         ("maxSeries", "48", "NODEWARDEN_HISTORY_MAX_SERIES"),
         ("maxAnswerSize", "8Mi", "NODEWARDEN_HISTORY_MAX_ANSWER_SIZE"),
     ];
-    let config = std::fs::read_to_string(chart_dir().join("../../agent/src/config.rs"))?;
+    // the agent's flags: the common ones, and right-sizing's (seeding among them)
+    let mut config = std::fs::read_to_string(chart_dir().join("../../agent/src/config.rs"))?;
+    config.push_str(&std::fs::read_to_string(
+        chart_dir().join("../../agent/src/rightsizing/args.rs"),
+    )?);
     let default = render_default().await?;
     let c = container(default.get("DaemonSet", "nodewarden-agent")?, "agent")?;
     for (_, _, var) in vars {
