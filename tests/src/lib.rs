@@ -24,6 +24,7 @@ pub mod process;
 pub mod prometheus;
 pub mod recorder;
 pub mod release;
+pub mod seeding;
 pub mod shipper;
 pub mod vm;
 pub mod vpa;

@@ -106,6 +106,9 @@ pub struct RealNode {
     pub ip: Ipv4Addr,
     /// The cgroup under which its kubelet puts every pod (`--cgroup-root`), e.g. `/nodewarden-node-a`.
     pub cgroup_root: String,
+    /// Whether its kubelet signs its own serving certificate (into [`KUBELET_DEFAULT_CERT_DIR`],
+    /// for the node's name), as [`RealClusterConfig::self_signed_kubelets`] asks.
+    pub self_signed_kubelet: bool,
     dir: PathBuf,
 }
 
@@ -290,10 +293,12 @@ impl RealCluster {
         let cluster = RealCluster {
             nodes: nodes
                 .iter()
-                .map(|(name, ip, cgroup_root)| RealNode {
+                .enumerate()
+                .map(|(i, (name, ip, cgroup_root))| RealNode {
                     name: name.clone(),
                     ip: *ip,
                     cgroup_root: cgroup_root.clone(),
+                    self_signed_kubelet: config.self_signed_kubelets.contains(&i),
                     dir: cp.dir().join("nodes").join(name),
                 })
                 .collect(),

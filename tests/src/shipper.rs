@@ -30,14 +30,16 @@ pub const SHIPPER_NS: &str = "logging";
 pub const SHIPPER: &str = "shipper";
 
 /// `helm install --wait` of the chart with default values but for the images (the test images,
-/// `pullPolicy: Never`) and the agents' checkpoint folder (`checkpoints`, which the caller makes
-/// new and empty, so no agent starts from an earlier run's histograms); fails with the pods'
-/// states when it does not become ready.
+/// `pullPolicy: Never`), the agents' checkpoint folder (`checkpoints`, which the caller makes
+/// new and empty, so no agent starts from an earlier run's histograms) and `values` (each a
+/// `--set` argument, e.g. `agent.history.prometheus.url=…`); fails with the pods' states when
+/// it does not become ready.
 pub async fn install_chart(
     helm: &Helm,
     client: &Client,
     images: &TestImages,
     checkpoints: &Path,
+    values: &[String],
 ) -> Result<Duration> {
     let mut args: Vec<String> = vec![
         "install".into(),
@@ -49,6 +51,9 @@ pub async fn install_chart(
         "--wait".into(),
     ];
     args.extend(images.helm_set_args());
+    for value in values {
+        args.extend(["--set".to_string(), value.clone()]);
+    }
     install_chart_with(helm, client, args, checkpoints).await
 }
 
@@ -96,14 +101,24 @@ pub async fn install_chart_with(
     Ok(began.elapsed())
 }
 
-/// Creates the shipper DaemonSet (burning `load` on each node) and its DaemonSetAutoscaler
-/// (mode `Initial`).
-pub async fn create_shipper(client: &Client, image: &str, nodes: &[(&RealNode, Load)]) -> Result<()> {
+/// Creates the shipper's namespace and DaemonSet (burning `load` on each node), without an
+/// autoscaler: a workload that runs before nodewarden is installed.
+pub async fn create_shipper_daemonset(
+    client: &Client,
+    image: &str,
+    nodes: &[(&RealNode, Load)],
+) -> Result<()> {
     create_namespace(client, SHIPPER_NS).await?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), SHIPPER_NS);
     daemonsets
         .create(&PostParams::default(), &shipper_daemonset(image, nodes)?)
         .await?;
+    Ok(())
+}
+
+/// Creates the shipper's DaemonSetAutoscaler (mode `Initial`, no policy); the CRDs must be
+/// there.
+pub async fn create_autoscaler(client: &Client) -> Result<()> {
     let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> = Api::namespaced(client.clone(), SHIPPER_NS);
     autoscalers
         .create(
@@ -189,6 +204,21 @@ pub struct Load {
     pub millicores: u64,
     pub mib: u64,
 }
+impl Load {
+    /// Whether a CPU target of `millicores` is near this load, as [`wait_for_recommendation`]
+    /// takes it: 0.5–1.75 × the burn rate.
+    pub fn cpu_near(&self, millicores: u64) -> bool {
+        (self.millicores / 2..=self.millicores * 7 / 4).contains(&millicores)
+    }
+
+    /// Whether a memory target of `bytes` is near this load: 1.0–1.5 × what is held, or the
+    /// 250 MiB floor.
+    pub fn memory_near(&self, bytes: u64) -> bool {
+        const MIB: u64 = 1024 * 1024;
+        (self.mib * MIB..=(self.mib * MIB * 3 / 2).max(250 * MIB)).contains(&bytes)
+    }
+}
+
 pub const BUSY: Load = Load {
     millicores: 300,
     mib: 300,
@@ -276,9 +306,8 @@ pub async fn wait_for_running_shipper(client: &Client, node: &str, not_uid: Opti
 /// or the 250 MiB floor.
 pub async fn wait_for_recommendation(client: &Client, node: &str, load: Load) -> Result<(u64, u64)> {
     let api: Api<NodeRecommendation> = Api::all(client.clone());
-    const MIB: u64 = 1024 * 1024;
-    let cpu_ok = |m: u64| (load.millicores / 2..=load.millicores * 7 / 4).contains(&m);
-    let mem_ok = |b: u64| (load.mib * MIB..=(load.mib * MIB * 3 / 2).max(250 * MIB)).contains(&b);
+    let cpu_ok = |m: u64| load.cpu_near(m);
+    let mem_ok = |b: u64| load.memory_near(b);
     let deadline = Instant::now() + Duration::from_secs(240);
     let mut last = String::from("no NodeRecommendation yet");
     loop {

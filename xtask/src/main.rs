@@ -213,6 +213,8 @@ fn demo(root: &Path) -> Result<()> {
         "-p",
         "nodewarden-agent",
         "-p",
+        "nodewarden-cli",
+        "-p",
         "nodewarden-tests",
         "--bins",
     ];
@@ -226,12 +228,16 @@ fn demo(root: &Path) -> Result<()> {
             .map(str::to_owned)
             .context("target path is not UTF-8")
     };
-    let (webhook, agent) = (bin("nodewarden-webhook")?, bin("nodewarden-agent")?);
+    let (webhook, agent, plugin) = (
+        bin("nodewarden-webhook")?,
+        bin("nodewarden-agent")?,
+        bin("kubectl-nodewarden")?,
+    );
     run(
         root,
         "demo",
         &bin("nodewarden-demo")?,
-        &["--webhook", &webhook, "--agent", &agent],
+        &["--webhook", &webhook, "--agent", &agent, "--plugin", &plugin],
     )
 }
 

@@ -4,8 +4,11 @@
 //! runs the real `nodewarden-webhook` binary against them on 127.0.0.1, registers its webhooks
 //! with the API server, creates example objects and prints what happened. Everything it
 //! started is stopped and removed at the end, also on failure. Where the machine allows it (Linux,
-//! root), a last section installs the chart on two real nodes of this machine and shows each
-//! node's recommendation and its re-created pod; the host is put back as it was afterwards.
+//! root), a last section runs two real nodes of this machine with a Prometheus scraping their
+//! kubelets and a log shipper, prints `kubectl nodewarden report --prometheus` before anything of
+//! nodewarden is installed, installs the chart with that Prometheus's URL, and shows each node's
+//! agent publishing the report's figures at its start, then a re-created pod with its node's
+//! figures and an in-place resize; the host is put back as it was afterwards.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,37 +50,60 @@ async fn main() {
 struct Bins {
     webhook: PathBuf,
     agent: PathBuf,
+    /// `kubectl-nodewarden`, the kubectl plugin.
+    plugin: PathBuf,
 }
 
 fn usage() -> Result<Bins> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut webhook, mut agent) = (None, None);
+    let (mut webhook, mut agent, mut plugin) = (None, None, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         match (flag.as_str(), it.next()) {
             ("--webhook", Some(p)) => webhook = Some(PathBuf::from(p)),
             ("--agent", Some(p)) => agent = Some(PathBuf::from(p)),
+            ("--plugin", Some(p)) => plugin = Some(PathBuf::from(p)),
             _ => break,
         }
     }
-    let (Some(webhook), Some(agent)) = (webhook, agent) else {
+    let (Some(webhook), Some(agent), Some(plugin)) = (webhook, agent, plugin) else {
         bail!(
-            "usage: nodewarden-demo --webhook <nodewarden-webhook binary> --agent <nodewarden-agent binary> (run it as `cargo xtask demo`)"
+            "usage: nodewarden-demo --webhook <nodewarden-webhook binary> --agent <nodewarden-agent binary> \
+             --plugin <kubectl-nodewarden binary> (run it as `cargo xtask demo`)"
         )
     };
-    for bin in [&webhook, &agent] {
+    for bin in [&webhook, &agent, &plugin] {
         if !bin.is_file() {
             bail!(
-                "{} is not a file: build it with `cargo build -p nodewarden-webhook -p nodewarden-agent`",
+                "{} is not a file: build it with `cargo build -p nodewarden-webhook -p nodewarden-agent -p nodewarden-cli`",
                 bin.display()
             );
         }
     }
-    Ok(Bins { webhook, agent })
+    Ok(Bins {
+        webhook,
+        agent,
+        plugin,
+    })
 }
 
 async fn run() -> Result<()> {
     let bins = usage()?;
+    // the last section's real nodes start with the demo, beside the simulated sections: their
+    // Prometheus gathers the log shipper's history meanwhile (realnode.rs)
+    let (outcome, real) = tokio::join!(simulated(&bins), realnode::start());
+    match outcome {
+        Ok(()) => realnode::finish(real, &bins.plugin).await,
+        Err(err) => {
+            realnode::abandon(real);
+            Err(err)
+        }
+    }
+}
+
+/// The sections on a control plane of their own with simulated nodes (Node objects without a
+/// kubelet, agents reading synthetic cgroup files).
+async fn simulated(bins: &Bins) -> Result<()> {
     step(
         "starting a control plane: etcd, kube-apiserver, kube-controller-manager (first run builds them from Go modules)",
     );
@@ -135,8 +161,7 @@ async fn run() -> Result<()> {
     webhook.stop().await;
     step("stopping nodewarden-webhook and the control plane; removing their files");
     drop(cp);
-    outcome?;
-    realnode::real_nodes().await
+    outcome
 }
 
 fn step(text: &str) {
