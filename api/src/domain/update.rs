@@ -11,6 +11,12 @@
 //! * a resize the kubelet reports `Infeasible`, or that stays `Deferred` past `deferred_limit`
 //!   or in progress past `in_progress_limit`, falls back to eviction.
 //!
+//! One rule is nodewarden's own: while the CPU history behind a container's figures spans less
+//! than `min_history`, its requests are only ever raised (a request below the lower bound, a
+//! quick OOM kill). A request above the upper bound and a drift wait for the history (VPA acts on
+//! them from its first sample, its upper bound unbounded, its target one sample's), and a
+//! resize in place keeps every request it would lower (docs/estimator.md).
+//!
 //! The new figures are [`sizing_on`](super::sizing::sizing_on)'s: exactly what the webhook gives
 //! a new pod on the same node.
 
@@ -33,6 +39,9 @@ pub struct Thresholds {
     pub deferred_limit: Duration,
     /// A resize in progress this long falls back to eviction (VPA: 1 h).
     pub in_progress_limit: Duration,
+    /// A container whose figures rest on less CPU history than this (first to last sample) is
+    /// only raised, never lowered (nodewarden's own; VPA has no such rule).
+    pub min_history: Duration,
 }
 
 impl Default for Thresholds {
@@ -43,6 +52,7 @@ impl Default for Thresholds {
             oom_window: Duration::from_secs(600),
             deferred_limit: Duration::from_secs(300),
             in_progress_limit: Duration::from_secs(3600),
+            min_history: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -65,6 +75,15 @@ pub struct Bounds {
     pub lower: Amounts,
     /// The recommendation's `upperBound`.
     pub upper: Amounts,
+    /// The CPU history behind the figures, first to last sample (`None`: not known, as VPA).
+    pub history: Option<Duration>,
+}
+
+impl Bounds {
+    /// Whether the figures rest on less history than `min_history`.
+    fn short(&self, th: &Thresholds) -> bool {
+        self.history.is_some_and(|h| h < th.min_history)
+    }
 }
 
 /// Where the pod's last resize stands, from its `PodResizePending` and `PodResizeInProgress`
@@ -228,6 +247,8 @@ pub enum Leave {
         /// The resource diff, a fraction (0.1 is 10 %).
         diff: f64,
     },
+    /// The figures rest on less than `min_history` and would only lower requests.
+    ShortHistory,
 }
 
 impl Leave {
@@ -239,6 +260,7 @@ impl Leave {
             Leave::ResizeUnderway => "resize-underway",
             Leave::TooYoung => "too-young",
             Leave::SmallChange { .. } => "small-change",
+            Leave::ShortHistory => "short-history",
         }
     }
 }
@@ -315,11 +337,14 @@ pub fn decide(mode: RunningPods, sizing: &[ContainerSizing], facts: &Facts, th: 
     if changing.is_empty() {
         return Action::Leave(Leave::UpToDate);
     }
-    let why = match urgent(sizing, facts) {
+    let why = match urgent(sizing, facts, th) {
         Some(why) => why,
         None => {
             if facts.age.is_none_or(|age| age < th.min_age) {
                 return Action::Leave(Leave::TooYoung);
+            }
+            if facts.bounds.values().any(|b| b.short(th)) {
+                return Action::Leave(Leave::ShortHistory);
             }
             let diff = resource_diff(sizing, facts);
             if diff < th.min_change {
@@ -329,16 +354,54 @@ pub fn decide(mode: RunningPods, sizing: &[ContainerSizing], facts: &Facts, th: 
         }
     };
     match mode {
-        RunningPods::Resize => Action::Resize {
-            containers: changing,
-            why,
-        },
+        RunningPods::Resize => {
+            let containers = keep_lowered_on_short_history(changing, facts, th);
+            if containers.is_empty() {
+                return Action::Leave(Leave::ShortHistory);
+            }
+            Action::Resize { containers, why }
+        }
         _ => Action::Evict { why },
     }
 }
 
+/// With a short history, a resize in place raises only: a request it would lower stays as it is,
+/// with its limit. Containers left with nothing to change are dropped.
+fn keep_lowered_on_short_history(
+    changing: Vec<ContainerSizing>,
+    facts: &Facts,
+    th: &Thresholds,
+) -> Vec<ContainerSizing> {
+    let now_of = facts.by_name();
+    changing
+        .into_iter()
+        .filter_map(|mut s| {
+            if !facts.bounds.get(&s.name).is_some_and(|b| b.short(th)) {
+                return Some(s);
+            }
+            let now = now_of.get(s.name.as_str()).copied().cloned().unwrap_or_default();
+            for r in RESOURCES {
+                let (new, old) = (s.requests.get(r), now.requests.get(r));
+                if let (Some(new), Some(old)) = (new, old)
+                    && new < old
+                {
+                    s.requests.set(r, Some(old));
+                    if s.limits.get(r).is_some() {
+                        s.limits.set(r, now.limits.get(r));
+                    }
+                }
+            }
+            let changes = RESOURCES.iter().any(|&r| {
+                s.requests.get(r).is_some_and(|v| now.requests.get(r) != Some(v))
+                    || s.limits.get(r).is_some_and(|v| now.limits.get(r) != Some(v))
+            });
+            changes.then_some(s)
+        })
+        .collect()
+}
+
 /// A reason to update the pod whatever its age and the size of the change.
-fn urgent(sizing: &[ContainerSizing], facts: &Facts) -> Option<Why> {
+fn urgent(sizing: &[ContainerSizing], facts: &Facts, th: &Thresholds) -> Option<Why> {
     let mut new_of: HashMap<&str, &ContainerSizing> = HashMap::with_capacity(sizing.len());
     for s in sizing {
         new_of.entry(s.name.as_str()).or_insert(s);
@@ -359,7 +422,8 @@ fn urgent(sizing: &[ContainerSizing], facts: &Facts) -> Option<Why> {
             let request = container.requests.get(r);
             let (lower, upper) = (bounds.lower.get(r), bounds.upper.get(r));
             let below = lower.is_some_and(|l| request.is_none_or(|q| q < l));
-            let above = upper.is_some_and(|u| request.is_some_and(|q| q > u));
+            // a short history never lowers a request
+            let above = !bounds.short(th) && upper.is_some_and(|u| request.is_some_and(|q| q > u));
             if below || above {
                 return Some(Why::OutsideBounds {
                     container: container.name.clone(),
@@ -453,6 +517,7 @@ mod tests {
                 Bounds {
                     lower: amounts(50, 50),
                     upper: amounts(200, 200),
+                    history: None,
                 },
             )]),
             age: Some(24 * HOUR),
@@ -704,5 +769,89 @@ mod tests {
             why.to_string(),
             "container app: cpu request 300m is outside the recommendation's bounds [50m, 200m]"
         );
+    }
+
+    /// nodewarden's own rule: figures from less than `min_history` never lower a request. A pod
+    /// requesting 500m, measured for two minutes at 100m, is not shrunk (VPA would resize it
+    /// by drift once the pod is 12 h old, its upper bound being unbounded); a memory request
+    /// below the lower bound is still raised, and the resize keeps the CPU request.
+    #[test]
+    fn a_short_history_only_raises() {
+        let th = Thresholds::default();
+        let with = |requests: (u64, u64), history: Option<Duration>| Facts {
+            containers: vec![running("app", requests.0, requests.1)],
+            bounds: BTreeMap::from([(
+                "app".to_string(),
+                Bounds {
+                    lower: amounts(25, 250),
+                    upper: amounts(4000, 8192),
+                    history,
+                },
+            )]),
+            age: Some(24 * HOUR),
+            quick_oom: Vec::new(),
+            resize: ResizeState::Idle,
+        };
+        let fresh = Some(Duration::from_secs(120));
+        let sizing = vec![sized("app", 115, 300)];
+        // drift down: VPA's rule (history unknown or long enough) resizes, a short one waits
+        for (history, want) in [
+            (None, "resize:drift"),
+            (Some(25 * HOUR), "resize:drift"),
+            (fresh, "leave:short-history"),
+        ] {
+            let got = decide(RunningPods::Resize, &sizing, &with((500, 300), history), &th);
+            assert_eq!(label(&got), want, "{history:?}");
+            let got = decide(RunningPods::Evict, &sizing, &with((500, 300), history), &th);
+            assert_eq!(label(&got).replace("evict", "resize"), want, "{history:?}");
+        }
+        // above the upper bound: not with a short history
+        let capped = Facts {
+            bounds: BTreeMap::from([(
+                "app".to_string(),
+                Bounds {
+                    lower: amounts(25, 250),
+                    upper: amounts(200, 8192),
+                    history: fresh,
+                },
+            )]),
+            age: Some(HOUR),
+            ..with((500, 300), fresh)
+        };
+        assert_eq!(
+            label(&decide(RunningPods::Resize, &sizing, &capped, &th)),
+            "leave:too-young"
+        );
+        // a memory request below the lower bound is raised; the CPU request is kept, not lowered
+        let got = decide(RunningPods::Resize, &sizing, &with((500, 16), fresh), &th);
+        let Action::Resize { containers, why } = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(why.label(), "outside-bounds");
+        assert_eq!(containers, vec![sized("app", 500, 300)]);
+        // with a history long enough the same resize also lowers the CPU request
+        let got = decide(
+            RunningPods::Resize,
+            &sizing,
+            &with((500, 16), Some(25 * HOUR)),
+            &th,
+        );
+        assert!(
+            matches!(got, Action::Resize { ref containers, .. } if containers == &sizing),
+            "{got:?}"
+        );
+        // Recreate evicts for the raise (the new pod gets the webhook's figures in full)
+        let got = decide(RunningPods::Evict, &sizing, &with((500, 16), fresh), &th);
+        assert_eq!(label(&got), "evict:outside-bounds");
+        // a limit set by the decision is kept with the request it belongs to
+        let mut limited = sized("app", 115, 300);
+        limited.limits = amounts(230, 600);
+        let mut pod = with((500, 16), fresh);
+        pod.containers[0].limits = amounts(1000, 32);
+        let Action::Resize { containers, .. } = decide(RunningPods::Resize, &[limited], &pod, &th) else {
+            panic!("a resize")
+        };
+        assert_eq!(containers[0].requests, amounts(500, 300));
+        assert_eq!(containers[0].limits, amounts(1000, 600));
     }
 }
