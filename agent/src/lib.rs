@@ -289,6 +289,14 @@ pub async fn run_with_clients(
         stop.clone(),
     ));
     let event_client = client.clone();
+    // the node's allocatable: no published figure goes above it
+    let (allocatable_tx, mut allocatable_rx) = watch::channel(publish::Figures::default());
+    let allocatable = tokio::spawn(publish::watch_allocatable(
+        client.clone(),
+        config.node_name.clone(),
+        allocatable_tx,
+        stop.clone(),
+    ));
     let publisher = tokio::spawn(publish::run_publisher(
         client,
         config.node_name.clone(),
@@ -327,6 +335,14 @@ pub async fn run_with_clients(
         later
     });
 
+    // the first figures already within the node: wait briefly for its first read (a Node that
+    // cannot be read leaves them uncapped, with a warning, and is read again later)
+    if tokio::time::timeout(Duration::from_secs(5), allocatable_rx.changed())
+        .await
+        .is_ok_and(|r| r.is_ok())
+    {
+        sampler.set_allocatable(*allocatable_rx.borrow_and_update());
+    }
     let mut ticker = tokio::time::interval(config.rightsizing.sample_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_checkpoint = Instant::now();
@@ -354,6 +370,9 @@ pub async fn run_with_clients(
             l.offer(&targets, |key| sampler.history(key).is_some(), now);
             // a container waiting for its history is measured once it is there
             targets.retain(|t| !l.is_pending(&t.key));
+        }
+        if allocatable_rx.has_changed().unwrap_or(false) {
+            sampler.set_allocatable(*allocatable_rx.borrow_and_update());
         }
         let tick = sampler.tick(now, &targets, &autoscalers);
         let pods_changed = pods_rx.has_changed().unwrap_or(false);
@@ -387,6 +406,7 @@ pub async fn run_with_clients(
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), publisher).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), updater).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), allocatable).await;
     if let Some(task) = gates_task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use nodewarden_agent::metrics::Metrics;
 use nodewarden_agent::rightsizing::pods::{self, Key, Target};
-use nodewarden_agent::rightsizing::publish::Snapshot;
+use nodewarden_agent::rightsizing::publish::{Figures, Snapshot};
 use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, MIB};
 use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
 use nodewarden_agent::rightsizing::seed::{self, Samples};
-use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler};
+use nodewarden_api::rightsizing::{AutoscalerRef, CapReason, DaemonSetAutoscaler};
 use serde_json::json;
 
 const T0: i64 = 1_763_700_000_000;
@@ -165,20 +165,21 @@ fn ticks_measure_recommend_and_publish_on_material_change() {
     let t = targets(&p);
     assert_eq!(t.len(), 2);
 
-    // first tick: memory only (a CPU rate needs two readings); figures are new, so publish
+    // first tick: memory only (a CPU rate needs two readings): nothing before the first CPU
+    // sample, so nothing to publish (no figures at the floors for the webhook or an update)
     let first = s.tick(T0, &t, &alive());
     assert_eq!(first.tracked, 2);
-    let (reason, spec) = first.publish.expect("first figures are published");
-    assert_eq!(reason.as_str(), "first");
-    assert_eq!(spec.recommendations.len(), 2);
+    assert!(first.publish.is_none(), "nothing published before a CPU sample");
+    assert!(s.snapshot().is_empty());
     assert_eq!(s.history_count(), 2, "the sandbox container is not measured");
 
-    // 10 s later the app used 5 s of CPU: 0.5 core
+    // 10 s later the app used 5 s of CPU: 0.5 core; the first figures go out
     let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));
     set_usage(&app, 12_500_000 + 5_000_000);
     let second = s.tick(T0 + 10_000, &t, &alive());
-    let (reason, _) = second.publish.expect("CPU target moved from the floor");
-    assert_eq!(reason.as_str(), "target-moved");
+    let (reason, spec) = second.publish.expect("the first CPU sample's figures");
+    assert_eq!(reason.as_str(), "first");
+    assert_eq!(spec.recommendations.len(), 2);
     let snap: Snapshot = s.snapshot();
     let e = &snap[&key("app")];
     let cpu = (edge(0.01, 0.5) * 1.15 * 1000.0).ceil() as u64;
@@ -226,6 +227,49 @@ fn ticks_measure_recommend_and_publish_on_material_change() {
         ),
         "{text}"
     );
+}
+
+/// Ten seconds of history: VPA's upper bound is hundreds of times the usage; the agent
+/// publishes its node's allocatable instead and says so.
+#[test]
+fn figures_stay_within_the_nodes_allocatable_and_say_why() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let mut s = sampler(&root, Arc::new(Metrics::new()));
+    s.set_allocatable(Figures {
+        cpu_milli: Some(2000),
+        memory_bytes: Some(4 << 30),
+    });
+    let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
+    let t = targets(&p);
+    let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));
+    assert!(s.tick(T0, &t, &alive()).publish.is_none());
+    set_usage(&app, 12_500_000 + 5_000_000);
+    let (_, spec) = s.tick(T0 + 10_000, &t, &alive()).publish.expect("first figures");
+    let r = &spec.recommendations[0];
+    let upper = r
+        .upper_bound
+        .as_ref()
+        .expect("an upper bound with a single sample");
+    assert_eq!(
+        (upper["cpu"].0.as_str(), upper["memory"].0.as_str()),
+        ("2", "4Gi")
+    );
+    let capped = r.capped.as_ref().expect("the reason");
+    let up = capped.upper_bound.expect("upper bound capped");
+    assert_eq!(
+        (up.cpu, up.memory),
+        (Some(CapReason::NodeAllocatable), Some(CapReason::NodeAllocatable))
+    );
+    assert_eq!(capped.history, "0s");
+    // a second sample: confidence above 0, VPA's bound finite but still far above the node
+    set_usage(&app, 12_500_000 + 10_000_000);
+    s.tick(T0 + 20_000, &t, &alive());
+    let e = &s.snapshot()[&key("app")];
+    assert_eq!(e.upper.and_then(|u| u.cpu_milli), Some(2000));
+    assert_eq!(e.capped.as_ref().map(|c| c.history.as_str()), Some("10s"));
+    // the target is VPA's (well below the node), not capped
+    assert!(e.target.cpu_milli.unwrap() < 2000);
+    assert!(e.capped.as_ref().unwrap().target.is_none());
 }
 
 #[test]
@@ -296,8 +340,9 @@ fn deleting_the_autoscaler_drops_its_history_and_empties_the_publication() {
     let (_tmp, root) = fixture_copy("systemd-containerd");
     let mut s = sampler(&root, Arc::new(Metrics::new()));
     let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
-    assert!(s.tick(T0, &targets(&p), &alive()).publish.is_some());
-    let tick = s.tick(T0 + 10_000, &[], &BTreeMap::new());
+    assert!(s.tick(T0, &targets(&p), &alive()).publish.is_none());
+    assert!(s.tick(T0 + 10_000, &targets(&p), &alive()).publish.is_some());
+    let tick = s.tick(T0 + 20_000, &[], &BTreeMap::new());
     let (reason, spec) = tick.publish.expect("the entries must be withdrawn");
     assert_eq!(reason.as_str(), "containers-changed");
     assert!(spec.recommendations.is_empty());
@@ -310,8 +355,9 @@ fn a_pod_going_away_keeps_its_recommendation_for_the_replacement() {
     let mut s = sampler(&root, Arc::new(Metrics::new()));
     let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
     s.tick(T0, &targets(&p), &alive());
+    s.tick(T0 + 10_000, &targets(&p), &alive());
     // pod deleted, autoscaler still there: the webhook needs the figures for the new pod
-    assert!(s.tick(T0 + 10_000, &[], &alive()).publish.is_none());
+    assert!(s.tick(T0 + 20_000, &[], &alive()).publish.is_none());
     assert!(s.snapshot().contains_key(&key("app")));
 }
 
@@ -322,16 +368,19 @@ fn material_changes_within_the_minimum_interval_wait_for_its_end() {
     let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
     let t = targets(&p);
     let app = scope(&root, "0a1b2c3d_0000_4000_8000_000000000001", &hex("a1"));
-    assert!(s.tick(T0, &t, &alive()).publish.is_some(), "first write");
-    // CPU jumps from nothing to 0.5 core: material, but only 10 s after the last write
-    set_usage(&app, 12_500_000 + 5_000_000);
-    assert!(s.tick(T0 + 10_000, &t, &alive()).publish.is_none());
-    set_usage(&app, 12_500_000 + 10_000_000);
+    assert!(s.tick(T0, &t, &alive()).publish.is_none(), "no CPU sample yet");
+    // the first CPU sample: an idle 10 ms over 10 s, 1m
+    set_usage(&app, 12_500_000 + 10_000);
+    assert!(s.tick(T0 + 10_000, &t, &alive()).publish.is_some(), "first write");
+    // CPU jumps to 0.5 core: material, but only 10 s after the last write
+    set_usage(&app, 12_510_000 + 5_000_000);
     assert!(s.tick(T0 + 20_000, &t, &alive()).publish.is_none());
+    set_usage(&app, 12_510_000 + 10_000_000);
+    assert!(s.tick(T0 + 30_000, &t, &alive()).publish.is_none());
     // 30 s after the last write the pending change goes out
-    set_usage(&app, 12_500_000 + 15_000_000);
+    set_usage(&app, 12_510_000 + 15_000_000);
     let (reason, spec) = s
-        .tick(T0 + 30_000, &t, &alive())
+        .tick(T0 + 40_000, &t, &alive())
         .publish
         .expect("the change is written once allowed");
     assert_eq!(reason.as_str(), "target-moved");
@@ -360,18 +409,17 @@ fn the_write_budget_paces_a_node_whose_targets_keep_moving() {
             .publish
             .map(|(reason, _)| reason.as_str())
     };
-    assert_eq!(
-        s.tick(T0, &t, &alive()).publish.map(|(r, _)| r.as_str()),
-        Some("first")
-    );
-    assert_eq!(step(&mut s, 10_000, 10_000, 0.5), Some("target-moved"));
+    // nothing before the first CPU sample
+    assert_eq!(s.tick(T0, &t, &alive()).publish.map(|(r, _)| r.as_str()), None);
+    assert_eq!(step(&mut s, 10_000, 10_000, 0.5), Some("first"));
     assert_eq!(step(&mut s, 20_000, 10_000, 2.0), Some("target-moved"));
+    assert_eq!(step(&mut s, 30_000, 10_000, 8.0), Some("target-moved"));
     // the burst is spent: a move now waits
-    assert_eq!(step(&mut s, 30_000, 10_000, 8.0), None);
     assert_eq!(step(&mut s, 40_000, 10_000, 32.0), None);
+    assert_eq!(step(&mut s, 50_000, 10_000, 128.0), None);
     // ten minutes after the last write a token is back, and the next move goes out
-    assert_eq!(step(&mut s, 620_000, 580_000, 128.0), Some("target-moved"));
-    assert_eq!(step(&mut s, 630_000, 10_000, 512.0), None);
+    assert_eq!(step(&mut s, 630_000, 580_000, 512.0), Some("target-moved"));
+    assert_eq!(step(&mut s, 640_000, 10_000, 2048.0), None);
 }
 
 #[test]
@@ -487,7 +535,7 @@ fn on_cgroup_v1_the_same_estimator_reads_the_v1_files() {
         format!("{}\n", 400 * 1024 * 1024),
     )
     .expect("test setup");
-    assert!(s.tick(T0, &t, &alive()).publish.is_some());
+    assert!(s.tick(T0, &t, &alive()).publish.is_none(), "no CPU sample yet");
     // 10 s later 5 s more CPU in cpuacct.usage (nanoseconds): 0.5 core, as on v2
     fs::write(
         root.join("cpuacct").join(&rel).join("cpuacct.usage"),

@@ -14,6 +14,14 @@
 //! has no upper bound, where VPA has its largest amount (1e14), or the floor when the
 //! histogram is empty.
 //!
+//! What the agent publishes (`sampler::entry`, here with no node allocatable and no
+//! `maxAllowed`: VPA knows neither) is the estimate rounded up, except where VPA's figure is
+//! absent or unbounded, and only there: a history without a CPU sample publishes nothing (VPA's
+//! recommender gives no recommendation then; the program here asks its estimators directly,
+//! which still give figures), and with no confidence there is no upper bound (VPA's is 1e14).
+//! Those cases are checked to be exactly the departures, and skipped in the comparison of
+//! published figures.
+//!
 //! The Go program is built on first use (the Go module proxy is the only download) and
 //! cached; `NODEWARDEN_VPA_RECOMMEND` may name a prebuilt binary instead. Without Go on the
 //! PATH the test is skipped, except under `CI=true`, where that is a failure.
@@ -26,7 +34,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use nodewarden_agent::rightsizing::pods::Policy;
+use nodewarden_agent::rightsizing::publish::{Entry, Figures};
 use nodewarden_agent::rightsizing::recommender::{Estimate, EstimatorConfig, History};
+use nodewarden_agent::rightsizing::sampler;
 use serde::{Deserialize, Serialize};
 
 const T0: i64 = 1_700_000_000_000;
@@ -444,6 +455,8 @@ fn traces() -> Vec<Trace> {
 /// What nodewarden makes of a trace.
 struct Ours {
     estimate: Estimate,
+    /// What the agent would publish, with no cap known.
+    published: Option<Entry>,
     confidence: f64,
     sample_count: u64,
     ooms_accepted: u64,
@@ -468,8 +481,16 @@ fn replay(cfg: &EstimatorConfig, t: &Trace) -> anyhow::Result<Ours> {
             k => anyhow::bail!("unknown kind {k}"),
         }
     }
+    let estimate = h.estimate(cfg, t.containers);
     Ok(Ours {
-        estimate: h.estimate(cfg, t.containers),
+        published: sampler::entry(
+            &estimate,
+            &h,
+            &Policy::default(),
+            (None, None),
+            Figures::default(),
+        ),
+        estimate,
         confidence: h.confidence(cfg),
         sample_count: h.sample_count,
         ooms_accepted: ooms,
@@ -569,6 +590,45 @@ fn check(what: &str, ours: f64, vpa: i64, factor: Option<f64>, problems: &mut Ve
     }
 }
 
+/// The published entry departs from the estimate only where VPA's figure is absent (no CPU
+/// sample: no entry) or unbounded (no confidence: no upper bound); elsewhere it is the estimate
+/// rounded up, with nothing capped.
+fn check_published(ours: &Ours, problems: &mut Vec<String>) {
+    let Some(published) = &ours.published else {
+        if ours.sample_count != 0 {
+            problems.push(format!(
+                "nothing published with {} CPU samples",
+                ours.sample_count
+            ));
+        }
+        // skipped: VPA's recommender has no recommendation without a CPU sample
+        return;
+    };
+    if ours.sample_count == 0 && published.oom_count == 0 {
+        problems.push("published without a CPU sample or an OOM kill".to_string());
+    }
+    let up = |v: f64| Some(v.ceil() as u64);
+    let e = &ours.estimate;
+    let figures = |r: nodewarden_agent::rightsizing::recommender::Resources| Figures {
+        cpu_milli: up(r.cpu_cores * 1000.0).filter(|_| ours.sample_count > 0),
+        memory_bytes: up(r.memory_bytes),
+    };
+    if published.target != figures(e.target) || published.lower != figures(e.lower_bound) {
+        problems.push(format!(
+            "published target/lower {:?}/{:?} are not the estimate's {:?}/{:?}",
+            published.target, published.lower, e.target, e.lower_bound
+        ));
+    }
+    // skipped where VPA's upper bound is unbounded (no confidence): nodewarden has none
+    let want_upper = e.upper_bound.map(figures);
+    if published.upper != want_upper || published.capped.is_some() {
+        problems.push(format!(
+            "published upper {:?} (capped {:?}) is not the estimate's {want_upper:?}",
+            published.upper, published.capped
+        ));
+    }
+}
+
 fn ceil_i64(v: f64) -> i64 {
     v.ceil() as i64
 }
@@ -605,6 +665,7 @@ fn nodewarden_agrees_with_vpa_recommender() {
             ));
         }
         let c = ours.confidence;
+        check_published(&ours, &mut p);
         let (up_f, low_f) = if c > 0.0 {
             (1.0 + 1.0 / c, (1.0 + 0.001 / c).powi(-2))
         } else {

@@ -613,6 +613,119 @@ pub struct ContainerRecommendation {
     /// OOM kills seen for this container on this node.
     #[serde(default)]
     pub oom_count: i64,
+    /// The figures held below what VPA's formula gives, and why; absent when none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capped: Option<Capped>,
+}
+
+/// What caps a published figure: nothing on the node can use more.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum CapReason {
+    /// The node's allocatable resources (its Node's `status.allocatable`).
+    NodeAllocatable,
+    /// The container policy's `maxAllowed`.
+    MaxAllowed,
+}
+
+impl CapReason {
+    /// How a person reads it (`node allocatable`, `maxAllowed`).
+    pub fn as_text(self) -> &'static str {
+        match self {
+            CapReason::NodeAllocatable => "node allocatable",
+            CapReason::MaxAllowed => "maxAllowed",
+        }
+    }
+}
+
+/// Per resource, what capped one figure (absent: not capped).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CappedResources {
+    /// What capped the CPU figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CapReason>,
+    /// What capped the memory figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<CapReason>,
+}
+
+impl CappedResources {
+    /// Whether neither resource was capped.
+    pub fn is_empty(&self) -> bool {
+        self.cpu.is_none() && self.memory.is_none()
+    }
+}
+
+/// The figures of a recommendation that are a cap rather than VPA's figure. VPA's bounds widen
+/// as `1 + 1/confidence` with a history of minutes (and without end with a single CPU sample);
+/// nodewarden publishes the cap instead wherever VPA's figure is above it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Capped {
+    /// What capped `target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<CappedResources>,
+    /// What capped `lowerBound`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_bound: Option<CappedResources>,
+    /// What capped `upperBound` (with a single CPU sample VPA's is unbounded: then always the cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_bound: Option<CappedResources>,
+    /// The CPU history behind the figures, first to last sample (`2m`, `3d4h`): VPA's bounds
+    /// are wide when it is short.
+    #[schemars(length(max = 32))]
+    pub history: String,
+}
+
+impl Capped {
+    /// One line for a person: `upper cpu, memory: node allocatable (history 2m)`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for (what, c) in [
+            ("target", &self.target),
+            ("lower", &self.lower_bound),
+            ("upper", &self.upper_bound),
+        ] {
+            let Some(c) = c else { continue };
+            let mut by: Vec<(CapReason, Vec<&str>)> = Vec::new();
+            for (r, reason) in [("cpu", c.cpu), ("memory", c.memory)] {
+                let Some(reason) = reason else { continue };
+                match by.iter_mut().find(|(x, _)| *x == reason) {
+                    Some((_, rs)) => rs.push(r),
+                    None => by.push((reason, vec![r])),
+                }
+            }
+            for (reason, rs) in by {
+                parts.push(format!("{what} {} at {}", rs.join("+"), reason.as_text()));
+            }
+        }
+        format!("{} (history {})", parts.join(", "), self.history)
+    }
+}
+
+/// A span of history, compact: the two largest units of days, hours, minutes and seconds
+/// (`45s`, `2m10s`, `3d4h`); `0s` for none.
+pub fn history_text(ms: i64) -> String {
+    let mut secs = (ms.max(0) / 1000) as u64;
+    if secs == 0 {
+        return "0s".to_string();
+    }
+    let mut out = String::new();
+    let mut shown = 0;
+    for (unit, size) in [("d", 86_400u64), ("h", 3_600), ("m", 60), ("s", 1)] {
+        let n = secs / size;
+        secs %= size;
+        if n > 0 || shown > 0 {
+            if n > 0 {
+                out.push_str(&format!("{n}{unit}"));
+            }
+            shown += 1;
+        }
+        if shown == 2 {
+            break;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -649,5 +762,45 @@ mod tests {
             Some("2026-11-24T11:00:00Z")
         );
         assert_eq!(NodeSummary::of(&[]), NodeSummary::default());
+    }
+
+    #[test]
+    fn history_is_shown_in_its_two_largest_units() {
+        assert_eq!(history_text(0), "0s");
+        assert_eq!(history_text(-5), "0s");
+        assert_eq!(history_text(45_000), "45s");
+        assert_eq!(history_text(130_000), "2m10s");
+        assert_eq!(history_text(120_000), "2m");
+        assert_eq!(history_text((3 * 86_400 + 4 * 3_600 + 59) * 1000), "3d4h");
+        assert_eq!(history_text((86_400 + 30) * 1000), "1d");
+    }
+
+    #[test]
+    fn capped_figures_read_as_one_line() {
+        let c = Capped {
+            upper_bound: Some(CappedResources {
+                cpu: Some(CapReason::NodeAllocatable),
+                memory: Some(CapReason::NodeAllocatable),
+            }),
+            target: Some(CappedResources {
+                cpu: Some(CapReason::MaxAllowed),
+                memory: None,
+            }),
+            lower_bound: None,
+            history: "2m".into(),
+        };
+        assert_eq!(
+            c.describe(),
+            "target cpu at maxAllowed, upper cpu+memory at node allocatable (history 2m)"
+        );
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "target": {"cpu": "MaxAllowed"},
+                "upperBound": {"cpu": "NodeAllocatable", "memory": "NodeAllocatable"},
+                "history": "2m"
+            })
+        );
     }
 }

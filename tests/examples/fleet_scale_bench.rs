@@ -135,6 +135,7 @@ fn spec(i: usize, round: usize) -> NodeRecommendationSpec {
                 first_sample_time: None,
                 last_sample_time: None,
                 oom_count: 0,
+                capped: None,
             });
         }
     }

@@ -183,6 +183,7 @@ fn node_recommendation(i: usize) -> NodeRecommendation {
                 first_sample_time: None,
                 last_sample_time: None,
                 oom_count: 0,
+                capped: None,
             });
         }
     }

@@ -599,6 +599,11 @@ fn start_agent(
         &[
             "--update-interval",
             "500ms",
+            // VPA's update rules from the first sample: these tests check the resize and
+            // eviction mechanics on seconds of history; the rule that a short history never
+            // lowers a request is api's (domain/update.rs, a_short_history_only_raises)
+            "--update-min-history",
+            "0s",
             "--eviction-retry-interval",
             "1s",
             "--disruption-namespace",

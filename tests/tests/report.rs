@@ -262,6 +262,7 @@ async fn publish(
                 first_sample_time: None,
                 last_sample_time: None,
                 oom_count,
+                capped: None,
             }],
         },
     );

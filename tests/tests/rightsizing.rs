@@ -400,6 +400,7 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
                     first_sample_time: None,
                     last_sample_time: None,
                     oom_count: 0,
+                    capped: None,
                 })
                 .collect();
             let rec = NodeRecommendation::new(
@@ -617,6 +618,7 @@ async fn publish(env: &TestEnv, client: &Client, node: &str, cpu: &str, memory: 
                 first_sample_time: None,
                 last_sample_time: None,
                 oom_count: 0,
+                capped: None,
             }],
         },
     );

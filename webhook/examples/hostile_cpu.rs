@@ -119,6 +119,7 @@ fn index(policies: Vec<Value>) -> Arc<RightsizingCache> {
         first_sample_time: None,
         last_sample_time: None,
         oom_count: 0,
+        capped: None,
     };
     index.apply_node_recommendation(&NodeRecommendation::new(
         NODE,

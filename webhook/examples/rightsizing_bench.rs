@@ -196,6 +196,7 @@ fn recommendation(i: usize, args: &Args) -> NodeRecommendation {
                 first_sample_time: None,
                 last_sample_time: None,
                 oom_count: 0,
+                capped: None,
             });
         }
     }

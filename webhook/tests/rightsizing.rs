@@ -725,6 +725,7 @@ fn index_with(rec_cpu: &str) -> Arc<RightsizingCache> {
                 first_sample_time: None,
                 last_sample_time: None,
                 oom_count: 0,
+                capped: None,
             }],
         },
     );

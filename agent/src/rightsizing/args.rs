@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Args;
 use nodewarden_api::domain::update::Thresholds;
 use nodewarden_api::quantity::parse_milli;
-use nodewarden_runtime::duration::parse_interval;
+use nodewarden_runtime::duration::{parse_duration, parse_interval};
 
 use crate::rightsizing::recommender::{EstimatorConfig, histogram_options};
 use crate::rightsizing::sampler::PublishConfig;
@@ -378,6 +378,11 @@ pub struct UpdateArgs {
     /// more memory is recommended.
     #[arg(long, env = "NODEWARDEN_UPDATE_OOM_WINDOW", default_value = "10m", value_parser = parse_interval)]
     pub update_oom_window: Duration,
+    /// While the CPU history behind a container's figures (first to last sample) is shorter
+    /// than this, its running pods are only raised (a request below the lower bound, a quick
+    /// OOM kill), never lowered; `0s`: VPA's rules from the first sample.
+    #[arg(long, env = "NODEWARDEN_UPDATE_MIN_HISTORY", default_value = "24h", value_parser = parse_duration)]
+    pub update_min_history: Duration,
     /// A resize the kubelet defers this long falls back to eviction.
     #[arg(long, env = "NODEWARDEN_RESIZE_DEFERRED_LIMIT", default_value = "5m", value_parser = parse_interval)]
     pub resize_deferred_limit: Duration,
@@ -415,6 +420,7 @@ impl UpdateArgs {
             oom_window: self.update_oom_window,
             deferred_limit: self.resize_deferred_limit,
             in_progress_limit: self.resize_in_progress_limit,
+            min_history: self.update_min_history,
         }
     }
 }

@@ -12,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
-use nodewarden_api::quantity::format_amount;
+use nodewarden_api::quantity::{amount, format_amount};
 use nodewarden_api::rightsizing::{
-    ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec, NodeSummary, ResourceName,
+    Capped, ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec, NodeSummary, ResourceName,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +36,8 @@ pub struct Entry {
     pub upper: Option<Figures>,
     /// The target before the policy's limits were applied.
     pub uncapped_target: Figures,
+    /// The figures held at a cap (the node's allocatable, `maxAllowed`), and why.
+    pub capped: Option<Capped>,
     /// Current requests (millicores, bytes) of the running container, if known.
     pub request_cpu_milli: Option<u64>,
     /// Current memory request of the running container, in bytes, if known.
@@ -237,6 +239,7 @@ pub fn spec(snapshot: &Snapshot, now_ms: i64) -> NodeRecommendationSpec {
             first_sample_time: time(e.first_sample_ms),
             last_sample_time: time(e.last_sample_ms),
             oom_count: i64::try_from(e.oom_count).unwrap_or(i64::MAX),
+            capped: e.capped.clone(),
         })
         .collect();
     NodeRecommendationSpec {
@@ -258,6 +261,60 @@ pub fn object(node: &str, node_uid: &str, spec: NodeRecommendationSpec) -> NodeR
         ..Default::default()
     }]);
     obj
+}
+
+/// The node's allocatable millicores and bytes (`status.allocatable`); a quantity that is
+/// missing or unreadable is `None` (no cap for that resource).
+pub fn allocatable_of(node: &Node) -> Figures {
+    let list = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let get = |r: ResourceName| list.and_then(|l| amount(r, l.get(r.as_str())?));
+    Figures {
+        cpu_milli: get(ResourceName::Cpu).filter(|&v| v > 0),
+        memory_bytes: get(ResourceName::Memory).filter(|&v| v > 0),
+    }
+}
+
+/// How often the agent reads its Node's allocatable again (it changes with the kubelet's
+/// configuration, rarely), and how soon after a failed read.
+pub const ALLOCATABLE_REFRESH: Duration = Duration::from_secs(300);
+const ALLOCATABLE_RETRY: Duration = Duration::from_secs(30);
+
+/// Reads the agent's own Node's allocatable at once and every [`ALLOCATABLE_REFRESH`] into `out`
+/// (only its own Node: `get nodes/<node>`), until `stop` fires. A failed read keeps the last
+/// figures and is retried sooner.
+pub async fn watch_allocatable(
+    client: Client,
+    node: String,
+    out: watch::Sender<Figures>,
+    stop: CancellationToken,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut warned = false;
+    loop {
+        let wait = match nodes.get(&node).await {
+            Ok(n) => {
+                let figures = allocatable_of(&n);
+                out.send_if_modified(|old| {
+                    let changed = *old != figures;
+                    *old = figures;
+                    changed
+                });
+                warned = false;
+                ALLOCATABLE_REFRESH
+            }
+            Err(err) => {
+                if !warned {
+                    tracing::warn!(node = %node, error = %err, "cannot read the node's allocatable resources; figures are not capped at them until it can");
+                    warned = true;
+                }
+                ALLOCATABLE_RETRY
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
 }
 
 /// What the sampler hands to the publisher: the spec to write, newest wins.
@@ -363,6 +420,7 @@ mod tests {
                 cpu_milli: Some(cpu),
                 memory_bytes: Some(mem),
             },
+            capped: None,
             request_cpu_milli: Some(cpu),
             request_memory_bytes: Some(mem),
             sample_count: 10,
@@ -505,5 +563,65 @@ mod tests {
             ("Node", "x", "uid-x")
         );
         assert_eq!(obj.metadata.name.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn the_cap_and_its_reason_are_published() {
+        use nodewarden_api::rightsizing::{CapReason, CappedResources};
+        let mut e = entry(25, 262_144_000);
+        e.upper = Some(Figures {
+            cpu_milli: Some(4000),
+            memory_bytes: Some(16 << 30),
+        });
+        e.capped = Some(Capped {
+            upper_bound: Some(CappedResources {
+                cpu: Some(CapReason::NodeAllocatable),
+                memory: Some(CapReason::NodeAllocatable),
+            }),
+            history: "2m".into(),
+            ..Capped::default()
+        });
+        let s = spec(&snap(&[("app", e)]), 1_763_708_400_000);
+        let json = serde_json::to_value(&s.recommendations[0]).unwrap();
+        assert_eq!(
+            json["upperBound"],
+            serde_json::json!({"cpu": "4", "memory": "16Gi"})
+        );
+        assert_eq!(
+            json["capped"],
+            serde_json::json!({"upperBound": {"cpu": "NodeAllocatable", "memory": "NodeAllocatable"}, "history": "2m"})
+        );
+        // not capped: no field at all
+        let s = spec(&snap(&[("app", entry(25, 262_144_000))]), 1_763_708_400_000);
+        assert!(
+            serde_json::to_value(&s.recommendations[0])
+                .unwrap()
+                .get("capped")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_nodes_allocatable_is_read_from_its_status() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": "3920m", "memory": "15Gi", "pods": "110"}}
+        }))
+        .unwrap();
+        assert_eq!(
+            allocatable_of(&node),
+            Figures {
+                cpu_milli: Some(3920),
+                memory_bytes: Some(15 << 30),
+            }
+        );
+        // missing or unreadable: no cap for that resource
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": "lots", "memory": "0"}}
+        }))
+        .unwrap();
+        assert_eq!(allocatable_of(&node), Figures::default());
+        assert_eq!(allocatable_of(&Node::default()), Figures::default());
     }
 }

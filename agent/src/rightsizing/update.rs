@@ -40,7 +40,7 @@ use nodewarden_api::domain::update::{
 };
 use nodewarden_api::quantity::format_amount;
 use nodewarden_api::rightsizing::{
-    AutoscalerRef, NodePods, NodeRecommendationSpec, ResourceName, RunningPods,
+    AutoscalerRef, ContainerRecommendation, NodePods, NodeRecommendationSpec, ResourceName, RunningPods,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -804,10 +804,18 @@ pub fn node_figures(
             Bounds {
                 lower: Amounts::from_list(r.lower_bound.as_ref()),
                 upper: Amounts::from_list(r.upper_bound.as_ref()),
+                history: history(r),
             },
         );
     }
     (targets, bounds)
+}
+
+/// The CPU history behind a recommendation, first to last sample (`None` when it says neither).
+fn history(r: &ContainerRecommendation) -> Option<Duration> {
+    let (first, last) = (r.first_sample_time.as_ref()?, r.last_sample_time.as_ref()?);
+    let ms = last.0.as_millisecond().saturating_sub(first.0.as_millisecond());
+    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
 fn since(t: Option<&Time>) -> Option<Duration> {

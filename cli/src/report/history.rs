@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use nodewarden_agent::rightsizing::pods::{Key, policy_for};
@@ -242,6 +242,18 @@ pub async fn snapshot(
             .extend(c);
     }
 
+    // each node's allocatable, as its agent caps its figures (unreadable: no cap, as the agent)
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let mut allocatable: BTreeMap<String, publish::Figures> = BTreeMap::new();
+    for (node, _, _) in samples.keys() {
+        if !allocatable.contains_key(node) {
+            let figures = match nodes_api.get_opt(node).await {
+                Ok(Some(n)) => publish::allocatable_of(&n),
+                _ => publish::Figures::default(),
+            };
+            allocatable.insert(node.clone(), figures);
+        }
+    }
     let cfg = EstimatorConfig::default();
     let mut per_node: BTreeMap<String, publish::Snapshot> = BTreeMap::new();
     for ((node, i, container), mut s) in samples {
@@ -265,7 +277,10 @@ pub async fn snapshot(
             continue;
         }
         let estimate = history.estimate(&cfg, template.containers.len());
-        let entry = sampler::entry(&estimate, &history, &policy, requests);
+        let node_allocatable = allocatable.get(&node).copied().unwrap_or_default();
+        let Some(entry) = sampler::entry(&estimate, &history, &policy, requests, node_allocatable) else {
+            continue;
+        };
         let key = Key {
             autoscaler: AutoscalerRef {
                 namespace: dsa.namespace().unwrap_or_default(),

@@ -166,6 +166,10 @@ pub struct Row {
     pub upper_bound: Resources,
     /// OOM kills the node's agent saw for the container (only with source `node`).
     pub oom_kills: i64,
+    /// Which of the node's figures are held at a cap (the node's allocatable, `maxAllowed`)
+    /// rather than VPA's, and on how much history (only with source `node`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capped: Option<String>,
     /// target − current, per resource (a request that is not set counts as 0); 0 where there is
     /// no target.
     pub delta: Delta,
@@ -532,6 +536,10 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                     upper_bound: upper,
                     // the node's agent saw them, whichever figure the pod gets
                     oom_kills: entry.map_or(0, |e| e.oom_count),
+                    capped: entry
+                        .filter(|_| source == Source::Node)
+                        .and_then(|e| e.capped.as_ref())
+                        .map(|c| c.describe()),
                     delta,
                 };
                 report.totals.add_row(&row);

@@ -229,6 +229,12 @@ pub fn table(report: &Report, view: &View, wide: bool, out: &mut dyn Write) -> s
             t.add_row(row_cells(r, wide));
         }
         writeln!(out, "{t}")?;
+        // figures held at the node's allocatable or maxAllowed, rather than VPA's
+        for r in &ds.rows {
+            if let Some(capped) = &r.capped {
+                writeln!(out, "  {} {}: capped {capped}", r.node, r.container)?;
+            }
+        }
         writeln!(out, "  {}\n", totals_line(&ds.totals))?;
     }
     if !report.nodes.is_empty() {

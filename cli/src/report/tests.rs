@@ -483,6 +483,68 @@ fn every_format_renders_the_figures() {
     assert_self_contained(&html);
 }
 
+/// A figure the node's agent held at the node's allocatable is marked under the table, with
+/// the history behind it; JSON carries the same line.
+#[test]
+fn a_capped_figure_says_why_under_the_table() {
+    let mut capped = rec(
+        "a",
+        "shipper",
+        ("273m", "363Mi"),
+        ("46m", "250Mi"),
+        ("4", "16Gi"),
+        0,
+    );
+    capped.spec.recommendations[0].capped = serde_json::from_value(json!({
+        "upperBound": {"cpu": "NodeAllocatable", "memory": "NodeAllocatable"}, "history": "2m"
+    }))
+    .expect("capped");
+    let report = compute(&Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![daemonset()],
+        pods: vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+        recommendations: vec![capped],
+        ..Snapshot::default()
+    });
+    let view = render::View {
+        headers: true,
+        ..render::View::default()
+    };
+    let table = render_to_string(|out| render::table(&report, &view, false, out));
+    assert!(
+        table.contains("  a shipper: capped upper cpu+memory at node allocatable (history 2m)"),
+        "{table}"
+    );
+    let json: Value =
+        serde_json::from_str(&render_to_string(|out| render::json(&report, out))).expect("json");
+    let rows = json["daemonsets"][0]["rows"].as_array().expect("rows");
+    let shipper = rows
+        .iter()
+        .find(|r| r["container"] == "shipper")
+        .expect("the shipper's row");
+    assert_eq!(
+        shipper["capped"],
+        "upper cpu+memory at node allocatable (history 2m)"
+    );
+    // nothing capped: no line, no field
+    let plain = compute(&Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![daemonset()],
+        pods: vec![pod("a", "2026-01-01T00:00:00Z", ("200m", "256Mi"))],
+        recommendations: vec![rec(
+            "a",
+            "shipper",
+            ("273m", "363Mi"),
+            ("46m", "250Mi"),
+            ("1", "1Gi"),
+            0,
+        )],
+        ..Snapshot::default()
+    });
+    let table = render_to_string(|out| render::table(&plain, &view, false, out));
+    assert!(!table.contains("capped"), "{table}");
+}
+
 /// The report takes each node's figure by the rule the webhook applies: with `scope:
 /// NodeGroup` a node gets its group's figure, not its own, and the namespace's LimitRanges cap
 /// it (here: no container above 300m CPU).

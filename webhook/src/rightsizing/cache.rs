@@ -642,6 +642,7 @@ mod tests {
                 first_sample_time: None,
                 last_sample_time: None,
                 oom_count: 0,
+                capped: None,
             })
             .collect();
         NodeRecommendation::new(
