@@ -19,7 +19,8 @@ struct Cli {
 enum Task {
     /// Run nodewarden against a real control plane on this machine and show what happened.
     Demo,
-    /// Write charts/nodewarden/crds/*.yaml from the api crate's types.
+    /// Write charts/nodewarden/crds/*.yaml from the api crate's types, and the Kubernetes
+    /// schemas (securityContext, affinity) into charts/nodewarden/values.schema.json.
     Crdgen,
     /// Everything CI checks: formatting, clippy, every fuzz target for 20 s, every test (the
     /// end-to-end tier builds the control plane from Go modules on first use and caches it).
@@ -171,6 +172,11 @@ fn crdgen(root: &Path) -> Result<()> {
         std::fs::write(dir.join(&name), yaml).with_context(|| format!("writing {name}"))?;
         println!("wrote {}/{name}", nodewarden_api::crdgen::CRD_DIR);
     }
+    let schema = root.join(xtask::chart_schema::SCHEMA_FILE);
+    let text = std::fs::read_to_string(&schema).with_context(|| format!("reading {}", schema.display()))?;
+    std::fs::write(&schema, xtask::chart_schema::update(&text)?)
+        .with_context(|| format!("writing {}", schema.display()))?;
+    println!("wrote {}", xtask::chart_schema::SCHEMA_FILE);
     Ok(())
 }
 
@@ -284,7 +290,7 @@ fn cargo() -> String {
 
 /// Debian packages `cargo xtask ci` makes sure of before the tests (see tests/node/packages.sh):
 /// buildah for the Containerfile test, qemu-user-static for the arm64 ones, chromium for the report's
-/// page, and what a real node runs on (the same list as
+/// page, shellcheck for the workflows' scripts, and what a real node runs on (the same list as
 /// `nodewarden_tests::node::NODE_PACKAGES`, which the real-node tier installs itself too).
 const TEST_PACKAGES: &[&str] = &[
     "buildah",
@@ -292,6 +298,8 @@ const TEST_PACKAGES: &[&str] = &[
     xtask::image::target::QEMU_PACKAGE,
     // headless Chromium loads the report's HTML page (cli/src/report/tests.rs)
     "chromium",
+    // actionlint checks the workflows' run: scripts with it (tests/tests/workflows.rs)
+    "shellcheck",
     "containerd",
     "runc",
     "containernetworking-plugins",
