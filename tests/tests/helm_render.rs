@@ -1102,6 +1102,16 @@ async fn webhook_limits_and_timeouts_reach_the_env_only_when_set() -> Result<()>
         ("limits.maxBodyBytes", "8388608", "NODEWARDEN_MAX_BODY_BYTES"),
         ("limits.maxConnections", "2048", "NODEWARDEN_MAX_CONNECTIONS"),
         (
+            "limits.maxConnectionsPerSource",
+            "300",
+            "NODEWARDEN_MAX_CONNECTIONS_PER_SOURCE",
+        ),
+        (
+            "limits.maxConnectionRatePerSource",
+            "1000",
+            "NODEWARDEN_MAX_CONNECTION_RATE_PER_SOURCE",
+        ),
+        (
             "limits.maxRequestsInFlight",
             "1000",
             "NODEWARDEN_MAX_REQUESTS_IN_FLIGHT",
@@ -1607,6 +1617,53 @@ async fn default_network_policies_admit_8443_and_8080_from_anywhere() -> Result<
         .template(RELEASE, NS, &["--set", "networkPolicy.enabled=false"])
         .await?;
     ensure!(off.of_kind("NetworkPolicy").is_empty());
+    Ok(())
+}
+
+/// The chart README's NetworkPolicy recipes ("Network policy": the API server on control-plane
+/// nodes, managed control planes) render as written: each narrows only the admission port, to
+/// exactly the peers it lists, and leaves the metrics port (the kubelet's probes) open.
+#[tokio::test]
+async fn the_readmes_network_policy_recipes_narrow_only_the_admission_port() -> Result<()> {
+    let readme = std::fs::read_to_string(chart_dir().join("README.md"))?;
+    let section = readme
+        .split("\n## Network policy\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .context("the README has a \"Network policy\" section")?;
+    let recipes: Vec<&str> = section
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .collect();
+    ensure!(recipes.len() >= 3, "recipes: {recipes:?}");
+    let dir = tempfile::tempdir()?;
+    for (i, recipe) in recipes.iter().enumerate() {
+        let values: Value = serde_yaml_ng::from_str(recipe)?;
+        let want = &values["networkPolicy"]["admissionFrom"];
+        ensure!(
+            want.as_array().is_some_and(|a| !a.is_empty()),
+            "recipe {i}: {recipe}"
+        );
+        let file = dir.path().join(format!("recipe-{i}.yaml"));
+        std::fs::write(&file, recipe)?;
+        let r = Helm::locate()
+            .await?
+            .template(RELEASE, NS, &["-f", file.to_str().context("path")?])
+            .await?;
+        let policy = r.get("NetworkPolicy", "nodewarden-webhook")?;
+        let rules = policy["spec"]["ingress"].as_array().context("ingress")?;
+        ensure!(
+            rules[0]["ports"][0]["port"] == json!(8443) && &rules[0]["from"] == want,
+            "recipe {i}: admission rule {}",
+            rules[0]
+        );
+        ensure!(
+            rules[1]["ports"][0]["port"] == json!(8080) && rules[1].get("from").is_none(),
+            "recipe {i}: metrics rule {}",
+            rules[1]
+        );
+    }
     Ok(())
 }
 
