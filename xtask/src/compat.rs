@@ -310,11 +310,16 @@ pub fn parse_libtest(text: &str) -> FileRun {
             .split(&header)
             .nth(1)
             .and_then(|after| {
-                after
-                    .lines()
-                    .map(str::trim)
+                let lines: Vec<&str> = after.lines().map(str::trim).collect();
+                // the panic's message (the line after `thread '…' panicked at …`), else the first line
+                let start = lines
+                    .iter()
+                    .position(|l| l.starts_with("thread '") && l.contains("panicked at"))
+                    .map_or(0, |i| i + 1);
+                lines[start..]
+                    .iter()
                     .find(|l| !l.is_empty() && !l.starts_with("nodewarden-tests:"))
-                    .map(str::to_string)
+                    .map(|l| l.to_string())
             })
             .unwrap_or_default();
         run.failed.push((name, said));
@@ -494,6 +499,9 @@ failures:
 
 ---- ids_are_unique stdout ----
 nodewarden-tests: control plane (Kubernetes v1.30.14) ready
+upgrading from the chart of f80e183f7d5c
+
+thread 'ids_are_unique' (25813) panicked at tests/tests/claims.rs:42:9:
 the id claim was allowed: HTTP 200
 
 failures:
