@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask <task>`.
 
+mod compat;
 mod fuzz;
 
 use std::path::{Path, PathBuf};
@@ -33,6 +34,21 @@ enum Task {
         seconds: u64,
         /// Targets to run (default: all).
         targets: Vec<String>,
+    },
+    /// The Kubernetes version matrix: for each version, build its kube-apiserver and
+    /// kube-controller-manager (tests/controlplane/build-version.sh, cached per version), run the
+    /// API-server tier's test files against them, and write docs/compatibility.md (a table
+    /// version × capability) from the results. Fails when a version other than a pre-release fails.
+    Compat {
+        /// Versions, comma-separated (default: every minor from 1.30 to 1.37 and v1.38.0-beta.0).
+        #[arg(long, value_delimiter = ',', default_values_t = compat::DEFAULT_VERSIONS.iter().map(|v| v.to_string()))]
+        versions: Vec<String>,
+        /// Test files of tests/tests, comma-separated, without `.rs`.
+        #[arg(long, value_delimiter = ',', default_values_t = compat::CAPABILITIES.iter().map(|(f, _)| f.to_string()))]
+        files: Vec<String>,
+        /// Only write docs/compatibility.md from the results of earlier runs.
+        #[arg(long)]
+        write_only: bool,
     },
     /// Benchmarks (release builds); figures are recorded in docs/benchmarks.md.
     Bench {
@@ -92,6 +108,18 @@ fn main() -> Result<()> {
         Task::Crdgen => crdgen(&root),
         Task::Demo => demo(&root),
         Task::Ci => ci(&root),
+        Task::Compat {
+            versions,
+            files,
+            write_only,
+        } => compat::compat(
+            &root,
+            &compat::CompatOptions {
+                versions,
+                files,
+                write_only,
+            },
+        ),
         Task::Fuzz { seconds, targets } => fuzz::fuzz(&root, &fuzz::FuzzOptions { seconds, targets }),
         Task::Image { platform, out, tag } => {
             let mut opts = xtask::image::BuildOptions::for_repo(&root)?;
