@@ -47,7 +47,7 @@ use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::seeding::{
     Printed, check_seeded, near, report_args, report_args_until, report_figures, scrape_kubelets,
-    seeded_until, seeding_values, shipper_entry, targets_while, wait_for_publish, wait_for_whole_step,
+    seeded_until, seeding_values, targets_while, wait_for_publish, wait_for_whole_step,
 };
 use nodewarden_tests::shipper::{
     BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER_NS, container_limits, container_requests, create_autoscaler,
@@ -334,14 +334,6 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
-}
-
-/// The shipper's target on `node` (millicores, bytes).
-async fn shipper_target(client: &kube::Client, node: &str) -> Result<(u64, u64)> {
-    let (_, entry) = shipper_entry(client, node)
-        .await?
-        .with_context(|| format!("no NodeRecommendation/{node} for the shipper"))?;
-    Ok(nodewarden_tests::seeding::Figures::of(&entry)?.target)
 }
 
 /// Steps 2 to 4: the report from Prometheus before anything is installed, then the chart with
