@@ -123,11 +123,17 @@ fn row_cells(r: &Row, wide: bool) -> Vec<Cell> {
 }
 
 /// How long the history behind a row's figures is, in its two largest units (`8d`, `2d3h`,
-/// `5h12m`, `2m`, `0m` for one sample); `-` without figures of the node. A figure from two
-/// minutes is not one from eight days: VPA's confidence is the days of history.
+/// `5h12m`, `2m`, `0m` for one sample; `n=N`, N samples, where the times are not known); `-` without
+/// figures of the node. A figure from two minutes is not one from eight days: VPA's confidence
+/// is the days of history.
 pub fn history(h: &HistorySpan) -> String {
     if h.sample_count == 0 {
         return "-".to_string();
+    }
+    if h.first_sample_time.is_none() || h.last_sample_time.is_none() {
+        // an agent that published no sample times: how many, at least (one word, as every
+        // cell of the table, for whoever splits its lines)
+        return format!("n={}", h.sample_count);
     }
     let (days, hours, minutes) = (
         h.seconds / 86_400,

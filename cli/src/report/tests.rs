@@ -1150,9 +1150,17 @@ fn the_history_column_says_how_long_the_history_is() {
     let span = |sample_count, seconds| HistorySpan {
         sample_count,
         seconds,
-        ..HistorySpan::default()
+        first_sample_time: Some("2026-11-20T00:00:00Z".to_string()),
+        last_sample_time: Some("2026-11-28T00:00:00Z".to_string()),
     };
     let cases = [
+        (
+            HistorySpan {
+                sample_count: 1440,
+                ..HistorySpan::default()
+            },
+            "n=1440",
+        ),
         (span(0, 0), "-"),
         (span(1, 0), "0m"),
         (span(3, 120), "2m"),
