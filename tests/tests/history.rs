@@ -29,6 +29,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodewarden_agent::rightsizing::pods::Policy;
+use nodewarden_agent::rightsizing::publish::Figures;
 use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
 use nodewarden_agent::rightsizing::sampler;
 use nodewarden_tests::prometheus::{OomSeries, Prometheus, Synthetic};
@@ -165,10 +166,16 @@ fn agent_figures(samples: &NodeSamples) -> ((u64, u64), (u64, u64), (u64, u64)) 
             h.record_oom(&cfg, at, REQUEST_BYTES);
         }
     }
-    let e = sampler::entry(&h.estimate(&cfg, 1), &h, &Policy::default(), (None, None));
-    let pair = |f: &nodewarden_agent::rightsizing::publish::Figures| {
-        (f.cpu_milli.unwrap_or(0), f.memory_bytes.unwrap_or(0))
-    };
+    // no node allocatable and no maxAllowed: VPA knows neither, so nothing is capped
+    let e = sampler::entry(
+        &h.estimate(&cfg, 1),
+        &h,
+        &Policy::default(),
+        (None, None),
+        Figures::default(),
+    )
+    .expect("the node's history has CPU samples");
+    let pair = |f: &Figures| (f.cpu_milli.unwrap_or(0), f.memory_bytes.unwrap_or(0));
     (
         pair(&e.target),
         pair(&e.lower),

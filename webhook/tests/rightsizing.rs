@@ -1561,3 +1561,162 @@ fn validator_requires_a_valid_node_group_label_with_groups() {
         ""
     );
 }
+
+// ---- native sidecars
+
+/// The recorded pod with init containers: `setup` runs to completion, `log-forwarder` is a
+/// native sidecar with requests and limits, `mesh` one without `resources`.
+fn sidecar_review() -> Value {
+    let mut review = review();
+    review["request"]["object"]["spec"]["initContainers"] = json!([
+        {"name": "setup", "image": "nodewarden-e2e/pause:never-pulled",
+         "resources": {"requests": {"cpu": "1", "memory": "32Mi"}}},
+        {"name": "log-forwarder", "image": "nodewarden-e2e/pause:never-pulled", "restartPolicy": "Always",
+         "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}},
+        {"name": "mesh", "image": "nodewarden-e2e/pause:never-pulled", "restartPolicy": "Always"}
+    ]);
+    review
+}
+
+/// The cache of [`index_with`], with figures for the sidecars and for `setup` too (which the
+/// webhook must not use: it runs to completion).
+fn index_with_sidecars() -> Arc<RightsizingCache> {
+    let index = index_with("300m");
+    let entry = |container: &str, cpu: &str, memory: &str| ContainerRecommendation {
+        autoscaler: AutoscalerRef {
+            namespace: NAMESPACE.to_string(),
+            name: "node-agent".to_string(),
+        },
+        container_name: container.to_string(),
+        target: Some(BTreeMap::from([
+            (
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu.to_string()),
+            ),
+            (
+                "memory".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.to_string()),
+            ),
+        ])),
+        lower_bound: None,
+        upper_bound: None,
+        uncapped_target: None,
+        sample_count: 100,
+        first_sample_time: None,
+        last_sample_time: None,
+        oom_count: 0,
+        capped: None,
+    };
+    let rec = NodeRecommendation::new(
+        NODE,
+        NodeRecommendationSpec {
+            update_time: None,
+            pods: Vec::new(),
+            summary: None,
+            recommendations: vec![
+                entry("agent", "300m", "100Mi"),
+                entry("log-forwarder", "20m", "48Mi"),
+                entry("mesh", "10m", "16Mi"),
+                entry("setup", "5m", "8Mi"),
+            ],
+        },
+    );
+    index.apply_node_recommendation(&rec);
+    index
+}
+
+#[test]
+fn handler_sizes_native_sidecars_and_leaves_init_containers_alone() {
+    use nodewarden_webhook::admission::{Processed, process};
+    let handler = PodMutator::new(index_with_sidecars());
+    let review = sidecar_review();
+    let response = handler.review_raw(&request(&review));
+    assert!(response.allowed);
+    let patch = response.decoded_patch().expect("patch");
+    let out = apply_ops(&review["request"]["object"], &patch);
+    let init = &out["spec"]["initContainers"];
+    assert_eq!(
+        init[0], review["request"]["object"]["spec"]["initContainers"][0],
+        "the run-to-completion init container is untouched"
+    );
+    assert_eq!(
+        init[1]["resources"],
+        json!({"requests": {"cpu": "20m", "memory": "48Mi"}, "limits": {"cpu": "40m", "memory": "96Mi"}}),
+        "the sidecar gets its node's figures, its limit ratios kept"
+    );
+    assert_eq!(
+        init[2]["resources"],
+        json!({"requests": {"cpu": "10m", "memory": "16Mi"}}),
+        "a sidecar without requests gets its node's figures as a container would"
+    );
+    assert_eq!(init[1]["restartPolicy"], json!("Always"));
+    assert_eq!(
+        out["spec"]["containers"][0]["resources"]["requests"],
+        json!({"cpu": "300m", "memory": "100Mi"})
+    );
+    let annotations = &out["metadata"]["annotations"];
+    let source = annotations[sizing::ANNOTATION_SOURCE].as_str().expect("source");
+    assert_eq!(
+        source,
+        "agent=node-recommendation, log-forwarder=node-recommendation, mesh=node-recommendation"
+    );
+    assert!(!source.contains("setup"), "{source}");
+
+    // the scheduler's request of the admitted pod: containers and sidecars summed (300m + 20m
+    // + 10m of CPU), or setup's 1 CPU, which runs before the sidecars start and is more
+    let pod: Pod = serde_json::from_value(out.clone()).expect("pod");
+    let effective = sizing::effective_requests(pod.spec.as_ref().expect("spec"));
+    assert_eq!(effective.cpu, Some(1000));
+    assert_eq!(effective.memory, Some((100 + 48 + 16) << 20));
+
+    // the one-pass read of the review answers the same
+    let body = serde_json::to_vec(&review).expect("encodes");
+    let Processed::Review(one_pass, _, _) = process(&body, &handler) else {
+        panic!("not answered as a review");
+    };
+    assert_eq!(one_pass.response, response);
+
+    // the webhook on its own output changes no resources
+    let mut again = review.clone();
+    again["request"]["object"] = out.clone();
+    let second = handler.review_raw(&request(&again));
+    let twice = apply_ops(&out, &second.decoded_patch().expect("patch"));
+    assert_eq!(twice["spec"], out["spec"]);
+}
+
+#[test]
+fn a_sidecar_policy_applies_by_name_as_to_a_container() {
+    let index = index_with_sidecars();
+    index.apply_autoscaler(autoscaler(json!({"resourcePolicy": {"containerPolicies": [
+        {"containerName": "log-forwarder", "mode": "Off"},
+        {"containerName": "mesh", "controlledResources": ["memory"], "minAllowed": {"memory": "24Mi"}}
+    ]}})));
+    let handler = PodMutator::new(index);
+    let review = sidecar_review();
+    let response = handler.review_raw(&request(&review));
+    let out = apply_ops(
+        &review["request"]["object"],
+        &response.decoded_patch().expect("patch"),
+    );
+    let init = &out["spec"]["initContainers"];
+    assert_eq!(
+        init[1], review["request"]["object"]["spec"]["initContainers"][1],
+        "mode Off leaves the sidecar as the template says"
+    );
+    assert_eq!(init[2]["resources"], json!({"requests": {"memory": "24Mi"}}));
+    let annotations = &out["metadata"]["annotations"];
+    assert!(
+        annotations[sizing::ANNOTATION_SOURCE]
+            .as_str()
+            .expect("source")
+            .contains("log-forwarder=policy-off"),
+        "{annotations}"
+    );
+    assert!(
+        annotations[sizing::ANNOTATION_CAPPED]
+            .as_str()
+            .expect("capped")
+            .contains("mesh: memory minAllowed"),
+        "{annotations}"
+    );
+}

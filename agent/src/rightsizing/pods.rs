@@ -16,6 +16,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::domain::rightsizing::{container_policy, controlling_daemonset, precedence};
+use nodewarden_api::domain::sizing::is_sidecar;
 use nodewarden_api::quantity::parse_milli;
 use nodewarden_api::rightsizing::{AutoscalerRef, ContainerMode, DaemonSetAutoscaler, ResourceName};
 use serde::Deserialize;
@@ -99,20 +100,43 @@ pub fn slim_metadata<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMet
 
 /// The part of a pod's spec the agent reads.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NodePodSpec {
     /// The (non-init) containers.
     #[serde(default)]
     pub containers: Vec<NodeContainer>,
+    /// The init containers (the native sidecars among them are autoscaled as containers).
+    #[serde(default)]
+    pub init_containers: Vec<NodeContainer>,
+}
+
+impl NodePodSpec {
+    /// The containers right-sizing covers: `containers`, then the native sidecars of
+    /// `initContainers` (`restartPolicy: Always`), each in pod order.
+    pub fn sized(&self) -> impl Iterator<Item = &NodeContainer> {
+        self.containers.iter().chain(self.sidecars())
+    }
+
+    /// The native sidecars of `initContainers`, in pod order.
+    pub fn sidecars(&self) -> impl Iterator<Item = &NodeContainer> {
+        self.init_containers
+            .iter()
+            .filter(|c| is_sidecar(c.restart_policy.as_deref()))
+    }
 }
 
 /// A container of the pod's spec.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NodeContainer {
     /// Container name.
     pub name: String,
     /// Its requests and limits, as specified.
     #[serde(default)]
     pub resources: Option<Requests>,
+    /// `Always` for an init container that is a native sidecar.
+    #[serde(default)]
+    pub restart_policy: Option<String>,
 }
 
 /// A container's resources: requests and limits by resource name.
@@ -133,6 +157,9 @@ pub struct NodePodStatus {
     /// Status of each (non-init) container.
     #[serde(default)]
     pub container_statuses: Option<Vec<NodeContainerStatus>>,
+    /// Status of each init container (the sidecars' among them).
+    #[serde(default)]
+    pub init_container_statuses: Option<Vec<NodeContainerStatus>>,
     /// `Pending`, `Running`, `Succeeded`, `Failed` or `Unknown`.
     #[serde(default)]
     pub phase: Option<String>,
@@ -142,6 +169,17 @@ pub struct NodePodStatus {
     /// The pod's conditions.
     #[serde(default)]
     pub conditions: Option<Vec<PodCondition>>,
+}
+
+impl NodePodStatus {
+    /// The statuses of the containers and of the init containers, in that order.
+    pub fn all(&self) -> Vec<&NodeContainerStatus> {
+        self.container_statuses
+            .iter()
+            .flatten()
+            .chain(self.init_container_statuses.iter().flatten())
+            .collect()
+    }
 }
 
 /// A pod condition (the updater reads `Ready`, `PodResizePending` and `PodResizeInProgress`).
@@ -365,16 +403,14 @@ pub fn targets(pods: &[Arc<NodePod>], autoscalers: &[Arc<DaemonSetAutoscaler>]) 
         };
         let Some(uid) = cgroup_uid(pod) else { continue };
         let Some(spec) = pod.spec.as_ref() else { continue };
-        let statuses = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_deref())
-            .unwrap_or_default();
+        // a sidecar's status is among the init containers' (names are unique in a pod)
+        let statuses = pod.status.as_ref().map(NodePodStatus::all).unwrap_or_default();
         let autoscaler = AutoscalerRef {
             namespace: ns.clone(),
             name: dsa.name_any(),
         };
-        for c in &spec.containers {
+        let containers_per_pod = spec.sized().count();
+        for c in spec.sized() {
             let Some(policy) = policy_for(dsa, &c.name) else {
                 continue;
             };
@@ -416,7 +452,7 @@ pub fn targets(pods: &[Arc<NodePod>], autoscalers: &[Arc<DaemonSetAutoscaler>]) 
                 container_id: id.to_string(),
                 cpu_request_milli: cpu.and_then(|m| u64::try_from(m).ok()),
                 memory_request_bytes: memory.and_then(|m| u64::try_from(m / 1000).ok()),
-                containers_per_pod: spec.containers.len(),
+                containers_per_pod,
                 policy,
                 last_oom,
             });
@@ -566,6 +602,52 @@ mod tests {
         let side = &t[1];
         assert_eq!(side.container_id, ID_SIDE);
         assert_eq!(side.cpu_request_milli, None);
+    }
+
+    #[test]
+    fn native_sidecars_are_measured_and_init_containers_are_not() {
+        let pod = pod(json!({
+            "metadata": {"name": "agent-x1", "namespace": "mon", "uid": "11111111-2222-3333-4444-555555555555",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u", "controller": true}]},
+            "spec": {"nodeName": "x",
+                "initContainers": [
+                    {"name": "setup", "image": "i"},
+                    {"name": "log", "image": "i", "restartPolicy": "Always",
+                     "resources": {"requests": {"cpu": "50m"}}},
+                    {"name": "mesh", "image": "i", "restartPolicy": "Always"}
+                ],
+                "containers": [{"name": "app", "image": "i"}]},
+            "status": {
+                "containerStatuses": [{"name": "app", "containerID": format!("containerd://{ID_APP}")}],
+                "initContainerStatuses": [
+                    {"name": "setup", "containerID": "containerd://dddd"},
+                    {"name": "log", "containerID": format!("containerd://{ID_SIDE}"),
+                     "resources": {"requests": {"cpu": "40m"}}},
+                    {"name": "mesh", "containerID": "containerd://eeee"}
+                ]
+            }
+        }));
+        let dsas = vec![dsa(
+            "mon",
+            "agent-dsa",
+            "agent",
+            json!([{"containerName": "mesh", "mode": "Off"}]),
+        )];
+        let t = targets(&[pod], &dsas);
+        let got: Vec<(&str, &str, Option<u64>, usize)> = t
+            .iter()
+            .map(|t| {
+                (
+                    t.key.container.as_str(),
+                    t.container_id.as_str(),
+                    t.cpu_request_milli,
+                    t.containers_per_pod,
+                )
+            })
+            .collect();
+        // the sidecar's applied request (an in-place resize) is read from its status; `mesh` is
+        // Off; `setup` runs to completion
+        assert_eq!(got, [("app", ID_APP, None, 3), ("log", ID_SIDE, Some(40), 3)]);
     }
 
     #[test]

@@ -34,7 +34,9 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use nodewarden_api::domain::sizing::{Amounts, ContainerSizing, Targets, sizing_on, status_figures};
+use nodewarden_api::domain::sizing::{
+    Amounts, ContainerSizing, Targets, is_sidecar, sizing_on, status_figures,
+};
 use nodewarden_api::domain::update::{
     Action, Bounds, Current, Facts, Leave, ResizeState, Thresholds, Why, decide,
 };
@@ -49,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::rightsizing::args::UpdateArgs;
-use crate::rightsizing::pods::{NodePod, Stores, autoscaler_for, daemonset_owner};
+use crate::rightsizing::pods::{NodePod, NodePodStatus, Stores, autoscaler_for, daemonset_owner};
 
 /// The label on a DaemonSet pod naming its ControllerRevision (`<daemonset>-<hash>`).
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -341,7 +343,7 @@ impl Updater {
             .and_then(|d| d.spec)
             .and_then(|s| s.template)
             .and_then(|t| t.spec)
-            .map(|s| s.containers)
+            .map(RevisionPodSpec::sized)
             .ok_or_else(|| format!("ControllerRevision {ns}/{revision} holds no pod template"))?;
         if self.templates.len() >= TEMPLATE_CACHE {
             self.templates.clear();
@@ -649,34 +651,68 @@ struct RevisionTemplate {
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct RevisionPodSpec {
     #[serde(default)]
     containers: Vec<TemplateContainer>,
+    #[serde(default)]
+    init_containers: Vec<TemplateContainer>,
+}
+
+impl RevisionPodSpec {
+    /// The containers, then the native sidecars (marked so); the other init containers dropped.
+    fn sized(self) -> Vec<TemplateContainer> {
+        let sidecars = self
+            .init_containers
+            .into_iter()
+            .filter(|c| is_sidecar(c.restart_policy.as_deref()))
+            .map(|c| TemplateContainer { sidecar: true, ..c });
+        self.containers
+            .into_iter()
+            .map(|c| TemplateContainer { sidecar: false, ..c })
+            .chain(sidecars)
+            .collect()
+    }
 }
 
 /// A container of a DaemonSet's pod template as the updater keeps it: what [`sizing_on`] reads
 /// (about 100 bytes, where a full `Container` takes over 2 KB even when empty).
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct TemplateContainer {
     /// Container name.
     pub name: String,
     /// Requests and limits of the template.
     #[serde(default)]
     pub resources: Option<ResourceRequirements>,
+    /// `Always` for a native sidecar among the init containers.
+    #[serde(default)]
+    pub restart_policy: Option<String>,
+    /// Whether it is a native sidecar (set from where it was read, not from the text).
+    #[serde(skip)]
+    pub sidecar: bool,
 }
 
-/// A pod holding only `containers`, for [`sizing_on`] (built for the call, dropped after it).
+/// A pod holding only `containers` (the sidecars among them as init containers with
+/// `restartPolicy: Always`), for [`sizing_on`] (built for the call, dropped after it).
 pub fn template_pod(containers: &[TemplateContainer]) -> Pod {
+    let of = |sidecar: bool| -> Vec<Container> {
+        containers
+            .iter()
+            .filter(|c| c.sidecar == sidecar)
+            .map(|c| Container {
+                name: c.name.clone(),
+                resources: c.resources.clone(),
+                restart_policy: sidecar.then(|| "Always".to_string()),
+                ..Container::default()
+            })
+            .collect()
+    };
+    let sidecars = of(true);
     Pod {
         spec: Some(PodSpec {
-            containers: containers
-                .iter()
-                .map(|c| Container {
-                    name: c.name.clone(),
-                    resources: c.resources.clone(),
-                    ..Container::default()
-                })
-                .collect(),
+            containers: of(false),
+            init_containers: (!sidecars.is_empty()).then_some(sidecars),
             ..PodSpec::default()
         }),
         ..Pod::default()
@@ -832,8 +868,7 @@ pub fn facts(pod: &NodePod, bounds: BTreeMap<String, Bounds>, th: &Thresholds) -
         .spec
         .as_ref()
         .map(|s| {
-            s.containers
-                .iter()
+            s.sized()
                 .map(|c| Current {
                     name: c.name.clone(),
                     requests: Amounts::from_list(c.resources.as_ref().and_then(|r| r.requests.as_ref())),
@@ -844,9 +879,9 @@ pub fn facts(pod: &NodePod, bounds: BTreeMap<String, Bounds>, th: &Thresholds) -
         .unwrap_or_default();
     let status = pod.status.as_ref();
     let quick_oom = status
-        .and_then(|s| s.container_statuses.as_ref())
+        .map(NodePodStatus::all)
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
         .filter(|c| {
             c.last_state
                 .as_ref()
@@ -892,27 +927,39 @@ pub fn facts(pod: &NodePod, bounds: BTreeMap<String, Bounds>, th: &Thresholds) -
     }
 }
 
-/// The strategic-merge patch of `pods/resize` for these containers (merged by name).
+/// The strategic-merge patch of `pods/resize` for these containers (merged by name): the
+/// sidecars under `initContainers` (the API server takes their resources there from 1.33 on).
 pub fn resize_body(containers: &[ContainerSizing]) -> Value {
-    let list: Vec<Value> = containers
-        .iter()
-        .map(|c| {
-            let mut resources = serde_json::Map::new();
-            for (key, amounts) in [("requests", c.requests), ("limits", c.limits)] {
-                let mut map = serde_json::Map::new();
-                for r in [ResourceName::Cpu, ResourceName::Memory] {
-                    if let Some(v) = amounts.get(r) {
-                        map.insert(r.as_str().to_string(), Value::String(format_amount(r, v)));
-                    }
-                }
-                if !map.is_empty() {
-                    resources.insert(key.to_string(), Value::Object(map));
+    let item = |c: &ContainerSizing| {
+        let mut resources = serde_json::Map::new();
+        for (key, amounts) in [("requests", c.requests), ("limits", c.limits)] {
+            let mut map = serde_json::Map::new();
+            for r in [ResourceName::Cpu, ResourceName::Memory] {
+                if let Some(v) = amounts.get(r) {
+                    map.insert(r.as_str().to_string(), Value::String(format_amount(r, v)));
                 }
             }
-            json!({"name": c.name, "resources": resources})
-        })
-        .collect();
-    json!({"spec": {"containers": list}})
+            if !map.is_empty() {
+                resources.insert(key.to_string(), Value::Object(map));
+            }
+        }
+        json!({"name": c.name, "resources": resources})
+    };
+    let list = |sidecar: bool| -> Vec<Value> {
+        containers
+            .iter()
+            .filter(|c| c.sidecar == sidecar)
+            .map(item)
+            .collect()
+    };
+    let mut spec = serde_json::Map::new();
+    for (key, sidecar) in [("containers", false), ("initContainers", true)] {
+        let items = list(sidecar);
+        if !items.is_empty() {
+            spec.insert(key.to_string(), Value::Array(items));
+        }
+    }
+    json!({ "spec": spec })
 }
 
 /// `app: cpu 250m/500m, memory 300Mi` (request/limit).
@@ -1026,6 +1073,7 @@ mod tests {
     fn resize_body_names_containers_and_canonical_quantities() {
         let body = resize_body(&[ContainerSizing {
             name: "app".into(),
+            sidecar: false,
             requests: Amounts {
                 cpu: Some(250),
                 memory: Some(300 << 20),
@@ -1040,6 +1088,98 @@ mod tests {
             json!({"spec": {"containers": [{"name": "app", "resources": {
                 "requests": {"cpu": "250m", "memory": "300Mi"}, "limits": {"cpu": "500m"}}}]}})
         );
+    }
+
+    #[test]
+    fn a_resize_carries_sidecars_under_init_containers() {
+        let sized = |name: &str, sidecar: bool, cpu: u64| ContainerSizing {
+            name: name.into(),
+            sidecar,
+            requests: Amounts {
+                cpu: Some(cpu),
+                memory: None,
+            },
+            limits: Amounts::default(),
+        };
+        assert_eq!(
+            resize_body(&[sized("app", false, 250), sized("log", true, 40)]),
+            json!({"spec": {
+                "containers": [{"name": "app", "resources": {"requests": {"cpu": "250m"}}}],
+                "initContainers": [{"name": "log", "resources": {"requests": {"cpu": "40m"}}}]
+            }})
+        );
+        assert_eq!(
+            resize_body(&[sized("log", true, 40)]),
+            json!({"spec": {"initContainers": [{"name": "log", "resources": {"requests": {"cpu": "40m"}}}]}}),
+            "a sidecar alone: no empty containers list"
+        );
+    }
+
+    #[test]
+    fn a_revision_keeps_its_sidecars_and_drops_its_init_containers() {
+        let rev: TemplateRevision = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "ControllerRevision",
+            "metadata": {"name": "ds-5d8f", "namespace": "ns"},
+            "revision": 1,
+            "data": {"spec": {"template": {"spec": {
+                "initContainers": [
+                    {"name": "setup", "image": "i", "resources": {"requests": {"cpu": "1"}}},
+                    {"name": "log", "image": "i", "restartPolicy": "Always",
+                     "resources": {"requests": {"cpu": "50m"}}}
+                ],
+                "containers": [{"name": "app", "image": "i", "restartPolicy": "Always"}]
+            }}}}
+        }))
+        .expect("revision");
+        let containers = rev
+            .data
+            .and_then(|d| d.spec)
+            .and_then(|s| s.template)
+            .and_then(|t| t.spec)
+            .map(RevisionPodSpec::sized)
+            .expect("containers");
+        let names: Vec<(&str, bool)> = containers.iter().map(|c| (c.name.as_str(), c.sidecar)).collect();
+        assert_eq!(names, [("app", false), ("log", true)]);
+        let pod = template_pod(&containers);
+        let facts = nodewarden_api::domain::sizing::PodFacts::of(&pod);
+        let read: Vec<(&str, Option<usize>)> = facts
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.sidecar))
+            .collect();
+        assert_eq!(
+            read,
+            [("app", None), ("log", Some(0))],
+            "the sizing rule sees the sidecar"
+        );
+    }
+
+    #[test]
+    fn facts_count_sidecars_as_containers() {
+        let pod: NodePod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "setup", "resources": {"requests": {"cpu": "1"}}},
+                    {"name": "log", "restartPolicy": "Always", "resources": {"requests": {"cpu": "50m"}}}
+                ],
+                "containers": [{"name": "app", "resources": {"requests": {"cpu": "100m"}}}]
+            },
+            "status": {
+                "phase": "Running",
+                "initContainerStatuses": [{"name": "log", "lastState": {"terminated": {
+                    "reason": "OOMKilled", "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:01:00Z"}}}]
+            }
+        }))
+        .expect("pod");
+        let f = facts(&pod, BTreeMap::new(), &Thresholds::default());
+        let names: Vec<(&str, Option<u64>)> = f
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.requests.cpu))
+            .collect();
+        assert_eq!(names, [("app", Some(100)), ("log", Some(50))]);
+        assert_eq!(f.quick_oom, ["log"]);
     }
 
     #[test]

@@ -494,6 +494,7 @@ mod tests {
     fn sized(name: &str, cpu: u64, memory_mi: u64) -> ContainerSizing {
         ContainerSizing {
             name: name.to_string(),
+            sidecar: false,
             requests: amounts(cpu, memory_mi),
             limits: Amounts::default(),
         }

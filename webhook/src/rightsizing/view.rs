@@ -40,8 +40,13 @@ impl From<PodRead> for PodView {
             Some(SpecView {
                 node_name,
                 affinity,
-                containers,
-            }) => (Some(Placement { node_name, affinity }), containers),
+                mut containers,
+                init_containers,
+            }) => {
+                // the native sidecars, after the containers (as `PodFacts::of` has them)
+                containers.extend(init_containers.into_iter().flatten());
+                (Some(Placement { node_name, affinity }), containers)
+            }
             None => (None, Vec::new()),
         };
         PodView {
@@ -126,6 +131,10 @@ struct SpecView {
     affinity: Option<AffinityView>,
     #[serde(default, deserialize_with = "at_most_max_containers")]
     containers: Vec<ContainerFacts>,
+    /// The native sidecars of `initContainers` (`restartPolicy: Always`), each with its index
+    /// there; the run-to-completion ones are read and dropped.
+    #[serde(default, deserialize_with = "sidecars_of")]
+    init_containers: Option<Vec<ContainerFacts>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -203,7 +212,9 @@ fn at_most_max_containers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
-            while let Some(ContainerView(c)) = seq.next_element()? {
+            while let Some(ContainerView(mut c)) = seq.next_element()? {
+                // a regular container's `restartPolicy` (container restart rules) makes no sidecar
+                c.sidecar = None;
                 if out.len() == MAX_POD_CONTAINERS {
                     return Err(serde::de::Error::custom(format!(
                         "more than {MAX_POD_CONTAINERS} containers"
@@ -217,16 +228,53 @@ fn at_most_max_containers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<
     d.deserialize_seq(Bounded)
 }
 
-/// A container read as [`ContainerFacts`].
+/// The native sidecars among `initContainers`, at most [`MAX_POD_CONTAINERS`] init containers
+/// read (as for `containers`).
+fn sidecars_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<ContainerFacts>>, D::Error> {
+    struct Sidecars;
+    impl<'de> serde::de::Visitor<'de> for Sidecars {
+        type Value = Option<Vec<ContainerFacts>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX_POD_CONTAINERS} init containers")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            let mut index = 0;
+            while let Some(ContainerView(mut c)) = seq.next_element()? {
+                if index == MAX_POD_CONTAINERS {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_POD_CONTAINERS} init containers"
+                    )));
+                }
+                if c.sidecar.is_some() {
+                    c.sidecar = Some(index);
+                    out.push(c);
+                }
+                index += 1;
+            }
+            Ok(Some(out))
+        }
+    }
+    d.deserialize_any(Sidecars)
+}
+
+/// A container read as [`ContainerFacts`]; for an init container `sidecar` is `Some` (its
+/// index set by the caller) when its `restartPolicy` is `Always`.
 struct ContainerView(ContainerFacts);
 
 impl<'de> serde::Deserialize<'de> for ContainerView {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
         struct Container {
             name: String,
             #[serde(default)]
             resources: Option<Resources>,
+            #[serde(default)]
+            restart_policy: Option<String>,
         }
         #[derive(serde::Deserialize)]
         struct Resources {
@@ -237,6 +285,7 @@ impl<'de> serde::Deserialize<'de> for ContainerView {
         }
         let c = Container::deserialize(d)?;
         Ok(ContainerView(ContainerFacts {
+            sidecar: sizing::is_sidecar(c.restart_policy.as_deref()).then_some(0),
             name: c.name,
             resources: c.resources.map(|r| ResourceFacts {
                 requests: r.requests.map(|a| a.0),
@@ -421,6 +470,7 @@ mod tests {
             view.facts.containers,
             vec![ContainerFacts {
                 name: "agent".to_string(),
+                sidecar: None,
                 resources: Some(ResourceFacts {
                     requests: Some(amounts("100m", "64Mi")),
                     limits: Some(amounts("200m", "128Mi")),
@@ -459,6 +509,22 @@ mod tests {
         two_terms["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] =
             json!([term.clone(), term]);
         pods.push(two_terms);
+        let mut sidecars = recorded_pod();
+        sidecars["spec"]["initContainers"] = json!([
+            {"name": "setup", "resources": {"requests": {"cpu": "1"}}},
+            {"name": "log", "restartPolicy": "Always", "resources": {"requests": {"cpu": "50m"}}},
+            {"name": "mesh", "restartPolicy": "Always"}
+        ]);
+        // a regular container's restartPolicy (container restart rules) makes no sidecar
+        sidecars["spec"]["containers"][0]["restartPolicy"] = json!("Always");
+        pods.push(sidecars.clone());
+        let facts = view_of(&sidecars).expect("view").facts;
+        let read: Vec<(&str, Option<usize>)> = facts
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.sidecar))
+            .collect();
+        assert_eq!(read, [("agent", None), ("log", Some(1)), ("mesh", Some(2))]);
         let mut no_spec = recorded_pod();
         no_spec.as_object_mut().expect("object").remove("spec");
         pods.push(no_spec);

@@ -178,6 +178,8 @@ pub fn mutate_on(
 pub struct ContainerSizing {
     /// The container's name.
     pub name: String,
+    /// Whether it is a native sidecar (an init container with `restartPolicy: Always`).
+    pub sidecar: bool,
     /// The requests it gets.
     pub requests: Amounts,
     /// The limits it gets (`None` per resource: the limit is not the decision's to set, as with
@@ -219,6 +221,7 @@ pub fn sizing_and_sources_on(
         };
         let mut sizing = ContainerSizing {
             name: container.name.clone(),
+            sidecar: container.sidecar.is_some(),
             ..ContainerSizing::default()
         };
         for plan in mine {
@@ -253,8 +256,10 @@ fn patch(
         let Some(container) = containers.get(index) else {
             continue;
         };
-        let index_token = index.to_string();
-        let base = ["spec", "containers", index_token.as_str(), "resources"];
+        // a sidecar's figures go to its place in `initContainers`
+        let (list, place) = container.place(index);
+        let index_token = place.to_string();
+        let base = ["spec", list, index_token.as_str(), "resources"];
         let resources = container.resources;
         let mut has_resources = resources.is_some();
         let mut has_requests = resources.and_then(|r| r.requests).is_some();

@@ -8,7 +8,9 @@
 //!
 //! The patch only ever uses `add` operations (which create a member or replace its value), creates
 //! `metadata.annotations`, `resources`, `resources.requests` and `resources.limits` when they are
-//! missing, and touches only `spec.containers`. It never removes a field. Applying the webhook to
+//! missing, and touches only `spec.containers` and the native sidecars of `spec.initContainers`
+//! (init containers with `restartPolicy: Always`, sized exactly as containers; run-to-completion
+//! init containers are never touched). It never removes a field. Applying the webhook to
 //! its own output gives the same pod: every figure is a function of the recommendation and of
 //! the pod's current values in a way that is stable once applied, and the annotations describe the
 //! resulting values rather than the difference.
@@ -39,7 +41,7 @@ pub use decision::{
     ANNOTATION_SOURCE, ANNOTATION_UPDATES, ContainerSizing, Decision, Reason, mutate, mutate_on,
     sizing_and_sources_on, sizing_on,
 };
-pub use facts::{Amounts, ContainerFacts, PodFacts, ResourceFacts, Targets};
+pub use facts::{Amounts, ContainerFacts, PodFacts, ResourceFacts, Targets, effective_requests, is_sidecar};
 pub use figures::{
     FLEET_MEDIAN_MULTIPLE, Figures, StatusFigures, fleet_from_nodes, fleet_percentile, fleet_targets,
     group_targets, node_targets, p90, percentile, status_figures,

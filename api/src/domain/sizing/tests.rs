@@ -248,6 +248,7 @@ fn sizing_is_what_the_patch_writes() {
     let want = vec![
         ContainerSizing {
             name: "app".to_string(),
+            sidecar: false,
             requests: Amounts {
                 cpu: Some(300),
                 memory: Some(300 * mi),
@@ -260,6 +261,7 @@ fn sizing_is_what_the_patch_writes() {
         },
         ContainerSizing {
             name: "capped".to_string(),
+            sidecar: false,
             requests: Amounts {
                 cpu: Some(150),
                 memory: None,
@@ -304,4 +306,194 @@ fn sizing_is_what_the_patch_writes() {
             }
         }
     }
+}
+
+/// A DaemonSet pod with a container, a run-to-completion init container and native sidecars:
+/// one with requests, one without `resources`, one under a policy `Off`, one under `maxAllowed`.
+fn sidecar_pod() -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"nodeName": "n1",
+            "initContainers": [
+                {"name": "setup", "resources": {"requests": {"cpu": "500m"}}},
+                {"name": "log", "restartPolicy": "Always",
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m"}}},
+                {"name": "bare", "restartPolicy": "Always"},
+                {"name": "mesh", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}},
+                {"name": "big", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}}
+            ],
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "100m"}}}]}
+    }))
+    .expect("pod")
+}
+
+fn sidecar_autoscaler() -> DaemonSetAutoscaler {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+        "metadata": {"name": "a", "namespace": "ns"},
+        "spec": {"targetRef": {"kind": "DaemonSet", "name": "ds"}, "resourcePolicy": {"containerPolicies": [
+            {"containerName": "mesh", "mode": "Off"},
+            {"containerName": "big", "maxAllowed": {"cpu": "250m"}}
+        ]}}
+    }))
+    .expect("autoscaler")
+}
+
+#[test]
+fn sidecars_are_sized_as_containers_and_init_containers_are_left_alone() {
+    let pod = sidecar_pod();
+    let autoscaler = sidecar_autoscaler();
+    let targets = cpu_targets(&[
+        ("app", 300),
+        ("setup", 50),
+        ("log", 40),
+        ("bare", 30),
+        ("mesh", 20),
+        ("big", 900),
+    ]);
+    let figures = Figures {
+        node: Some(&targets),
+        ..Figures::default()
+    };
+    let facts = PodFacts::of(&pod);
+    let names: Vec<(&str, Option<usize>)> = facts
+        .containers
+        .iter()
+        .map(|c| (c.name.as_str(), c.sidecar))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("app", None),
+            ("log", Some(1)),
+            ("bare", Some(2)),
+            ("mesh", Some(3)),
+            ("big", Some(4))
+        ]
+    );
+    let decision = mutate_on(&facts, &autoscaler, Ok("n1"), figures, &[]);
+    assert_eq!(decision.reason, Reason::Resized);
+    let text = decision.patch.to_json();
+    assert!(
+        !text.contains("/spec/initContainers/0/"),
+        "setup is not touched: {text}"
+    );
+    assert!(!text.contains("/spec/initContainers/3/"), "mesh is Off: {text}");
+    let sources: Vec<(&str, Source)> = decision.sources.iter().map(|(c, s)| (c.as_str(), *s)).collect();
+    assert_eq!(
+        sources,
+        [
+            ("app", Source::Node),
+            ("log", Source::Node),
+            ("bare", Source::Node),
+            ("mesh", Source::PolicyOff),
+            ("big", Source::Node)
+        ]
+    );
+
+    let mut patched = serde_json::to_value(&pod).expect("json");
+    json_patch::patch(&mut patched, &decision.patch.to_json_patch().expect("a patch"))
+        .expect("patch applies");
+    let patched: Pod = serde_json::from_value(patched).expect("pod");
+    let spec = patched.spec.as_ref().expect("spec");
+    let init = spec.init_containers.as_ref().expect("init containers");
+    let cpu = |c: &k8s_openapi::api::core::v1::Container| {
+        let r = c.resources.as_ref();
+        (
+            Amounts::from_list(r.and_then(|r| r.requests.as_ref())).cpu,
+            Amounts::from_list(r.and_then(|r| r.limits.as_ref())).cpu,
+        )
+    };
+    assert_eq!(cpu(&spec.containers[0]), (Some(300), None), "app");
+    assert_eq!(cpu(&init[0]), (Some(500), None), "setup: the template's");
+    assert_eq!(
+        cpu(&init[1]),
+        (Some(40), Some(80)),
+        "log: its node's, the limit ratio kept"
+    );
+    assert_eq!(
+        cpu(&init[2]),
+        (Some(30), None),
+        "bare: its node's, resources created"
+    );
+    assert_eq!(cpu(&init[3]), (Some(100), None), "mesh: Off");
+    assert_eq!(cpu(&init[4]), (Some(250), None), "big: maxAllowed");
+    assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
+
+    // the figures without a patch are the patch's, the sidecars marked
+    let sizing = sizing_on(&pod, &autoscaler, figures, &[]);
+    let sized: Vec<(&str, bool, Option<u64>)> = sizing
+        .iter()
+        .map(|c| (c.name.as_str(), c.sidecar, c.requests.cpu))
+        .collect();
+    assert_eq!(
+        sized,
+        [
+            ("app", false, Some(300)),
+            ("log", true, Some(40)),
+            ("bare", true, Some(30)),
+            ("big", true, Some(250))
+        ]
+    );
+
+    // the webhook on its own output changes nothing
+    let again = mutate_on(&PodFacts::of(&patched), &autoscaler, Ok("n1"), figures, &[]);
+    assert_eq!(again.reason, Reason::Unchanged, "{}", again.patch.to_json());
+
+    // the scheduler's request: the sidecars beside the containers (300 + 40 + 30 + 100 + 250),
+    // more than setup's 500m with none started before it
+    assert_eq!(effective_requests(spec).cpu, Some(720));
+}
+
+#[test]
+fn the_effective_request_counts_sidecars_as_the_scheduler_does() {
+    let spec =
+        |init: serde_json::Value, overhead: serde_json::Value| -> k8s_openapi::api::core::v1::PodSpec {
+            serde_json::from_value(serde_json::json!({
+                "initContainers": init, "overhead": overhead,
+                "containers": [{"name": "app", "resources": {"requests": {"cpu": "200m", "memory": "100Mi"}}}]
+            }))
+            .expect("spec")
+        };
+    let mi = 1u64 << 20;
+    let side = |name: &str, cpu: &str| serde_json::json!({"name": name, "restartPolicy": "Always", "resources": {"requests": {"cpu": cpu}}});
+    let init = |name: &str, cpu: &str| serde_json::json!({"name": name, "resources": {"requests": {"cpu": cpu, "memory": "300Mi"}}});
+    // no init containers: the containers
+    let plain = spec(serde_json::Value::Null, serde_json::Value::Null);
+    assert_eq!(
+        effective_requests(&plain),
+        Amounts {
+            cpu: Some(200),
+            memory: Some(100 * mi)
+        }
+    );
+    // sidecars add to the containers
+    let s = spec(
+        serde_json::json!([side("a", "100m"), side("b", "50m")]),
+        serde_json::Value::Null,
+    );
+    assert_eq!(effective_requests(&s).cpu, Some(350));
+    // an init container runs beside the sidecars started before it, not those after
+    let s = spec(
+        serde_json::json!([side("a", "100m"), init("setup", "500m"), side("b", "50m")]),
+        serde_json::Value::Null,
+    );
+    assert_eq!(
+        effective_requests(&s),
+        Amounts {
+            cpu: Some(600),
+            memory: Some(300 * mi)
+        }
+    );
+    let s = spec(
+        serde_json::json!([init("setup", "500m"), side("a", "100m"), side("b", "50m")]),
+        serde_json::Value::Null,
+    );
+    assert_eq!(effective_requests(&s).cpu, Some(500));
+    // the pod's overhead on top
+    let s = spec(
+        serde_json::json!([side("a", "100m")]),
+        serde_json::json!({"cpu": "10m"}),
+    );
+    assert_eq!(effective_requests(&s).cpu, Some(310));
 }
