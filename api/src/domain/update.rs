@@ -855,4 +855,37 @@ mod tests {
         assert_eq!(containers[0].requests, amounts(500, 300));
         assert_eq!(containers[0].limits, amounts(1000, 600));
     }
+
+    /// A native sidecar (an init container that runs as long as the pod) follows the same rule:
+    /// with a short history its memory is raised and its CPU request is not lowered, beside a
+    /// container whose history is long enough and is lowered.
+    #[test]
+    fn a_sidecar_with_a_short_history_is_only_raised() {
+        let th = Thresholds::default();
+        let bounds = |history: u64| Bounds {
+            lower: amounts(25, 250),
+            upper: amounts(4000, 8192),
+            history: Some(Duration::from_secs(history)),
+        };
+        let facts = Facts {
+            containers: vec![running("app", 500, 300), running("proxy", 500, 16)],
+            bounds: BTreeMap::from([
+                ("app".to_string(), bounds(25 * 3600)),
+                ("proxy".to_string(), bounds(120)),
+            ]),
+            age: Some(24 * HOUR),
+            quick_oom: Vec::new(),
+            resize: ResizeState::Idle,
+        };
+        let mut proxy = sized("proxy", 115, 300);
+        proxy.sidecar = true;
+        let sizing = vec![sized("app", 115, 300), proxy.clone()];
+        let Action::Resize { containers, why } = decide(RunningPods::Resize, &sizing, &facts, &th) else {
+            panic!("a resize")
+        };
+        assert_eq!(why.label(), "outside-bounds");
+        let mut kept = proxy;
+        kept.requests = amounts(500, 300);
+        assert_eq!(containers, vec![sized("app", 115, 300), kept]);
+    }
 }
