@@ -372,7 +372,8 @@ async fn show(
     let floor = targets.iter().map(|(cpu, _)| *cpu).max().unwrap_or(0) + 100;
     step(&format!(
         "updateMode InPlace with a CPU floor of {floor}m: each node's agent resizes its running pod \
-         through pods/resize, nobody deletes anything"
+         through pods/resize, nobody deletes anything (a raise: on minutes of history, less than the \
+         chart's agent.update.minHistory of 24h, an agent raises a running pod but never lowers it)"
     ));
     println!();
     println!(
