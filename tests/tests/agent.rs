@@ -588,6 +588,21 @@ fn start_agent(
     kube: kube::Config,
     stop: &CancellationToken,
 ) -> Result<(tempfile::TempDir, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+    // VPA's update rules from the first sample: these tests check the resize and eviction
+    // mechanics on seconds of history (the rule that a short history never lowers a request
+    // has its own test below and api's, domain/update.rs, a_short_history_only_raises)
+    start_agent_with(env, node, pod_uid, kube, stop, "0s")
+}
+
+/// [`start_agent`] with `--update-min-history`.
+fn start_agent_with(
+    env: &TestEnv,
+    node: &str,
+    pod_uid: &str,
+    kube: kube::Config,
+    stop: &CancellationToken,
+    min_history: &str,
+) -> Result<(tempfile::TempDir, tokio::task::JoinHandle<anyhow::Result<()>>)> {
     let tmp = tempfile::tempdir()?;
     let cgroup_root = tmp.path().join("cgroup");
     synthetic_cgroup_tree(&cgroup_root, pod_uid, 1)?;
@@ -599,11 +614,8 @@ fn start_agent(
         &[
             "--update-interval",
             "500ms",
-            // VPA's update rules from the first sample: these tests check the resize and
-            // eviction mechanics on seconds of history; the rule that a short history never
-            // lowers a request is api's (domain/update.rs, a_short_history_only_raises)
             "--update-min-history",
-            "0s",
+            min_history,
             "--eviction-retry-interval",
             "1s",
             "--disruption-namespace",
@@ -722,6 +734,64 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
         let note = env.wait_for_event("Pod", &pod_name, "Resized").await?;
         assert!(note.contains("resized in place to agent: cpu 25m/50m"), "{note}");
         assert!(note.contains("outside the recommendation's bounds"), "{note}");
+
+        stop.cancel();
+        agent.await??;
+        Ok(())
+    })
+    .await;
+}
+
+/// The chart's default `--update-min-history` (24h): on seconds of history an InPlace resize
+/// raises the memory request that is below the recommendation's lower bound (64Mi, the floor
+/// 250Mi) and keeps the CPU request (100m) that the node's target (the 25m floor) would lower.
+#[tokio::test]
+async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
+    e2e("agent-short-history", |env| async move {
+        test_log();
+        let cp = env.cp;
+        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let node = env.create_nodes(1).await?.remove(0);
+        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        let pod_uid = autoscaled_pod_with_mode(&env, &node, 1, "InPlace").await?;
+        let stop = CancellationToken::new();
+        let kube = cp.config_with_token(&token).await?;
+        let (_tmp, agent) = start_agent_with(&env, &node, &pod_uid, kube, &stop, "24h")?;
+
+        let pods = env.api::<Pod>();
+        let resized = cp
+            .poll("the pod resized in place", || {
+                let pods = pods.clone();
+                let uid = pod_uid.clone();
+                async move {
+                    let list = pods.list(&Default::default()).await?;
+                    Ok(list
+                        .items
+                        .into_iter()
+                        .find(|p| p.uid().as_deref() == Some(uid.as_str()))
+                        .filter(|p| requests_of(p).1 != "64Mi"))
+                }
+            })
+            .await?;
+        let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
+        let rec = recs.get(&node).await?;
+        let entry = &rec.spec.recommendations[0];
+        let target = entry.target.clone().unwrap_or_default();
+        assert_ne!(
+            target["cpu"].0, "100m",
+            "the node's target would lower the CPU request"
+        );
+        assert!(
+            entry.first_sample_time.is_some() && entry.last_sample_time.is_some(),
+            "the history's span is published: {entry:?}"
+        );
+        assert_eq!(
+            requests_of(&resized),
+            ("100m".to_string(), target["memory"].0.clone()),
+            "memory raised to the node's target, the CPU request not lowered"
+        );
+        let note = env.wait_for_event("Pod", &resized.name_any(), "Resized").await?;
+        assert!(note.contains("cpu 100m/200m"), "{note}");
 
         stop.cancel();
         agent.await??;
