@@ -122,6 +122,44 @@ async fn daemonset_pods_get_their_node_figures() {
             .to_string();
         let note = env.wait_for_event("DaemonSetAutoscaler", DS, &provided).await?;
         ensure!(note.starts_with("RecommendationProvided is True"), "{note}");
+
+        // InPlace: the status says whether this cluster resizes in place (pods/resize is served
+        // by default from 1.33); where it does not, it names the version and the gate, and an
+        // Event says it once
+        autoscalers
+            .patch(
+                DS,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"updatePolicy": {"updateMode": "InPlace"}}})),
+            )
+            .await?;
+        let status = wait_for_status(&env, |s| {
+            s["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "InPlaceResize"))
+        })
+        .await?;
+        let resize = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "InPlaceResize")
+            .cloned()
+            .unwrap_or_default();
+        let version = env.cp.kube_version().to_string();
+        let message = resize["message"].as_str().unwrap_or_default();
+        let reason = resize["reason"].as_str().unwrap_or_default();
+        if env.cp.kube_version().resize_by_default() {
+            ensure!(resize["status"] == "True" && reason == "ResizeServed", "{resize}");
+        } else {
+            ensure!(resize["status"] == "False" && reason == "ResizeNotServed", "{resize}");
+            for said in [version.as_str(), "InPlacePodVerticalScaling", "acts as Recreate"] {
+                ensure!(message.contains(said), "{said} missing from the condition: {message}");
+            }
+        }
+        ensure!(message.contains(&version), "the condition names the version: {message}");
+        let note = env.wait_for_event("DaemonSetAutoscaler", DS, reason).await?;
+        ensure!(note.starts_with("InPlaceResize is "), "{note}");
         let ds = env.api::<DaemonSet>();
         ds.create(&PostParams::default(), &simple_daemonset(DS, &env.node_selector())?)
             .await?;
