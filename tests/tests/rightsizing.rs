@@ -854,3 +854,214 @@ async fn readyz(port: u16) -> Result<u16> {
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| anyhow!("not an HTTP answer: {answer:?}"))
 }
+
+/// Native sidecars (init containers with `restartPolicy: Always`) through the real DaemonSet
+/// controller: on the node with figures, the created pod's sidecars have the node's requests (one
+/// without requests in the template too), its run-to-completion init container the template's;
+/// on the node without figures, the template's. The report marks the sidecar rows, and the pod
+/// request it says each node needs (KEP-753: containers plus sidecars, or the init container's
+/// peak) is the created pod's as the scheduler counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sidecars_get_their_node_figures() {
+    e2e("rightsizing-sidecars", |env| async move {
+        apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let mut nodes = Vec::new();
+        for i in 0..2 {
+            let name = format!("{}-s{i}", env.id);
+            let mut labels = env.node_selector();
+            labels.insert("kubernetes.io/hostname".to_string(), name.clone());
+            create_ready_node(env.cp, &env.client, &name, labels).await?;
+            nodes.push(name);
+        }
+        let ports = free_ports(2)?;
+        let cert_dir = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
+        register(&env, ports[0]).await?;
+
+        // the first node's agent measured the container, both sidecars and (as no agent would
+        // publish, but to show it is not used) the init container
+        let entry = |container: &str, cpu: &str, memory: &str| ContainerRecommendation {
+            autoscaler: AutoscalerRef {
+                namespace: env.namespace.clone(),
+                name: DS.to_string(),
+            },
+            container_name: container.to_string(),
+            target: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity(cpu.to_string())),
+                ("memory".to_string(), Quantity(memory.to_string())),
+            ])),
+            lower_bound: None,
+            upper_bound: None,
+            uncapped_target: None,
+            sample_count: 1440,
+            first_sample_time: None,
+            last_sample_time: None,
+            oom_count: 0,
+        };
+        let rec = NodeRecommendation::new(
+            &nodes[0],
+            NodeRecommendationSpec {
+                update_time: None,
+                pods: Vec::new(),
+                summary: None,
+                recommendations: vec![
+                    entry("agent", "300m", "200Mi"),
+                    entry("log-forwarder", "40m", "48Mi"),
+                    entry("mesh", "30m", "24Mi"),
+                    entry("setup", "5m", "8Mi"),
+                ],
+            },
+        );
+        Api::<NodeRecommendation>::all(env.client.clone())
+            .create(&PostParams::default(), &rec)
+            .await?;
+        let autoscalers: Api<DaemonSetAutoscaler> = env.api();
+        autoscalers
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "nodewarden.io/v1alpha1",
+                    "kind": "DaemonSetAutoscaler",
+                    "metadata": {"name": DS},
+                    "spec": {"targetRef": {"kind": "DaemonSet", "name": DS}, "coldStart": "Template"},
+                }))?,
+            )
+            .await?;
+        let api = autoscalers.clone();
+        env.cp
+            .poll("the autoscaler's status", || {
+                let api = api.clone();
+                async move {
+                    let status = api.get(DS).await?.status.unwrap_or_default();
+                    Ok((status.nodes_with_recommendation == Some(1)).then_some(()))
+                }
+            })
+            .await?;
+        // the webhook's cache follows the statuses through its watch; give it a moment
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        let mut ds: DaemonSet = simple_daemonset(DS, &env.node_selector())?;
+        let spec = ds
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .ok_or_else(|| anyhow!("no pod template"))?;
+        spec.init_containers = Some(serde_json::from_value(json!([
+            {"name": "setup", "image": "nodewarden-e2e/pause:never-pulled",
+             "resources": {"requests": {"cpu": "800m", "memory": "32Mi"}}},
+            {"name": "log-forwarder", "image": "nodewarden-e2e/pause:never-pulled", "restartPolicy": "Always",
+             "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}},
+            {"name": "mesh", "image": "nodewarden-e2e/pause:never-pulled", "restartPolicy": "Always"}
+        ]))?);
+        env.api::<DaemonSet>().create(&PostParams::default(), &ds).await?;
+        let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, &nodes).await?;
+
+        let resources = |pod: &Pod, name: &str| -> serde_json::Value {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.init_containers.as_ref())
+                .and_then(|i| i.iter().find(|c| c.name == name))
+                .map(|c| serde_json::to_value(&c.resources).unwrap_or_default())
+                .unwrap_or_default()
+        };
+        let measured = &pods[&nodes[0]];
+        ensure!(
+            resources(measured, "log-forwarder")
+                == json!({"requests": {"cpu": "40m", "memory": "48Mi"}, "limits": {"cpu": "80m", "memory": "96Mi"}}),
+            "the sidecar on {}: {}",
+            nodes[0],
+            resources(measured, "log-forwarder")
+        );
+        // the API server defaults nothing for a sidecar without requests: the webhook's figures
+        ensure!(
+            resources(measured, "mesh") == json!({"requests": {"cpu": "30m", "memory": "24Mi"}}),
+            "the sidecar without requests on {}: {}",
+            nodes[0],
+            resources(measured, "mesh")
+        );
+        ensure!(
+            resources(measured, "setup") == json!({"requests": {"cpu": "800m", "memory": "32Mi"}}),
+            "the init container is the template's: {}",
+            resources(measured, "setup")
+        );
+        expect_annotation(
+            measured,
+            "rightsizing.nodewarden.io/source",
+            "agent=node-recommendation, log-forwarder=node-recommendation, mesh=node-recommendation",
+        )?;
+        let cold = &pods[&nodes[1]];
+        ensure!(
+            resources(cold, "log-forwarder")
+                == json!({"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}),
+            "the sidecar on the node without figures keeps the template's: {}",
+            resources(cold, "log-forwarder")
+        );
+        expect_annotation(
+            cold,
+            "rightsizing.nodewarden.io/source",
+            "agent=cold-start-template, log-forwarder=cold-start-template, mesh=cold-start-template",
+        )?;
+
+        let report: serde_json::Value = serde_json::from_str(
+            &nodewarden_tests::kubectl_nodewarden(&[
+                "report",
+                "--kubeconfig",
+                &env.cp.kubeconfig_path().display().to_string(),
+                "-n",
+                &env.namespace,
+                "-o",
+                "json",
+            ])
+            .await?,
+        )?;
+        let ds_report = report["daemonsets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["autoscaler"] == DS)
+            .ok_or_else(|| anyhow!("no report for {DS}: {report}"))?;
+        let sidecar_rows: Vec<(String, String)> = ds_report["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["sidecar"] == true)
+            .map(|r| (r["node"].as_str().unwrap_or_default().to_string(), r["container"].as_str().unwrap_or_default().to_string()))
+            .collect();
+        ensure!(
+            sidecar_rows.len() == 4 && !sidecar_rows.iter().any(|(_, c)| c == "setup"),
+            "sidecar rows: {sidecar_rows:?}"
+        );
+        for node in &nodes {
+            let pod = &pods[node];
+            let effective = nodewarden_api::domain::sizing::effective_requests(
+                pod.spec.as_ref().ok_or_else(|| anyhow!("no spec"))?,
+            );
+            let said = ds_report["pods"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["node"] == *node)
+                .map(|p| p["target"].clone())
+                .ok_or_else(|| anyhow!("no pod request for {node}: {ds_report}"))?;
+            let want = json!({"cpuMillis": effective.cpu, "memoryBytes": effective.memory});
+            ensure!(
+                said == want,
+                "{node}: the report says the pod needs {said}, the created pod requests {want}"
+            );
+        }
+        // the measured node: 300m + 40m + 30m of CPU is less than setup's 800m, which the
+        // scheduler reserves; memory 200Mi + 48Mi + 24Mi
+        let effective = nodewarden_api::domain::sizing::effective_requests(
+            measured.spec.as_ref().ok_or_else(|| anyhow!("no spec"))?,
+        );
+        ensure!(
+            effective.cpu == Some(800) && effective.memory == Some(272 << 20),
+            "{effective:?}"
+        );
+        webhook.stop().await
+    })
+    .await;
+}

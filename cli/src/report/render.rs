@@ -98,7 +98,7 @@ fn right(text: String) -> Cell {
 fn row_cells(r: &Row, wide: bool) -> Vec<Cell> {
     let mut cells = vec![
         Cell::new(&r.node),
-        Cell::new(&r.container),
+        Cell::new(r.label()),
         right(pair(r.template)),
         right(if r.has_pod {
             pair(r.current)
@@ -508,7 +508,7 @@ fn td_pair(r: Resources) -> String {
 
 fn html_row(ds: &DaemonSetReport, r: &Row) -> String {
     let mut tr = String::from("<tr>");
-    for text in [&ds.namespace, &ds.daemonset, &r.node, &r.container] {
+    for text in [&ds.namespace, &ds.daemonset, &r.node, &r.label()] {
         let _ = write!(tr, "<td>{}</td>", escape(text));
     }
     tr.push_str(&td_pair(r.template));

@@ -1143,3 +1143,71 @@ fn the_html_page_runs_in_headless_chromium() {
         assert!(png.is_file(), "no screenshot at {}", png.display());
     }
 }
+
+#[test]
+fn native_sidecars_are_rows_marked_as_such_and_the_pod_request_counts_them() {
+    // the template's `sidecar` container becomes a native sidecar, beside a run-to-completion
+    // init container
+    let mut ds = daemonset();
+    let spec = ds
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("template");
+    let sidecar = spec.containers.pop().expect("sidecar");
+    spec.init_containers = Some(vec![
+        serde_json::from_value(json!({"name": "setup", "image": "x",
+            "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}))
+        .expect("init"),
+        k8s_openapi::api::core::v1::Container {
+            restart_policy: Some("Always".to_string()),
+            ..sidecar
+        },
+    ]);
+    let mut recommendation = rec("a", "shipper", ("300m", "200Mi"), ("1m", "1Mi"), ("2", "1Gi"), 0);
+    let mut side = recommendation.spec.recommendations[0].clone();
+    side.container_name = "sidecar".to_string();
+    side.target = Some(serde_json::from_value(json!({"cpu": "20m", "memory": "32Mi"})).expect("target"));
+    let mut setup = side.clone();
+    setup.container_name = "setup".to_string();
+    recommendation.spec.recommendations.extend([side, setup]);
+    let snapshot = Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![ds],
+        recommendations: vec![recommendation],
+        ..Snapshot::default()
+    };
+    let report = compute(&snapshot);
+    let rows: Vec<(&str, bool, Resources)> = report.daemonsets[0]
+        .rows
+        .iter()
+        .map(|r| (r.container.as_str(), r.sidecar, r.target))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("shipper", false, res(300, 200 * MI)),
+            ("sidecar", true, res(20, 32 * MI)),
+        ],
+        "the sidecar is a row with its node's figures; setup is none"
+    );
+    // containers and sidecars summed (320m), under setup's 1 CPU alone; memory 232Mi over 64Mi
+    assert_eq!(
+        report.daemonsets[0].pods,
+        [PodRequests {
+            node: "a".to_string(),
+            current: res(1000, 256 * MI),
+            target: res(1000, 232 * MI),
+        }]
+    );
+    let table = render_to_string(|out| render::table(&report, &view(SortBy::Name, true), false, out));
+    assert!(table.contains("sidecar (sidecar)"), "{table}");
+    assert!(!table.contains("shipper (sidecar)"), "{table}");
+    let json: Value =
+        serde_json::from_str(&render_to_string(|out| render::json(&report, out))).expect("json");
+    assert_eq!(json["daemonsets"][0]["rows"][1]["sidecar"], json!(true));
+    assert_eq!(
+        json["daemonsets"][0]["pods"][0]["target"],
+        json!({"cpuMillis": 1000, "memoryBytes": 232 * MI})
+    );
+}
