@@ -137,7 +137,7 @@ async fn seed_from_history(
         started.elapsed(),
         metrics,
     ) {
-        node_event(client, &config.node_name, "HistorySeedFailed", note).await;
+        node_event(client, &config.node_name, "Seed", "HistorySeedFailed", note).await;
     }
 }
 
@@ -199,7 +199,7 @@ async fn seed_finished(
 
 /// Publishes a Warning Event about this node (`kubectl describe node` shows it), waiting at
 /// most 10 s; a failure is logged only.
-async fn node_event(client: &Client, node: &str, reason: &str, note: String) {
+async fn node_event(client: &Client, node: &str, action: &str, reason: &str, note: String) {
     let recorder = nodewarden_runtime::events::recorder(client, "nodewarden-agent", Some(node.to_string()));
     let regarding = k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some("v1".to_string()),
@@ -207,7 +207,7 @@ async fn node_event(client: &Client, node: &str, reason: &str, note: String) {
         name: Some(node.to_string()),
         ..Default::default()
     };
-    let publish = nodewarden_runtime::events::publish(&recorder, &regarding, true, "Seed", reason, note);
+    let publish = nodewarden_runtime::events::publish(&recorder, &regarding, true, action, reason, note);
     if tokio::time::timeout(Duration::from_secs(10), publish)
         .await
         .is_err()
@@ -340,7 +340,7 @@ pub async fn run_with_clients(
                 if let Some(note) = note {
                     // not awaited: the Event's write must not hold the sampling back
                     let (client, node) = (event_client.clone(), config.node_name.clone());
-                    tokio::spawn(async move { node_event(&client, &node, "HistorySeedFailed", note).await });
+                    tokio::spawn(async move { node_event(&client, &node, "Seed", "HistorySeedFailed", note).await });
                 }
                 if let Some(l) = later.as_mut() {
                     l.done(now_ms());
@@ -356,6 +356,14 @@ pub async fn run_with_clients(
             targets.retain(|t| !l.is_pending(&t.key));
         }
         let tick = sampler.tick(now, &targets, &autoscalers);
+        for unmapped in tick.unrecognised {
+            // once per problem (the sampler says each once); not awaited, as above
+            let (client, node) = (event_client.clone(), config.node_name.clone());
+            let note = unmapped.to_string();
+            tokio::spawn(
+                async move { node_event(&client, &node, "Measure", "CgroupsNotRecognised", note).await },
+            );
+        }
         let pods_changed = pods_rx.has_changed().unwrap_or(false);
         let publish = match tick.publish {
             Some((reason, spec)) => Some((reason.as_str(), spec)),

@@ -41,7 +41,8 @@ pub struct ContainerLabels {
 /// Label of the publish decisions counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// Why the sampler wrote or skipped the `NodeRecommendation`.
+    /// Why the sampler wrote or skipped the `NodeRecommendation` (or, for
+    /// `unrecognised_cgroups`, why a cgroup tree cannot be mapped).
     pub reason: &'static str,
 }
 
@@ -112,6 +113,7 @@ pub struct Metrics {
     write_errors: Counter,
     publish_decisions: Family<ReasonLabels, Counter>,
     unreadable: Counter,
+    unrecognised_cgroups: Family<ReasonLabels, Counter>,
     checkpoint_writes: Counter,
     checkpoint_errors: Counter,
     tracked: Gauge,
@@ -220,6 +222,13 @@ impl Metrics {
             "Container cgroup readings that failed (missing or malformed files); the other containers go on",
             unreadable.clone(),
         );
+        let unrecognised_cgroups = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "unrecognised_cgroups",
+            "Cgroup trees in a form the agent cannot map to containers, each counted once, by reason \
+             (outside_pod, unknown_form, no_pod_cgroups, no_kubepods); their containers are not measured",
+            unrecognised_cgroups.clone(),
+        );
         let checkpoint_writes = Counter::default();
         registry.register(
             "checkpoint_writes",
@@ -302,6 +311,7 @@ impl Metrics {
             write_errors,
             publish_decisions,
             unreadable,
+            unrecognised_cgroups,
             checkpoint_writes,
             checkpoint_errors,
             tracked,
@@ -433,6 +443,20 @@ impl Metrics {
     /// One container whose cgroup could not be read.
     pub fn unreadable_container(&self) {
         self.unreadable.inc();
+    }
+
+    /// One cgroup tree the agent cannot map, by reason ([`crate::cgroup::Unmapped::reason`]).
+    pub fn unrecognised_cgroup(&self, reason: &'static str) {
+        self.unrecognised_cgroups
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Cgroup trees not recognised so far, for one reason.
+    pub fn unrecognised_count(&self, reason: &'static str) -> u64 {
+        self.unrecognised_cgroups
+            .get_or_create(&ReasonLabels { reason })
+            .get()
     }
 
     /// Unreadable container cgroups counted so far.

@@ -512,3 +512,95 @@ fn on_cgroup_v1_the_same_estimator_reads_the_v1_files() {
     s.tick(T0 + 20_000, &t, &alive());
     assert_eq!(s.snapshot()[&key("app")].oom_count, 1);
 }
+
+/// Ticks `n` times, 10 s apart from `t0`: the unrecognised trees said in each tick, and
+/// whether any write named a container.
+fn ticks(s: &mut Sampler, t0: i64, n: i64, t: &[Target]) -> (Vec<usize>, bool) {
+    let mut said = Vec::new();
+    let mut published_figures = false;
+    for i in 0..n {
+        let tick = s.tick(t0 + i * 10_000, t, &alive());
+        said.push(tick.unrecognised.len());
+        if let Some((_, spec)) = tick.publish {
+            published_figures |= !spec.recommendations.is_empty();
+        }
+    }
+    (said, published_figures)
+}
+
+#[test]
+fn containers_in_an_unknown_cgroup_form_are_said_once_and_never_published() {
+    let (_tmp, root) = fixture_copy("systemd-containerd");
+    let pod_dir = root.join(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_0000_4000_8000_000000000001.slice",
+    );
+    // an unknown runtime's names for the two containers
+    for id in ["a1", "b2"] {
+        fs::rename(
+            pod_dir.join(format!("cri-containerd-{}.scope", hex(id))),
+            pod_dir.join(format!("youki-{}.scope", hex(id))),
+        )
+        .expect("test setup");
+    }
+    let metrics = Arc::new(Metrics::new());
+    let mut s = sampler(&root, metrics.clone());
+    let p = pod(
+        "0a1b2c3d-0000-4000-8000-000000000001",
+        &[("app", hex("a1")), ("side", hex("b2"))],
+    );
+    let t = targets(&p);
+    let (said, published_figures) = ticks(&mut s, T0, 30, &t);
+    // each container's cgroup named once, in the first tick; nothing measured or published
+    assert_eq!(said[0], 2, "{said:?}");
+    assert!(said[1..].iter().all(|&n| n == 0), "{said:?}");
+    assert!(!published_figures);
+    assert!(s.history(&key("app")).is_none());
+    assert!(s.history(&key("side")).is_none());
+    assert_eq!(metrics.unrecognised_count("outside_pod"), 2);
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"nodewarden_agent_unrecognised_cgroups_total{reason="outside_pod"} 2"#)
+    );
+    // the tree is looked at again every few ticks, not at every one
+    assert!(s.locator_walks() <= 6, "{} walks in 30 ticks", s.locator_walks());
+
+    // the runtime's names back in a known form: found at the next look, measured, published
+    for id in ["a1", "b2"] {
+        fs::rename(
+            pod_dir.join(format!("youki-{}.scope", hex(id))),
+            pod_dir.join(format!("cri-containerd-{}.scope", hex(id))),
+        )
+        .expect("test setup");
+    }
+    let (said, published_figures) = ticks(&mut s, T0 + 300_000, 10, &t);
+    assert!(said.iter().all(|&n| n == 0), "{said:?}");
+    assert!(published_figures);
+    assert!(s.history(&key("app")).is_some());
+    assert_eq!(metrics.unrecognised_count("outside_pod"), 2);
+}
+
+#[test]
+fn a_tree_without_kubepods_is_said_once_naming_the_root() {
+    let dir = tempfile::tempdir().expect("test setup");
+    let root = dir.path().join("cgroup");
+    fs::create_dir_all(root.join("system.slice/containerd.service")).expect("test setup");
+    fs::write(root.join("cgroup.controllers"), "cpu memory\n").expect("test setup");
+    let metrics = Arc::new(Metrics::new());
+    let mut s = sampler(&root, metrics.clone());
+    let p = pod("0a1b2c3d-0000-4000-8000-000000000001", &[("app", hex("a1"))]);
+    let mut said = Vec::new();
+    for i in 0..30 {
+        let tick = s.tick(T0 + i * 10_000, &targets(&p), &alive());
+        if let Some((_, spec)) = &tick.publish {
+            assert!(spec.recommendations.is_empty(), "{spec:?}");
+        }
+        said.extend(tick.unrecognised);
+    }
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].path(), root.as_path());
+    let message = said[0].to_string();
+    assert!(message.contains("no kubepods cgroup below"), "{message}");
+    assert!(message.contains("system.slice"), "{message}");
+    assert_eq!(metrics.unrecognised_count("no_kubepods"), 1);
+}

@@ -2,17 +2,20 @@
 //! decided once at start ([`Hierarchy::detect`]).
 //!
 //! Layouts recognised (any prefix before the `kubepods` part, so
-//! `kubelet.slice/kubelet-kubepods.slice/…` works too):
+//! `kubelet.slice/kubelet-kubepods.slice/…`, rootless k3s's `user.slice/…/k3s-rootless.service/kubepods/…`
+//! and a k3s-in-Docker node seen from its host, `system.slice/docker-<node>.scope/kubepods/…`, work too):
 //!
 //! - systemd driver: `…kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid with _>.slice/<scope>`,
 //!   Guaranteed pods without the QoS level: `…kubepods.slice/kubepods-pod<uid_>.slice/<scope>`;
 //!   scopes `cri-containerd-<id>.scope`, `crio-<id>.scope`, `docker-<id>.scope`
 //!   (`crio-conmon-<id>.scope` is CRI-O's monitor, not a container, and is skipped);
 //! - cgroupfs driver: `…kubepods/<qos>/pod<uid>/<id>` and `…kubepods/pod<uid>/<id>`
-//!   (CRI-O: `crio-<id>`).
+//!   (CRI-O: `crio-<id>`, its monitor `crio-conmon-<id>` skipped).
 //!
 //! Every container cgroup of a pod is returned, the sandbox (pause) container included; the
-//! join with the pod's `containerStatuses` keeps only real containers.
+//! join with the pod's `containerStatuses` keeps only real containers. A wanted container
+//! that cannot be mapped is explained by [`Survey::diagnose`] ([`Locator::unmapped`]) when the
+//! tree is in a form the agent does not know.
 //!
 //! A crate of its own (`nodewarden-cgroup`, re-exported by the agent as `nodewarden_agent::cgroup`)
 //! on the standard library alone, so its tests build in seconds for another architecture: `cargo
@@ -20,16 +23,16 @@
 
 #![warn(missing_docs)]
 
+mod survey;
 pub mod v1;
+
+pub use survey::{KNOWN_FORMS, PodCgroup, Survey, Unmapped, survey};
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-
-/// How deep below the root a pod cgroup may sit (prefix + kubepods + QoS + pod).
-const MAX_POD_DEPTH: usize = 8;
 
 /// Why the cgroup root is not usable or a cgroup file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -303,51 +306,10 @@ pub fn check_root(root: &Path) -> Result<(), CgroupError> {
     })
 }
 
-/// Finds every container cgroup below `root`. Directories that cannot be listed are skipped
-/// (a pod may go away while we walk).
+/// Finds every container cgroup below `root` ([`survey`] keeps what else the walk saw).
+/// Directories that cannot be listed are skipped (a pod may go away while we walk).
 pub fn discover(root: &Path) -> Vec<ContainerCgroup> {
-    let mut found = Vec::new();
-    walk(root, 0, false, &mut found);
-    found.sort_by(|a, b| a.path.cmp(&b.path));
-    found
-}
-
-fn subdirs(dir: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
-        .collect()
-}
-
-fn walk(dir: &Path, depth: usize, under_kubepods: bool, found: &mut Vec<ContainerCgroup>) {
-    if depth > MAX_POD_DEPTH {
-        return;
-    }
-    for (name, path) in subdirs(dir) {
-        let kubepods = under_kubepods || name.contains("kubepods");
-        if kubepods && let Some(uid) = pod_uid_of(&name) {
-            for (cname, cpath) in subdirs(&path) {
-                if let Some((runtime, id)) = container_of(&cname) {
-                    found.push(ContainerCgroup {
-                        pod_uid: uid.clone(),
-                        container_id: id,
-                        runtime,
-                        path: cpath,
-                    });
-                }
-            }
-            continue;
-        }
-        // stop at things that are clearly not on the way to pods
-        if name.ends_with(".scope") {
-            continue;
-        }
-        walk(&path, depth + 1, kubepods, found);
-    }
+    survey(root).containers
 }
 
 fn is_uid_char(c: char) -> bool {
@@ -483,6 +445,8 @@ pub struct Locator {
     by_id: HashMap<String, ContainerCgroup>,
     /// Wanted container IDs the last walk did not find.
     not_found: HashSet<String>,
+    /// Why wanted containers the last walk did not map cannot be mapped, one per problem.
+    unmapped: Vec<Unmapped>,
     calls_since_walk: u32,
     /// How many full walks were made (for tests and metrics).
     pub walks: u64,
@@ -495,6 +459,7 @@ impl Locator {
             root,
             by_id: HashMap::new(),
             not_found: HashSet::new(),
+            unmapped: Vec::new(),
             calls_since_walk: 0,
             walks: 0,
         }
@@ -503,6 +468,12 @@ impl Locator {
     /// The directory searched.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Why wanted containers that the last walk did not map cannot be mapped, where the tree
+    /// says so (one entry per [`Unmapped::key`]); kept until the next walk.
+    pub fn unmapped(&self) -> &[Unmapped] {
+        &self.unmapped
     }
 
     /// The cgroups of `wanted` (pod UID, container ID) pairs that exist.
@@ -519,14 +490,23 @@ impl Locator {
         if walk {
             self.walks += 1;
             self.calls_since_walk = 0;
-            self.by_id = discover(&self.root)
-                .into_iter()
-                .map(|c| (c.container_id.clone(), c))
+            let survey = survey(&self.root);
+            self.by_id = survey
+                .containers
+                .iter()
+                .map(|c| (c.container_id.clone(), c.clone()))
                 .collect();
             self.not_found = wanted
                 .clone()
                 .filter(|(_, id)| !self.by_id.contains_key(*id))
                 .map(|(_, id)| id.to_string())
+                .collect();
+            let mut keys = HashSet::new();
+            self.unmapped = wanted
+                .clone()
+                .filter(|(uid, id)| self.by_id.get(*id).is_none_or(|c| c.pod_uid != *uid))
+                .filter_map(|(uid, id)| survey.diagnose(uid, id))
+                .filter(|u| keys.insert(u.key()))
                 .collect();
         }
         wanted

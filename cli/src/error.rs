@@ -62,6 +62,9 @@ pub enum Error {
     /// Prometheus could not give the history (`--prometheus`): unreachable, refused, a limit, a
     /// missing series; the message says which and what to do.
     Prometheus(#[from] nodewarden_history::Error),
+    #[error("{0}")]
+    /// Flags that parse but do not go together (e.g. an `--end` after now).
+    Usage(String),
     #[error("cannot write the report: {0}")]
     /// The report could not be written to the output; the I/O error.
     Output(String),

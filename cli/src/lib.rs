@@ -90,6 +90,13 @@ pub struct ReportArgs {
     /// With --prometheus: the range of CPU's rate(); at least twice the scrape interval.
     #[arg(long, default_value = "2m", value_parser = parse_step, value_name = "DURATION")]
     pub rate_window: Duration,
+    /// With --prometheus: read the history up to this time (RFC 3339, e.g.
+    /// 2026-11-28T06:00:00Z; the window ends on the last whole step at or before it), to see what
+    /// the figures were then, or to read exactly what an agent seeded (its NodeRecommendation's
+    /// lastSampleTime). Default: now, less half the rate window, whose newest samples may still
+    /// be on their way to Prometheus.
+    #[arg(long, value_parser = parse_time, value_name = "TIME", requires = "prometheus")]
+    pub end: Option<k8s_openapi::jiff::Timestamp>,
     /// With --prometheus: a file holding a bearer token to send (read again for each query).
     #[arg(long, env = "NODEWARDEN_PROMETHEUS_TOKEN_FILE", value_name = "FILE")]
     pub prometheus_token_file: Option<PathBuf>,
@@ -122,6 +129,11 @@ fn parse_step(s: &str) -> Result<Duration, String> {
         return Err(format!("{s} is longer than 24h"));
     }
     Ok(d)
+}
+
+fn parse_time(s: &str) -> Result<k8s_openapi::jiff::Timestamp, String> {
+    s.parse::<k8s_openapi::jiff::Timestamp>()
+        .map_err(|e| format!("{s} is not an RFC 3339 time such as 2026-11-28T06:00:00Z: {e}"))
 }
 
 impl ReportArgs {
@@ -173,6 +185,7 @@ pub fn history_request(args: &ReportArgs, url: &str) -> report::history::Request
         window: args.window,
         resolution: args.resolution,
         rate_window: args.rate_window,
+        end_ms: args.end.map(|t| t.as_millisecond()),
         daemonsets: args.daemonsets.clone(),
         selector: args.selector.clone(),
         labels: nodewarden_history::cadvisor::Labels::default(),
@@ -222,6 +235,11 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
                         .duration_since(std::time::UNIX_EPOCH)
                         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
                         .unwrap_or(0);
+                    if let Some(end) = args.end.filter(|t| t.as_millisecond() > now_ms) {
+                        return Err(Error::Usage(format!(
+                            "--end {end} is in the future; the history ends now at the latest"
+                        )));
+                    }
                     let (snapshot, source) =
                         report::history::snapshot(&client, namespace.as_deref(), &request, now_ms).await?;
                     let mut report = report::compute(&snapshot);

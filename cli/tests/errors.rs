@@ -104,3 +104,47 @@ fn bad_flags_and_contexts_are_named() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_end_that_is_not_a_past_time_is_refused_before_any_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, KUBECONFIG).expect("write");
+    let path = path.to_str().expect("utf-8 path");
+    let report = |end: &str| {
+        run(
+            &[
+                "report",
+                "--kubeconfig",
+                path,
+                "--prometheus",
+                "http://127.0.0.1:1",
+                "--end",
+                end,
+            ],
+            &[],
+        )
+    };
+    // in the future: said before the cluster (which is down) is read
+    let (code, stdout, stderr) = report("2999-01-01T00:00:00Z");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("--end 2999-01-01T00:00:00Z is in the future"),
+        "{stderr}"
+    );
+    // not a time
+    let (code, _, stderr) = report("yesterday");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("yesterday is not an RFC 3339 time such as 2026-11-28T06:00:00Z"),
+        "{stderr}"
+    );
+    // only with --prometheus
+    let (code, _, stderr) = run(
+        &["report", "--kubeconfig", path, "--end", "2026-01-01T00:00:00Z"],
+        &[],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--prometheus"), "{stderr}");
+}

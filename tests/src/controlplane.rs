@@ -34,9 +34,71 @@ pub struct Binaries {
     pub dir: PathBuf,
 }
 
+/// The Kubernetes version a test run's control plane runs: `$NODEWARDEN_KUBE_VERSION` (e.g.
+/// `v1.30.14` or `1.37.2`; `cargo xtask compat` sets it), else the one pinned in
+/// `controlplane/go.mod`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeVersion {
+    /// `v1.30.14`, `v1.38.0-beta.0`
+    pub text: String,
+    pub minor: u32,
+}
+
+impl KubeVersion {
+    /// `vMAJOR.MINOR.PATCH` with an optional pre-release; the leading `v` may be left out.
+    pub fn parse(s: &str) -> Result<Self> {
+        let text = format!("v{}", s.trim().trim_start_matches('v'));
+        let core = text[1..].split('-').next().unwrap_or_default();
+        let parts: Vec<&str> = core.split('.').collect();
+        let numbers: Option<Vec<u32>> = parts.iter().map(|p| p.parse().ok()).collect();
+        match numbers.as_deref() {
+            Some([1, minor, _patch]) => Ok(Self { minor: *minor, text }),
+            _ => bail!("{s:?} is not a Kubernetes version (expected e.g. v1.30.14 or v1.38.0-beta.0)"),
+        }
+    }
+
+    /// The version `controlplane/go.mod` pins (what `controlplane/build.sh` builds).
+    pub fn pinned() -> Self {
+        let gomod = include_str!("../controlplane/go.mod");
+        let version = gomod
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("k8s.io/kubernetes "))
+            .map(str::trim)
+            .find(|v| v.starts_with('v'))
+            .expect("controlplane/go.mod requires k8s.io/kubernetes");
+        Self::parse(version).expect("controlplane/go.mod pins a Kubernetes version")
+    }
+
+    /// `$NODEWARDEN_KUBE_VERSION` when set and not empty, else [`KubeVersion::pinned`].
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("NODEWARDEN_KUBE_VERSION") {
+            Ok(v) if !v.trim().is_empty() => Self::parse(&v).context("NODEWARDEN_KUBE_VERSION"),
+            _ => Ok(Self::pinned()),
+        }
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        *self == Self::pinned()
+    }
+
+    /// Whether the API server serves `pods/resize` with its default feature gates: the
+    /// subresource came in 1.32 behind `InPlacePodVerticalScaling`, on by default from 1.33.
+    pub fn resize_by_default(&self) -> bool {
+        self.minor >= 33
+    }
+}
+
+impl std::fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 impl Binaries {
     /// `$NODEWARDEN_CONTROLPLANE_BIN` when set, else the folder `tests/controlplane/build.sh`
-    /// prints (building the binaries on first use, which takes many minutes on a cold cache).
+    /// prints (building the binaries on first use, which takes many minutes on a cold cache),
+    /// or, when `$NODEWARDEN_KUBE_VERSION` names another version than the pinned one, the
+    /// folder `tests/controlplane/build-version.sh` prints for it.
     pub async fn locate() -> Result<Self> {
         if let Some(dir) = std::env::var_os("NODEWARDEN_CONTROLPLANE_BIN") {
             let b = Self {
@@ -45,20 +107,28 @@ impl Binaries {
             b.check()?;
             return Ok(b);
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh");
+        let version = KubeVersion::from_env()?;
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane");
+        let (script, args) = if version.is_pinned() {
+            (folder.join("build.sh"), vec![])
+        } else {
+            (folder.join("build-version.sh"), vec![version.text.clone()])
+        };
         eprintln!(
-            "nodewarden-tests: running {} (first run builds Kubernetes; later runs take seconds)",
-            script.display()
+            "nodewarden-tests: running {} {} (first run builds Kubernetes {version}; later runs take seconds)",
+            script.display(),
+            args.join(" ")
         );
         let out = tokio::process::Command::new("bash")
             .arg(&script)
+            .args(&args)
             .stdin(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit())
             .output()
             .await
             .with_context(|| format!("running {}", script.display()))?;
         if !out.status.success() {
-            bail!("{} failed ({})", script.display(), out.status);
+            bail!("{} {} failed ({})", script.display(), args.join(" "), out.status);
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
         let dir = stdout
@@ -129,6 +199,8 @@ pub struct ControlPlane {
     processes: Mutex<Processes>,
     network: Option<NodeNetwork>,
     options: StartOptions,
+    /// What kube-apiserver's `/version` says, read at start-up.
+    version: KubeVersion,
 }
 
 /// What a control plane of its own starts with, besides the fixed flags
@@ -238,11 +310,13 @@ impl ControlPlane {
             processes: Mutex::new(processes),
             network,
             options,
+            version: KubeVersion::pinned(),
         };
         match cp.boot(&pki).await {
             Ok(()) => {
                 eprintln!(
-                    "nodewarden-tests: control plane ready at {} in {:.1}s (folder {})",
+                    "nodewarden-tests: control plane (Kubernetes {}) ready at {} in {:.1}s (folder {})",
+                    cp.version,
                     cp.apiserver_url,
                     began.elapsed().as_secs_f64(),
                     root.display()
@@ -388,9 +462,28 @@ impl ControlPlane {
         )
         .await?;
 
+        // The version the binaries say they are, checked against the one asked for: a matrix run
+        // that silently tested another version would prove nothing.
+        let client = self.admin_client().await?;
+        let info = client
+            .apiserver_version()
+            .await
+            .context("reading kube-apiserver's /version")?;
+        self.version = KubeVersion::parse(&info.git_version)
+            .with_context(|| format!("kube-apiserver's /version: {}", info.git_version))?;
+        if std::env::var_os("NODEWARDEN_CONTROLPLANE_BIN").is_none() {
+            let wanted = KubeVersion::from_env()?;
+            if self.version != wanted {
+                bail!(
+                    "kube-apiserver in {} is {}, not {wanted} (NODEWARDEN_KUBE_VERSION)",
+                    self.bins.dir.display(),
+                    self.version
+                );
+            }
+        }
+
         // The service-account controller creating `default` in `default` shows that the
         // controllers are running and can write.
-        let client = self.admin_client().await?;
         let sas: Api<ServiceAccount> = Api::namespaced(client, "default");
         self.poll(
             "the `default` ServiceAccount created by kube-controller-manager",
@@ -413,6 +506,11 @@ impl ControlPlane {
     /// watchdog), its output in `<dir>/<name>.log`. Returns its pid.
     pub fn spawn_program(&self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
         self.lock_processes().spawn(name, program, args)
+    }
+
+    /// The Kubernetes version kube-apiserver reports (`/version`).
+    pub fn kube_version(&self) -> &KubeVersion {
+        &self.version
     }
 
     /// The binaries this control plane was started from (kubelet, kube-proxy and kube-scheduler too).
@@ -776,4 +874,38 @@ async fn client_from_yaml(yaml: &str, impersonate: Option<&Impersonate>) -> Resu
         }
     }
     Ok(Client::try_from(config)?)
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::KubeVersion;
+
+    #[test]
+    fn versions_parse_with_or_without_v_and_with_a_pre_release() {
+        let v = KubeVersion::parse("1.30.14").unwrap();
+        assert_eq!((v.text.as_str(), v.minor), ("v1.30.14", 30));
+        let v = KubeVersion::parse("v1.38.0-beta.0").unwrap();
+        assert_eq!((v.text.as_str(), v.minor), ("v1.38.0-beta.0", 38));
+        assert!(!v.is_pinned());
+        assert!(!KubeVersion::parse("v1.32.13").unwrap().resize_by_default());
+        assert!(KubeVersion::parse("v1.33.13").unwrap().resize_by_default());
+    }
+
+    #[test]
+    fn other_text_is_refused_with_what_was_expected() {
+        for bad in ["", "1.30", "v2.0.0", "v1.x.3", "latest"] {
+            let err = KubeVersion::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("expected e.g. v1.30.14"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_pinned_version_is_go_mods() {
+        let pinned = KubeVersion::pinned();
+        assert!(pinned.is_pinned());
+        assert!(
+            include_str!("../controlplane/go.mod").contains(&format!("k8s.io/kubernetes {pinned}\n")),
+            "{pinned}"
+        );
+    }
 }

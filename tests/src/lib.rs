@@ -35,7 +35,7 @@ pub use cluster::{
     TestEnv, apply_crds, chart_crd_files, create_namespace, create_ready_node, daemonset_pod_target_node,
     e2e, read_crds, simple_daemonset, unique_name, wait_for_daemonset_pods,
 };
-pub use controlplane::{Binaries, ControlPlane, Impersonate};
+pub use controlplane::{Binaries, ControlPlane, Impersonate, KubeVersion};
 pub use node::{ContainerCgroup, HostSnapshot, RealCluster, RealClusterConfig, RealNode, require_real_nodes};
 pub use recorder::{RecordingWebhook, Responder, allow_all, allow_with_patch};
 pub use webhooks::{

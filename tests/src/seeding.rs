@@ -173,10 +173,16 @@ pub struct HistoryReady {
     pub first: BTreeMap<String, Timestamp>,
 }
 
+/// How long after a step its samples are settled: what a read (the agents' seeding, the report
+/// without `--end`) leaves out at the end of its window, half the rate window (`seed::settled_end`).
+pub fn settle() -> Duration {
+    RATE_WINDOW / 2
+}
+
 /// Waits until Prometheus holds the shipper's CPU series for every node of `nodes` (up to 2 min),
-/// then until its history holds a whole step ([`HistoryReady::whole_step`]), and 2 s more: a
-/// read from then until the next minute ends its window at that step, as an agent that starts
-/// within the minute does.
+/// then until its history holds a whole step ([`HistoryReady::whole_step`]) and that step is
+/// settled ([`settle`]), and 2 s more: a read from then on (the report, an agent's seeding) ends
+/// its window at that step or a later one, never before it.
 pub async fn wait_for_whole_step(prometheus: &Prometheus, nodes: &[String]) -> Result<HistoryReady> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let first = loop {
@@ -196,7 +202,8 @@ pub async fn wait_for_whole_step(prometheus: &Prometheus, nodes: &[String]) -> R
     let window = SignedDuration::try_from(RATE_WINDOW)?;
     let ready_ms = (last_first + window + SignedDuration::from_secs(1)).as_millisecond();
     let whole_ms = (ready_ms + STEP_MS - 1).div_euclid(STEP_MS) * STEP_MS;
-    let wait_ms = whole_ms + 2_000 - Timestamp::now().as_millisecond();
+    let settle_ms = i64::try_from(settle().as_millis())?;
+    let wait_ms = whole_ms + settle_ms + 2_000 - Timestamp::now().as_millisecond();
     if wait_ms > 0 {
         tokio::time::sleep(Duration::from_millis(wait_ms.unsigned_abs())).await;
     }
@@ -225,6 +232,14 @@ pub fn report_args(url: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// [`report_args`] over the history up to `end` (`--end`): with an agent's `lastSampleTime`,
+/// the very samples that agent seeded from, whenever the report runs.
+pub fn report_args_until(url: &str, end: Timestamp) -> Vec<String> {
+    let mut args = report_args(url);
+    args.extend(["--end".to_string(), end.to_string()]);
+    args
+}
+
 /// The `--set` values that make the chart's agents seed from `url` as the report read it.
 pub fn seeding_values(url: &str) -> Vec<String> {
     vec![
@@ -242,6 +257,12 @@ pub struct Printed {
     pub lower: (u64, u64),
     /// Its upper bound.
     pub upper: (u64, u64),
+    /// CPU samples behind the figures.
+    pub sample_count: i64,
+    /// The first and the last of them.
+    pub first_sample: Option<Timestamp>,
+    /// The last.
+    pub last_sample: Option<Timestamp>,
 }
 
 /// The shipper's row for `node` in the report's JSON (`-o json`).
@@ -261,10 +282,20 @@ pub fn report_figures(report: &serde_json::Value, node: &str) -> Result<Printed>
             row[field]["memoryBytes"].as_u64().unwrap_or(0),
         )
     };
+    let time = |field: &str| -> Result<Option<Timestamp>> {
+        row["history"][field]
+            .as_str()
+            .map(|t| t.parse::<Timestamp>())
+            .transpose()
+            .with_context(|| format!("the report's {field} for {node}: {row}"))
+    };
     Ok(Printed {
         target: pair("target"),
         lower: pair("lowerBound"),
         upper: pair("upperBound"),
+        sample_count: row["history"]["sampleCount"].as_i64().unwrap_or(0),
+        first_sample: time("firstSampleTime")?,
+        last_sample: time("lastSampleTime")?,
     })
 }
 
@@ -324,7 +355,38 @@ pub async fn shipper_entry(
     Ok(entry.map(|e| (rec, e)))
 }
 
-/// The chart's agent pod on `node` (ready, not being deleted) and when its container started.
+/// Runs `work` while watching the shipper's target in `NodeRecommendation/<node>` (read before it
+/// starts, every 500 ms while it runs, and once after): `work`'s result and every distinct target
+/// seen, (millicores, bytes). A pod made meanwhile gets whichever target was current when the
+/// webhook admitted it; the agent may publish anew in between (at most once per 30 s).
+pub async fn targets_while<T>(
+    client: &Client,
+    node: &str,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<(T, Vec<(u64, u64)>)> {
+    async fn read(client: &Client, node: &str, seen: &mut Vec<(u64, u64)>) -> Result<()> {
+        if let Some((_, entry)) = shipper_entry(client, node).await? {
+            let target = Figures::of(&entry)?.target;
+            if !seen.contains(&target) {
+                seen.push(target);
+            }
+        }
+        Ok(())
+    }
+    let mut seen = Vec::new();
+    read(client, node, &mut seen).await?;
+    tokio::pin!(work);
+    let out = loop {
+        tokio::select! {
+            out = &mut work => break out?,
+            () = tokio::time::sleep(Duration::from_millis(500)) => read(client, node, &mut seen).await?,
+        }
+    };
+    read(client, node, &mut seen).await?;
+    Ok((out, seen))
+}
+
+/// The chart's agent pod on `node` (running, not being deleted) and when its container started.
 pub async fn agent_on(client: &Client, node: &str) -> Result<Option<(Pod, Timestamp)>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let list = pods
@@ -336,7 +398,8 @@ pub async fn agent_on(client: &Client, node: &str) -> Result<Option<(Pod, Timest
             .status
             .as_ref()
             .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c.iter().find(|c| c.ready))
+            // not waiting for ready: its first NodeRecommendation may come before the readiness probe
+            .and_then(|c| c.first())
             .and_then(|c| c.state.as_ref())
             .and_then(|s| s.running.as_ref())
             .and_then(|r| r.started_at.as_ref())
@@ -363,6 +426,8 @@ pub struct Published {
     pub first_sample: Option<Timestamp>,
     /// The history's `sampleCount` (CPU samples).
     pub sample_count: i64,
+    /// The history's `lastSampleTime`: with `--end` at it, the report reads the same samples.
+    pub last_sample: Option<Timestamp>,
     /// The shipper's figures.
     pub figures: Figures,
 }
@@ -413,6 +478,7 @@ pub async fn wait_for_publish(
                     published,
                     first_sample: entry.first_sample_time.as_ref().map(|t| t.0),
                     sample_count: entry.sample_count,
+                    last_sample: entry.last_sample_time.as_ref().map(|t| t.0),
                     figures: Figures::of(&entry)?,
                 });
             }
@@ -440,11 +506,31 @@ pub fn near(a: u64, b: u64, share: f64) -> bool {
 /// (docs/history.md, "Tolerances").
 pub const BUCKET: f64 = 0.05;
 
+/// The end of the history an agent seeded from: its `lastSampleTime`, on a step of Prometheus's
+/// history before the agent started (a live sample would be at no particular millisecond, after
+/// it). Run the report with `--end` at it ([`report_args_until`]) to read the same samples.
+pub fn seeded_until(seeded: &Published) -> Result<Timestamp> {
+    let node = &seeded.node;
+    let last = seeded
+        .last_sample
+        .with_context(|| format!("{node}: the seeded recommendation has no last sample time"))?;
+    ensure!(
+        last.as_millisecond() % STEP_MS == 0 && last < seeded.started,
+        "{node}: the last sample ({last}) is not a step of Prometheus's history before the agent started ({}): \
+         the first recommendation already holds a live sample",
+        seeded.started
+    );
+    Ok(last)
+}
+
 /// What a seeded agent's first recommendation must show (docs/history.md): published within a
 /// minute of the agent's start; a history whose first sample is a step (a whole minute) of the
-/// shipper's history in Prometheus, before the agent started; at least one sample; and the
-/// report's target for the node within one bucket, CPU and memory.
-pub fn check_seeded(seeded: &Published, history: &HistoryReady, printed: &Printed) -> Result<()> {
+/// shipper's history in Prometheus, before the agent started; at least one sample; and, against
+/// `same` (the report over the same history: `--end` at [`seeded_until`]), the same samples (count,
+/// first and last) and the same target: CPU to the millicore (within 1 % for rounding), memory
+/// within one 5 % bucket (the agent's first round adds a live memory reading to the interval's
+/// peak; CPU needs two readings).
+pub fn check_seeded(seeded: &Published, history: &HistoryReady, same: &Printed) -> Result<()> {
     let node = &seeded.node;
     let after = seeded.after_start();
     ensure!(
@@ -475,13 +561,26 @@ pub fn check_seeded(seeded: &Published, history: &HistoryReady, printed: &Printe
         seeded.sample_count >= 1,
         "{node}: no sample in the seeded history"
     );
+    let until = seeded_until(seeded)?;
+    ensure!(
+        same.sample_count == seeded.sample_count
+            && same.first_sample == Some(first)
+            && same.last_sample == Some(until),
+        "{node}: the report over the agent's history (--end {until}) read other samples: {} from {:?} to {:?}, \
+         the agent {} from {first} to {until}",
+        same.sample_count,
+        same.first_sample,
+        same.last_sample,
+        seeded.sample_count
+    );
     let (cpu, memory) = seeded.figures.target;
     ensure!(
-        near(cpu, printed.target.0, BUCKET) && near(memory, printed.target.1, BUCKET),
-        "{node}: the seeded agent's target {cpu}m / {memory} B is not the report's {}m / {} B (within one \
-         5 % bucket); seeded {:?}, report {printed:?}",
-        printed.target.0,
-        printed.target.1,
+        near(cpu, same.target.0, 0.01) && near(memory, same.target.1, BUCKET),
+        "{node}: the seeded agent's target {cpu}m / {memory} B is not the report's {}m / {} B over the same \
+         {} samples (CPU within 1 %, memory within one 5 % bucket); seeded {:?}, report {same:?}",
+        same.target.0,
+        same.target.1,
+        seeded.sample_count,
         seeded.figures
     );
     Ok(())

@@ -48,6 +48,7 @@ use nodewarden_cli::report::render;
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::release::{self, HostRelease, UserPath};
+use nodewarden_tests::seeding::targets_while;
 use nodewarden_tests::shipper::{
     self, QUIET, SHIPPER, SHIPPER_NS, container_limits, container_requests, cpu_milli, describe_pods,
     install_chart_with, memory_bytes, recreate_shipper_pod, resize_in_place, running_container,
@@ -451,19 +452,23 @@ async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages, user:
 
     // 4. a new shipper pod on the VM node gets the node's figures from the webhook, and the
     //    guest's kubelet runs it with them: read back from the v2 files of its systemd scope
-    let second = recreate_shipper_pod(&client, VM_NODE).await?;
+    //    (the agent may publish anew while the pod is made: the pod gets whichever target was
+    //    current when the webhook admitted it)
+    let (second, seen) = targets_while(&client, VM_NODE, recreate_shipper_pod(&client, VM_NODE)).await?;
     let requests = container_requests(&second)?;
     ensure!(
-        requests == (cpu, memory),
-        "the new pod on {VM_NODE} requests the node's target {cpu}m / {memory} B, got {}m / {} B (annotations {:?})",
+        requests == (cpu, memory) || seen.contains(&requests),
+        "the new pod on {VM_NODE} requests the node's target {cpu}m / {memory} B (or one published while it \
+         was made: {seen:?}), got {}m / {} B (annotations {:?})",
         requests.0,
         requests.1,
         second.metadata.annotations
     );
     let (path, applied) = vm.container_cgroup(&second).await?;
     ensure!(
-        applied.cpu_matches_request(cpu),
-        "cpu.weight of the new pod's container is that of a {cpu}m request: {applied:?} ({path})"
+        applied.cpu_matches_request(requests.0),
+        "cpu.weight of the new pod's container is that of a {}m request: {applied:?} ({path})",
+        requests.0
     );
     let (_, limit) = container_limits(&second)?;
     let limit = limit.context("the shipper keeps a memory limit")?;
@@ -472,12 +477,13 @@ async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages, user:
         "memory.max of the new pod's container is the pod's {limit} B limit: {applied:?} ({path})"
     );
     eprintln!(
-        "cgroupv2_node: the re-created pod runs with {cpu}m / {memory} B, limit {limit} B: {applied:?}"
+        "cgroupv2_node: the re-created pod runs with {}m / {} B, limit {limit} B: {applied:?}",
+        requests.0, requests.1
     );
 
     // 5. InPlace: with a CPU floor above the node's figure, the agent resizes the running pod
     //    through pods/resize, and the guest's kubelet changes cpu.weight of the same container
-    let floor = cpu + 100;
+    let floor = requests.0.max(cpu) + 100;
     let (before, after) = resize_in_place(&client, VM_NODE, floor).await?;
     let container = running_container;
     ensure!(

@@ -1102,6 +1102,16 @@ async fn webhook_limits_and_timeouts_reach_the_env_only_when_set() -> Result<()>
         ("limits.maxBodyBytes", "8388608", "NODEWARDEN_MAX_BODY_BYTES"),
         ("limits.maxConnections", "2048", "NODEWARDEN_MAX_CONNECTIONS"),
         (
+            "limits.maxConnectionsPerSource",
+            "300",
+            "NODEWARDEN_MAX_CONNECTIONS_PER_SOURCE",
+        ),
+        (
+            "limits.maxConnectionRatePerSource",
+            "1000",
+            "NODEWARDEN_MAX_CONNECTION_RATE_PER_SOURCE",
+        ),
+        (
             "limits.maxRequestsInFlight",
             "1000",
             "NODEWARDEN_MAX_REQUESTS_IN_FLIGHT",
@@ -1610,6 +1620,53 @@ async fn default_network_policies_admit_8443_and_8080_from_anywhere() -> Result<
     Ok(())
 }
 
+/// The chart README's NetworkPolicy recipes ("Network policy": the API server on control-plane
+/// nodes, managed control planes) render as written: each narrows only the admission port, to
+/// exactly the peers it lists, and leaves the metrics port (the kubelet's probes) open.
+#[tokio::test]
+async fn the_readmes_network_policy_recipes_narrow_only_the_admission_port() -> Result<()> {
+    let readme = std::fs::read_to_string(chart_dir().join("README.md"))?;
+    let section = readme
+        .split("\n## Network policy\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .context("the README has a \"Network policy\" section")?;
+    let recipes: Vec<&str> = section
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .collect();
+    ensure!(recipes.len() >= 3, "recipes: {recipes:?}");
+    let dir = tempfile::tempdir()?;
+    for (i, recipe) in recipes.iter().enumerate() {
+        let values: Value = serde_yaml_ng::from_str(recipe)?;
+        let want = &values["networkPolicy"]["admissionFrom"];
+        ensure!(
+            want.as_array().is_some_and(|a| !a.is_empty()),
+            "recipe {i}: {recipe}"
+        );
+        let file = dir.path().join(format!("recipe-{i}.yaml"));
+        std::fs::write(&file, recipe)?;
+        let r = Helm::locate()
+            .await?
+            .template(RELEASE, NS, &["-f", file.to_str().context("path")?])
+            .await?;
+        let policy = r.get("NetworkPolicy", "nodewarden-webhook")?;
+        let rules = policy["spec"]["ingress"].as_array().context("ingress")?;
+        ensure!(
+            rules[0]["ports"][0]["port"] == json!(8443) && &rules[0]["from"] == want,
+            "recipe {i}: admission rule {}",
+            rules[0]
+        );
+        ensure!(
+            rules[1]["ports"][0]["port"] == json!(8080) && rules[1].get("from").is_none(),
+            "recipe {i}: metrics rule {}",
+            rules[1]
+        );
+    }
+    Ok(())
+}
+
 /// The agent is `system-node-critical`, so a ResourceQuota scoped to that class admits its pods in
 /// the release namespace (GKE refuses them outside kube-system without one); it counts pods only.
 #[tokio::test]
@@ -1861,6 +1918,441 @@ async fn agent_history_values_reach_the_env_only_with_a_url() -> Result<()> {
             .err()
             .with_context(|| format!("{set} must be refused"))?;
         ensure!(err.to_string().contains(key), "{set}: {err}");
+    }
+    Ok(())
+}
+
+/// The chart's default images are those a release publishes and `cargo xtask image` names
+/// (`ghcr.io/nodewarden/nodewarden-*`, tagged with the appVersion), the ones Chart.yaml's
+/// Artifact Hub annotation lists; a digest pins them; a mirror moves them all.
+#[tokio::test]
+async fn default_images_are_the_released_ones_and_a_digest_pins_them() -> Result<()> {
+    let chart: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml"))?)?;
+    let app_version = chart["appVersion"].as_str().context("appVersion")?;
+    let webhook_image = format!("{}:{app_version}", xtask::image::WEBHOOK.image_name());
+    let agent_image = format!("{}:{app_version}", xtask::image::AGENT.image_name());
+    ensure!(
+        webhook_image == format!("ghcr.io/nodewarden/nodewarden-webhook:{app_version}"),
+        "{webhook_image}"
+    );
+
+    let r = render_default().await?;
+    let ds = r.get("DaemonSet", "nodewarden-agent")?;
+    let init = &ds["spec"]["template"]["spec"]["initContainers"][0];
+    for (what, image, want) in [
+        (
+            "webhook",
+            &container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?["image"],
+            &webhook_image,
+        ),
+        ("agent", &container(ds, "agent")?["image"], &agent_image),
+        ("agent's init container", &init["image"], &agent_image),
+    ] {
+        ensure!(image == want.as_str(), "{what}: {image}, want {want}");
+    }
+    let hook = Helm::locate()
+        .await?
+        .template(RELEASE, NS, &["--is-upgrade"])
+        .await?;
+    let hook_image = &container(hook.get("Job", "nodewarden-crds")?, "crds")?["image"];
+    ensure!(hook_image == webhook_image.as_str(), "CRD hook: {hook_image}");
+
+    // Artifact Hub lists exactly these images
+    let listed: Value = serde_yaml_ng::from_str(
+        chart["annotations"]["artifacthub.io/images"]
+            .as_str()
+            .context("artifacthub.io/images")?,
+    )?;
+    let listed: Vec<&str> = listed
+        .as_array()
+        .context("a list")?
+        .iter()
+        .filter_map(|i| i["image"].as_str())
+        .collect();
+    ensure!(
+        listed == [webhook_image.as_str(), agent_image.as_str()],
+        "{listed:?}"
+    );
+    let crds: Value = serde_yaml_ng::from_str(
+        chart["annotations"]["artifacthub.io/crds"]
+            .as_str()
+            .context("crds")?,
+    )?;
+    let mut names: Vec<String> = crds
+        .as_array()
+        .context("a list")?
+        .iter()
+        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    let mut files: Vec<String> = nodewarden_tests::chart_crd_files()?
+        .iter()
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
+    files.sort();
+    ensure!(
+        names == files,
+        "artifacthub.io/crds {names:?} against crds/ {files:?}"
+    );
+    ensure!(
+        chart["maintainers"][0]["name"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty()),
+        "maintainers"
+    );
+
+    let digest = "sha256:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    let r = Helm::locate()
+        .await?
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                &format!("webhook.image.digest={digest},agent.image.digest={digest}"),
+            ],
+        )
+        .await?;
+    ensure!(
+        container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?["image"]
+            == format!("ghcr.io/nodewarden/nodewarden-webhook@{digest}"),
+        "pinned webhook"
+    );
+    ensure!(
+        container(r.get("DaemonSet", "nodewarden-agent")?, "agent")?["image"]
+            == format!("ghcr.io/nodewarden/nodewarden-agent@{digest}"),
+        "pinned agent"
+    );
+    let r = Helm::locate()
+        .await?
+        .template(RELEASE, NS, &["--set", "global.imageRegistry="])
+        .await?;
+    ensure!(
+        container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?["image"]
+            == format!("nodewarden/nodewarden-webhook:{app_version}"),
+        "no registry: the repository alone"
+    );
+    // a repository that names its host keeps it; the default registry is not put before it
+    let r = Helm::locate()
+        .await?
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "webhook.image.repository=registry.example/team/webhook,agent.image.repository=localhost/agent",
+            ],
+        )
+        .await?;
+    ensure!(
+        container(r.get("Deployment", "nodewarden-webhook")?, "webhook")?["image"]
+            == format!("registry.example/team/webhook:{app_version}"),
+        "a repository with its own host"
+    );
+    ensure!(
+        container(r.get("DaemonSet", "nodewarden-agent")?, "agent")?["image"]
+            == format!("localhost/agent:{app_version}"),
+        "localhost"
+    );
+    Ok(())
+}
+
+/// What the templates used to fix are values: their defaults render as before (revision
+/// history 5, the webhook's surge-first rollout, the agent without surge, probes 10 s / 3 s /
+/// 3 and 2 failures, the CRD hook's resources, no annotations or pull secrets), and each set
+/// value reaches its place.
+#[tokio::test]
+async fn rollout_probes_pull_secrets_hook_resources_and_annotations_are_values() -> Result<()> {
+    let helm = Helm::locate().await?;
+    let r = helm.template(RELEASE, NS, &["--is-upgrade"]).await?;
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    let ds = r.get("DaemonSet", "nodewarden-agent")?;
+    ensure!(d["spec"]["revisionHistoryLimit"] == 5 && ds["spec"]["revisionHistoryLimit"] == 5);
+    ensure!(
+        d["spec"]["strategy"]
+            == json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}),
+        "{}",
+        d["spec"]["strategy"]
+    );
+    ensure!(
+        ds["spec"]["updateStrategy"]
+            == json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}),
+        "{}",
+        ds["spec"]["updateStrategy"]
+    );
+    let probes = |c: &Value, probe: &str| {
+        (
+            c[probe]["periodSeconds"].clone(),
+            c[probe]["timeoutSeconds"].clone(),
+            c[probe]["failureThreshold"].clone(),
+            c[probe].get("initialDelaySeconds").cloned(),
+        )
+    };
+    let w = container(d, "webhook")?;
+    let a = container(ds, "agent")?;
+    ensure!(probes(w, "livenessProbe") == (json!(10), json!(3), json!(3), None));
+    ensure!(probes(w, "readinessProbe") == (json!(10), json!(3), json!(2), None));
+    ensure!(probes(a, "livenessProbe") == (json!(10), json!(3), json!(3), None));
+    ensure!(probes(a, "readinessProbe") == (json!(10), json!(3), json!(3), None));
+    let job = r.get("Job", "nodewarden-crds")?;
+    ensure!(
+        container(job, "crds")?["resources"]
+            == json!({"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}}),
+        "hook resources"
+    );
+    for o in [d, ds, job] {
+        ensure!(
+            o["spec"]["template"]["spec"].get("imagePullSecrets").is_none(),
+            "no pull secrets by default: {}",
+            o["metadata"]["name"]
+        );
+    }
+    for (kind, name) in [
+        ("MutatingWebhookConfiguration", "nodewarden-mutating"),
+        ("ValidatingWebhookConfiguration", "nodewarden-validating"),
+    ] {
+        ensure!(
+            r.get(kind, name)?["metadata"].get("annotations").is_none(),
+            "{name}"
+        );
+    }
+
+    let dir = tempfile::tempdir()?;
+    let values = dir.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        r#"
+imagePullSecrets: [{name: shared}]
+webhookConfigurations:
+  annotations: {example.com/owner: platform}
+webhook:
+  revisionHistoryLimit: 2
+  updateStrategy: {type: Recreate}
+  imagePullSecrets: [{name: webhook-only}]
+  livenessProbe: {timeoutSeconds: 5, failureThreshold: 6, initialDelaySeconds: 7}
+  readinessProbe: {timeoutSeconds: 4, failureThreshold: 1}
+agent:
+  revisionHistoryLimit: 0
+  imagePullSecrets: [{name: agent-only}, {name: shared}]
+  updateStrategy: {maxUnavailable: 0, maxSurge: 25%}
+  readinessProbe: {timeoutSeconds: 2, failureThreshold: 9}
+crds:
+  upgrade:
+    resources:
+      requests: {cpu: 50m, memory: 64Mi}
+      limits: {memory: 256Mi}
+"#,
+    )?;
+    let values = values.display().to_string();
+    let r = helm
+        .template(RELEASE, NS, &["--is-upgrade", "-f", values.as_str()])
+        .await?;
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    let ds = r.get("DaemonSet", "nodewarden-agent")?;
+    let job = r.get("Job", "nodewarden-crds")?;
+    ensure!(d["spec"]["revisionHistoryLimit"] == 2 && ds["spec"]["revisionHistoryLimit"] == 0);
+    ensure!(
+        d["spec"]["strategy"] == json!({"type": "Recreate"}),
+        "{}",
+        d["spec"]["strategy"]
+    );
+    ensure!(
+        ds["spec"]["updateStrategy"]["rollingUpdate"] == json!({"maxUnavailable": 0, "maxSurge": "25%"}),
+        "{}",
+        ds["spec"]["updateStrategy"]
+    );
+    let w = container(d, "webhook")?;
+    let a = container(ds, "agent")?;
+    ensure!(probes(w, "livenessProbe") == (json!(10), json!(5), json!(6), Some(json!(7))));
+    ensure!(probes(w, "readinessProbe") == (json!(10), json!(4), json!(1), None));
+    ensure!(probes(a, "readinessProbe") == (json!(10), json!(2), json!(9), None));
+    ensure!(probes(a, "livenessProbe") == (json!(10), json!(3), json!(3), None));
+    let secrets = |o: &Value| o["spec"]["template"]["spec"]["imagePullSecrets"].clone();
+    ensure!(
+        secrets(d) == json!([{"name": "shared"}, {"name": "webhook-only"}]),
+        "{}",
+        secrets(d)
+    );
+    ensure!(
+        secrets(job) == json!([{"name": "shared"}, {"name": "webhook-only"}]),
+        "{}",
+        secrets(job)
+    );
+    ensure!(
+        secrets(ds) == json!([{"name": "shared"}, {"name": "agent-only"}]),
+        "{}",
+        secrets(ds)
+    );
+    ensure!(
+        container(job, "crds")?["resources"]
+            == json!({"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}),
+        "hook resources"
+    );
+    for (kind, name) in [
+        ("MutatingWebhookConfiguration", "nodewarden-mutating"),
+        ("ValidatingWebhookConfiguration", "nodewarden-validating"),
+    ] {
+        ensure!(
+            r.get(kind, name)?["metadata"]["annotations"] == json!({"example.com/owner": "platform"}),
+            "{name}"
+        );
+    }
+
+    // in certManager mode the injection annotation joins the user's, and wins over the same key
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "certificates.mode=certManager,checkApiVersions=false",
+                "--set-string",
+                "webhookConfigurations.annotations.example\\.com/owner=platform",
+                "--set-string",
+                "webhookConfigurations.annotations.cert-manager\\.io/inject-ca-from=elsewhere/x",
+            ],
+        )
+        .await?;
+    ensure!(
+        r.get("ValidatingWebhookConfiguration", "nodewarden-validating")?["metadata"]["annotations"]
+            == json!({"example.com/owner": "platform", "cert-manager.io/inject-ca-from": "nodewarden/nodewarden-webhook-tls"}),
+        "cert-manager's annotation and the user's"
+    );
+
+    // a DaemonSet takes maxSurge or maxUnavailable, one of them not 0; probes and hook resources are checked
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--set", "agent.updateStrategy.maxSurge=1"],
+            &[
+                "agent.updateStrategy.maxSurge is 1",
+                "maxUnavailable is 10%",
+                "maxUnavailable=0",
+            ],
+        ),
+        (
+            &["--set", "agent.updateStrategy.maxUnavailable=0"],
+            &["both 0", "maxUnavailable=10%"],
+        ),
+        (
+            &["--set", "webhook.livenessProbe.timeoutSeconds=0"],
+            &["webhook/livenessProbe/timeoutSeconds"],
+        ),
+        (
+            &["--set", "agent.readinessProbe.periodSeconds=5"],
+            &["agent/readinessProbe", "'periodSeconds' not allowed"],
+        ),
+        (
+            &["--set", "crds.upgrade.resources.request.cpu=1"],
+            &["crds/upgrade/resources", "'request' not allowed"],
+        ),
+        (
+            &["--set", "webhook.updateStrategy.type=Sometimes"],
+            &["webhook/updateStrategy/type", "RollingUpdate", "Recreate"],
+        ),
+    ];
+    for &(args, needles) in cases {
+        let out = helm.template_raw(RELEASE, NS, args).await?;
+        ensure!(!out.success, "helm template {args:?} should fail, it rendered");
+        for needle in needles {
+            ensure!(
+                out.stderr.contains(needle),
+                "helm template {args:?}: the error should name `{needle}`:\n{}",
+                out.stderr
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `securityContext`, `podSecurityContext` and `affinity` of both components are checked by the
+/// Kubernetes API's own schemas (k8s-openapi's, strict: `cargo xtask crdgen` writes them into
+/// values.schema.json, and this fails when the file differs), as `resources` is: a wrong type or
+/// an unknown field fails at `helm template`, naming the value's path.
+#[tokio::test]
+async fn security_contexts_and_affinity_are_checked_by_the_kubernetes_schemas() -> Result<()> {
+    let text = std::fs::read_to_string(chart_dir().join("values.schema.json"))?;
+    let schema: Value = serde_json::from_str(&text)?;
+    for (name, want) in xtask::chart_schema::kubernetes_defs()? {
+        ensure!(
+            schema["$defs"][name] == want,
+            "values.schema.json's $defs/{name} is not the Kubernetes schema: run `cargo xtask crdgen`"
+        );
+    }
+    for component in ["webhook", "agent"] {
+        for (value, def) in [
+            ("securityContext", "securityContext"),
+            ("podSecurityContext", "podSecurityContext"),
+            ("affinity", "affinity"),
+        ] {
+            ensure!(
+                schema["properties"][component]["properties"][value]["$ref"] == format!("#/$defs/{def}"),
+                "{component}.{value} is not checked by $defs/{def}"
+            );
+        }
+    }
+
+    let helm = Helm::locate().await?;
+    // what a platform team sets renders
+    let r = helm
+        .template(
+            RELEASE,
+            NS,
+            &[
+                "--set",
+                "webhook.securityContext.capabilities.drop[0]=ALL,webhook.securityContext.runAsUser=1000,\
+                 agent.podSecurityContext.fsGroup=2000,agent.podSecurityContext.supplementalGroups[0]=3000,\
+                 webhook.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool,\
+                 webhook.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=In,\
+                 webhook.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values[0]=infra",
+            ],
+        )
+        .await?;
+    let d = r.get("Deployment", "nodewarden-webhook")?;
+    ensure!(
+        d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"][0]
+            == json!({"key": "pool", "operator": "In", "values": ["infra"]}),
+        "{}",
+        d["spec"]["template"]["spec"]["affinity"]
+    );
+    ensure!(container(d, "webhook")?["securityContext"]["runAsUser"] == 1000);
+    ensure!(
+        r.get("DaemonSet", "nodewarden-agent")?["spec"]["template"]["spec"]["securityContext"]["fsGroup"]
+            == 2000
+    );
+
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--set", "webhook.securityContext.runAsUser=root"],
+            &["webhook/securityContext/runAsUser", "integer"],
+        ),
+        (
+            &["--set", "agent.podSecurityContext.runAsNonroot=true"],
+            &["agent/podSecurityContext", "'runAsNonroot' not allowed"],
+        ),
+        (
+            &["--set", "agent.securityContext.capabilities.remove[0]=ALL"],
+            &["agent/securityContext/capabilities", "'remove' not allowed"],
+        ),
+        (
+            &["--set", "webhook.affinity.podAntiAffinity.preferred[0].weight=1"],
+            &["webhook/affinity/podAntiAffinity", "'preferred' not allowed"],
+        ),
+        (
+            &["--set", "agent.affinity.nodeAfinity.x=1"],
+            &["agent/affinity", "'nodeAfinity' not allowed"],
+        ),
+    ];
+    for &(args, needles) in cases {
+        let out = helm.template_raw(RELEASE, NS, args).await?;
+        ensure!(!out.success, "helm template {args:?} should fail, it rendered");
+        for needle in needles {
+            ensure!(
+                out.stderr.contains(needle),
+                "helm template {args:?}: the error should name `{needle}`:\n{}",
+                out.stderr
+            );
+        }
     }
     Ok(())
 }

@@ -57,6 +57,8 @@ const DS: &str = "log-shipper";
 const MIB: f64 = 1024.0 * 1024.0;
 const DAY_MIN: usize = 24 * 60;
 const DAYS: usize = 8;
+/// The agents' `--history-window` and the report's `--window`: a day longer than the history.
+const HISTORY_WINDOW: &str = "9d";
 const CONTAINER_ID: &str = "5eed000000000000000000000000000000000000000000000000000000000001";
 /// The container's instance before its OOM kill.
 const PREVIOUS_ID: &str = "5eed000000000000000000000000000000000000000000000000000000000000";
@@ -136,6 +138,11 @@ fn agent_config(node: &str, dir: &Path, extra: &[&str]) -> Result<Config> {
     ];
     if !extra.contains(&"--admin-addr") {
         args.extend_from_slice(&["--admin-addr", "127.0.0.1:0"]);
+    }
+    if !extra.contains(&"--history-window") {
+        // a day longer than the history: every sample is inside the window whenever the agent
+        // reads it (an 8-day window would cut the history's first minutes by the clock)
+        args.extend_from_slice(&["--history-window", HISTORY_WINDOW]);
     }
     if !extra.contains(&"--sample-interval") {
         // one tick a minute: the first (published at once) is the one compared
@@ -329,7 +336,22 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
         let prometheus = Prometheus::start(std::slice::from_ref(&series), None).await?;
         let url = prometheus.url();
 
-        // what the report prints for the node, from the same Prometheus, before any agent
+        // 1. a fresh agent seeds and publishes the report's figures within a minute
+        let fresh = tempfile::tempdir()?;
+        cgroup_tree(fresh.path(), &pod_uid)?;
+        let config = agent_config(&node, fresh.path(), &["--history-prometheus-url", &url])?;
+        let (rec, took) = first_recommendation(&env, &node, config).await?;
+        eprintln!("history_seed: seeded agent published in {:.1}s", took.as_secs_f64());
+        ensure!(took < Duration::from_secs(60), "published after {took:?}");
+        let r = &rec.spec.recommendations[0];
+        let agent = (
+            pair(r.target.as_ref()),
+            pair(r.lower_bound.as_ref()),
+            pair(r.upper_bound.as_ref()),
+        );
+        // what the report prints for the node from the same Prometheus, over the very history
+        // the agent read: --end at its last sample, a window longer than the history
+        let until = r.last_sample_time.as_ref().context("no last sample time")?.0.to_string();
         let out = kubectl_nodewarden(&[
             "report",
             "--kubeconfig",
@@ -339,7 +361,9 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
             "--prometheus",
             &url,
             "--window",
-            "8d",
+            HISTORY_WINDOW,
+            "--end",
+            &until,
             "--daemonset",
             DS,
             "-o",
@@ -358,21 +382,14 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
             report_pair(&row, "lowerBound"),
             report_pair(&row, "upperBound"),
         );
-
-        // 1. a fresh agent seeds and publishes the report's figures within a minute
-        let fresh = tempfile::tempdir()?;
-        cgroup_tree(fresh.path(), &pod_uid)?;
-        let config = agent_config(&node, fresh.path(), &["--history-prometheus-url", &url])?;
-        let (rec, took) = first_recommendation(&env, &node, config).await?;
-        eprintln!("history_seed: seeded agent published in {:.1}s", took.as_secs_f64());
-        ensure!(took < Duration::from_secs(60), "published after {took:?}");
-        let r = &rec.spec.recommendations[0];
-        let agent = (
-            pair(r.target.as_ref()),
-            pair(r.lower_bound.as_ref()),
-            pair(r.upper_bound.as_ref()),
-        );
         eprintln!("history_seed: report {report:?}, seeded agent {agent:?}");
+        ensure!(
+            row["history"]["sampleCount"] == r.sample_count
+                && row["history"]["lastSampleTime"] == until.as_str(),
+            "the report over the agent's history (--end {until}) read other samples: {}, the agent {} samples",
+            row["history"],
+            r.sample_count
+        );
         ensure!(
             close(agent.0, report.0) && close(agent.1, report.1) && close(agent.2, report.2),
             "the seeded agent publishes {agent:?} (target, lower, upper), the report {report:?}"

@@ -46,8 +46,8 @@ use kube::{Api, ResourceExt};
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::seeding::{
-    Printed, check_seeded, near, report_args, report_figures, scrape_kubelets, seeding_values, shipper_entry,
-    wait_for_publish, wait_for_whole_step,
+    Printed, check_seeded, near, report_args, report_args_until, report_figures, scrape_kubelets,
+    seeded_until, seeding_values, targets_while, wait_for_publish, wait_for_whole_step,
 };
 use nodewarden_tests::shipper::{
     BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER_NS, container_limits, container_requests, create_autoscaler,
@@ -89,11 +89,8 @@ async fn chart_on_a_real_node() -> Result<()> {
 /// The node whose kubelet signs its own serving certificate (node b).
 const SELF_SIGNED: usize = 1;
 
-/// How far a seeded agent's CPU figure may be from a live agent's (docs/history.md): the live
-/// agent's samples are 10 s apart, Prometheus's rates average them over the rate window.
-const CPU_TOLERANCE: f64 = 0.25;
-/// The same for memory: both read the same working set; the scrape and the agent's sample are
-/// up to 10 s apart.
+/// How far a seeded agent's memory figures may be from a live agent's: both read the same working
+/// set; the scrape and the agent's sample are up to 10 s apart.
 const MEMORY_TOLERANCE: f64 = 0.10;
 /// The live agent's figures are compared once its history holds this many samples (10 s apart).
 const LIVE_SAMPLES: i64 = 3;
@@ -158,20 +155,16 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     //    applies them
     let recreated = futures::future::try_join_all(nodes.iter().map(|(node, _)| {
         let client = client.clone();
-        async move {
-            let before = shipper_target(&client, &node.name).await?;
-            let second = recreate_shipper_pod(&client, &node.name).await?;
-            let after = shipper_target(&client, &node.name).await?;
-            anyhow::Ok((before, second, after))
-        }
+        async move { targets_while(&client, &node.name, recreate_shipper_pod(&client, &node.name)).await }
     }))
     .await?;
-    for ((node, _), (before, second, after)) in nodes.iter().zip(recreated) {
+    for ((node, _), (second, seen)) in nodes.iter().zip(recreated) {
         let requests = container_requests(&second)?;
-        // (the seeded agent goes on measuring live: its figures may move while the pod is made)
+        // (the seeded agent goes on measuring live: its figures may move while the pod is made,
+        // and the webhook gives the pod whichever was current when the DaemonSet controller made it)
         ensure!(
-            requests == before || requests == after,
-            "the new pod on {} requests the node's target {before:?} (or {after:?} since), got {requests:?} \
+            seen.contains(&requests),
+            "the new pod on {} requests one of the node's targets while it was made {seen:?}, got {requests:?} \
              (annotations {:?})",
             node.name,
             second.annotations()
@@ -270,15 +263,26 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
             "realnode: {} seeded {s:?}, live ({} samples since {:?}, agent started {}) {l:?}",
             seeded.node, live.sample_count, live.first_sample, live.started
         );
-        // (the CPU target is the floor now: CPU is compared before the policy, memory after it)
+        // Memory: both read the same working set of a burner that holds what it allocated
+        // (cAdvisor's and the agent's reading of one cgroup). CPU is not compared: 1-minute
+        // rates from Prometheus and the live agent's 10-second readings minutes later are
+        // different samples of a burner that gets what a loaded machine leaves it (the like-with-
+        // like check is check_seeded's, against the report over the same history).
         ensure!(
-            near(s.uncapped.0, l.uncapped.0, CPU_TOLERANCE)
-                && near(s.uncapped.1, l.uncapped.1, MEMORY_TOLERANCE)
+            near(s.uncapped.1, l.uncapped.1, MEMORY_TOLERANCE)
                 && near(s.target.1, l.target.1, MEMORY_TOLERANCE),
-            "{}: the seeded agent's figures {s:?} are not close to the live agent's {l:?}",
+            "{}: the seeded agent's memory {s:?} is not the live agent's {l:?}",
             seeded.node
         );
     }
+    // …and live, as seeded, the busy node's shipper is measured above the quiet one's (5× its
+    // burn rate)
+    ensure!(
+        live[0].figures.uncapped.0 > live[1].figures.uncapped.0,
+        "live, the busy node's shipper is measured above the quiet node's: {:?}, {:?}",
+        live[0].figures,
+        live[1].figures
+    );
 
     // …and the autoscaler's status counts both pods up to date with their node's figures
     let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> = Api::namespaced(client.clone(), SHIPPER_NS);
@@ -330,14 +334,6 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
-}
-
-/// The shipper's target on `node` (millicores, bytes).
-async fn shipper_target(client: &kube::Client, node: &str) -> Result<(u64, u64)> {
-    let (_, entry) = shipper_entry(client, node)
-        .await?
-        .with_context(|| format!("no NodeRecommendation/{node} for the shipper"))?;
-    Ok(nodewarden_tests::seeding::Figures::of(&entry)?.target)
 }
 
 /// Steps 2 to 4: the report from Prometheus before anything is installed, then the chart with
@@ -464,7 +460,22 @@ async fn day_one(
             s.first_sample,
             s.figures
         );
-        check_seeded(s, &history, p)?;
+        // the report over exactly the history this agent read: --end at its last sample
+        let mut args = report_args_until(&url, seeded_until(s)?);
+        args.splice(
+            1..1,
+            [
+                "--kubeconfig".to_string(),
+                cp.kubeconfig_path().display().to_string(),
+            ],
+        );
+        args.extend(["-o".to_string(), "json".to_string()]);
+        let out = kubectl_nodewarden(&args.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+        let same: serde_json::Value =
+            serde_json::from_str(&out).with_context(|| format!("report JSON: {out}"))?;
+        let same = report_figures(&same, &s.node)?;
+        eprintln!("realnode: report over the same history, {}: {same:?}", s.node);
+        check_seeded(s, &history, &same)?;
         ensure!(
             load.cpu_near(s.figures.target.0) && load.memory_near(s.figures.target.1),
             "{}: the seeded target {:?} is not near the shipper's use there ({load:?})",

@@ -88,6 +88,8 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
             "lowerBound": {"cpuMillis": 200, "memoryBytes": 128 * MI},
             "upperBound": {"cpuMillis": 500, "memoryBytes": 256 * MI},
             "delta": {"cpuMillis": 200, "memoryBytes": 136 * MI},
+            // the published entry gives a sample count but no sample times
+            "history": {"sampleCount": 1440, "seconds": 0},
         });
         ensure!(row(a)? == &want_a, "node A: {}", row(a)?);
         ensure!(
@@ -118,7 +120,7 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
         };
         ensure!(
             line(a)? == [a.as_str(), "agent", "100m", "/", "64Mi", "100m", "/", "64Mi", "300m", "/", "200Mi", "200m",
-                "/", "128Mi", "500m", "/", "256Mi", "node", "2", "+200m", "+136Mi"],
+                "/", "128Mi", "500m", "/", "256Mi", "n=1440", "node", "2", "+200m", "+136Mi"],
             "table line of A:\n{table}"
         );
         ensure!(

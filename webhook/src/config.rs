@@ -78,11 +78,24 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
     pub max_body_bytes: u64,
 
-    /// Most admission connections open at once; at the limit, new connections wait in the
-    /// listen backlog until one closes.
+    /// Most admission connections open at once; at the limit, a stale connection of the address
+    /// holding the most makes room, else new connections wait in the listen backlog.
     #[arg(long, env = "NODEWARDEN_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
+
+    /// Most admission connections one client address holds while other addresses hold some
+    /// too (IPv4-mapped IPv6 counts as IPv4); beyond it, one of its own stale connections makes
+    /// room, else its new connection is closed at once.
+    #[arg(long, env = "NODEWARDEN_MAX_CONNECTIONS_PER_SOURCE", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections_per_source: u32,
+
+    /// New admission connections one client address may open a second (a token bucket holding
+    /// as many), counted before the TLS handshake; beyond it, a new connection is closed at once.
+    #[arg(long, env = "NODEWARDEN_MAX_CONNECTION_RATE_PER_SOURCE", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connection_rate_per_source: u32,
 
     /// How long a client may take to finish the TLS handshake before its connection is closed.
     #[arg(long, env = "NODEWARDEN_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_interval)]
@@ -215,6 +228,9 @@ impl Config {
     pub fn server_limits(&self) -> crate::server::ServerLimits {
         crate::server::ServerLimits {
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            max_connections_per_source: usize::try_from(self.max_connections_per_source)
+                .unwrap_or(usize::MAX),
+            max_connection_rate_per_source: self.max_connection_rate_per_source,
             tls_handshake_timeout: self.tls_handshake_timeout,
             header_read_timeout: self.header_read_timeout,
             request_timeout: self.request_timeout,
@@ -385,6 +401,10 @@ mod tests {
             (&["--cert-reload-interval", "1ms"], "at least 100ms"),
             (&["--max-body-bytes", "10"], "1024"),
             (&["--max-connections", "0"], "1..=1000000"),
+            (&["--max-connections-per-source", "0"], "1..=1000000"),
+            (&["--max-connections-per-source", "many"], "invalid digit"),
+            (&["--max-connection-rate-per-source", "0"], "1..=1000000"),
+            (&["--max-connection-rate-per-source", "2000000"], "1..=1000000"),
             (&["--idle-timeout", "forever"], "use e.g."),
             (&["--tls-handshake-timeout", "1ms"], "at least 100ms"),
             (&["--request-timeout", "1 fortnight"], "use e.g."),

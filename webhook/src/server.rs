@@ -2,7 +2,9 @@
 //! the limits that keep a client from holding the server's connections or memory
 //! ([`ServerLimits`]; what happens at each one is in docs/server.md).
 
+use std::collections::{HashMap, hash_map};
 use std::future::{Future, poll_fn};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,12 +29,20 @@ use tower::ServiceExt;
 
 mod batch;
 pub mod frames;
+pub mod sources;
 
 /// The admission server's limits per connection and in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Most connections open at once; at the limit, new ones wait in the listen backlog.
+    /// Most connections open at once; at the limit, the stalest makes room, else new ones wait
+    /// in the listen backlog.
     pub max_connections: usize,
+    /// Most connections one address holds while others hold some too; beyond it, one of its own
+    /// stale connections makes room, else its new connection is closed at once.
+    pub max_connections_per_source: usize,
+    /// New connections one address may open a second (a token bucket of as many), checked before
+    /// the TLS handshake; beyond it, a new connection is closed at once.
+    pub max_connection_rate_per_source: u32,
     /// How long a client may take to finish the TLS handshake.
     pub tls_handshake_timeout: Duration,
     /// How long an HTTP/1.1 client may take to send a request's headers.
@@ -61,6 +71,8 @@ impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             max_connections: 512,
+            max_connections_per_source: 128,
+            max_connection_rate_per_source: 256,
             tls_handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
@@ -244,10 +256,74 @@ impl hyper::body::Body for Answer {
     }
 }
 
+/// An open connection, as the [`Registry`] knows it.
+struct Entry {
+    id: u64,
+    source: IpAddr,
+    activity: Arc<Activity>,
+    evict: CancellationToken,
+}
+
+impl Entry {
+    /// The connection as one that may be closed to make room, if it is stale: it has not begun
+    /// a request [`QUIET_EVICT_AFTER`] after it was accepted (a silent TCP connection, a
+    /// handshake that never ends), or its last request ended (or, without one, it was accepted)
+    /// at least [`EVICT_AFTER`] ago (an idle connection, or one trickling a request). Never one
+    /// already asked to close.
+    fn candidate(&self, now: Instant) -> Option<sources::Candidate> {
+        if self.evict.is_cancelled() {
+            return None;
+        }
+        let age = |at: Instant| now.saturating_duration_since(at);
+        let activity = &self.activity;
+        if activity.never_began() && age(activity.since) >= QUIET_EVICT_AFTER {
+            return Some(sources::Candidate {
+                source: self.source,
+                quiet: true,
+                stale_since: activity.since,
+            });
+        }
+        let progress = activity.progress();
+        (age(progress) >= EVICT_AFTER).then_some(sources::Candidate {
+            source: self.source,
+            quiet: false,
+            stale_since: progress,
+        })
+    }
+}
+
+/// The open connections and how many each address holds, so that at a limit the right one can
+/// make room.
+#[derive(Default)]
+struct Open {
+    entries: Vec<Entry>,
+    /// Connections not asked to close, per address; an address is here while it holds one, so
+    /// this has at most as many entries as there are connections.
+    held: HashMap<IpAddr, usize>,
+}
+
+impl Open {
+    /// Asks the connection at `at` to close; it no longer counts for its address.
+    fn evict(&mut self, at: usize) {
+        let entry = &self.entries[at];
+        entry.evict.cancel();
+        release(&mut self.held, entry.source);
+    }
+}
+
+fn release(held: &mut HashMap<IpAddr, usize>, source: IpAddr) {
+    if let hash_map::Entry::Occupied(mut count) = held.entry(source) {
+        *count.get_mut() -= 1;
+        if *count.get() == 0 {
+            count.remove();
+        }
+    }
+}
+
 /// The open connections, so that at the connection limit the stalest can make room.
 #[derive(Default)]
 struct Registry {
-    open: Mutex<Vec<(u64, Arc<Activity>, CancellationToken)>>,
+    open: Mutex<Open>,
     next: AtomicU64,
 }
 
@@ -257,43 +333,86 @@ struct Registered {
     id: u64,
 }
 
+/// What the registry says of a new connection from an address at its share.
+#[derive(Debug, PartialEq, Eq)]
+enum AtShare {
+    /// The address is the only one that holds connections: only the server's limit applies.
+    Alone,
+    /// One of its own stale connections was asked to close.
+    MadeRoom,
+    /// None of its connections is stale: the new one is to be closed.
+    Full,
+}
+
 impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Arc<Activity>, CancellationToken)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
         self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn register(self: &Arc<Self>, activity: Arc<Activity>, evict: CancellationToken) -> Registered {
+    fn register(
+        self: &Arc<Self>,
+        source: IpAddr,
+        activity: Arc<Activity>,
+        evict: CancellationToken,
+    ) -> Registered {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().push((id, activity, evict));
+        let mut open = self.lock();
+        open.entries.push(Entry {
+            id,
+            source,
+            activity,
+            evict,
+        });
+        *open.held.entry(source).or_insert(0) += 1;
         Registered {
             registry: self.clone(),
             id,
         }
     }
 
-    /// Closes one open connection to make room, if one is stale: first the oldest that has not
-    /// begun a request [`QUIET_EVICT_AFTER`] after it was accepted (a silent TCP connection, a
-    /// handshake that never ends), else the one whose last request ended (or, without one, that
-    /// was accepted) longest ago, if at least [`EVICT_AFTER`] ago (an idle connection, or one
-    /// trickling a request). `true` when one was asked to close.
+    /// For a new connection from `source`: when the address already holds `share` connections
+    /// (not asked to close) and others hold some too, one of its own stale connections (quiet
+    /// first, then the stalest) is asked to close, or, when none is stale, the caller is told to
+    /// close the new one. `None` while the address is below its share.
+    fn at_share(&self, source: IpAddr, share: usize) -> Option<AtShare> {
+        let mut open = self.lock();
+        if open.held.get(&source).copied().unwrap_or(0) < share {
+            return None;
+        }
+        if open.held.len() == 1 {
+            return Some(AtShare::Alone);
+        }
+        let now = Instant::now();
+        let own = open
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, entry)| entry.source == source)
+            .filter_map(|(at, entry)| Some((at, entry.candidate(now)?)));
+        match sources::choose(own, |_| 0) {
+            Some(at) => {
+                open.evict(at);
+                Some(AtShare::MadeRoom)
+            }
+            None => Some(AtShare::Full),
+        }
+    }
+
+    /// At the server's connection limit, closes one stale connection ([`Entry::candidate`]) to
+    /// make room: one of the address that holds the most connections, a quiet one before an
+    /// idle one, the stalest first. `true` when one was asked to close.
     fn evict_stalest(&self) -> bool {
         let now = Instant::now();
-        let open = self.lock();
-        let age = |at: Instant| now.saturating_duration_since(at);
-        let candidates = open.iter().filter(|(_, _, evict)| !evict.is_cancelled());
-        let quiet = candidates
-            .clone()
-            .filter(|(_, activity, _)| activity.never_began() && age(activity.since) >= QUIET_EVICT_AFTER)
-            .min_by_key(|(_, activity, _)| activity.since);
-        let stalest = || {
-            candidates
-                .clone()
-                .filter(|(_, activity, _)| age(activity.progress()) >= EVICT_AFTER)
-                .min_by_key(|(_, activity, _)| activity.progress())
-        };
-        match quiet.or_else(stalest) {
-            Some((_, _, evict)) => {
-                evict.cancel();
+        let mut open = self.lock();
+        let candidates = open
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(at, entry)| Some((at, entry.candidate(now)?)));
+        let held = &open.held;
+        match sources::choose(candidates, |source| held.get(source).copied().unwrap_or(0)) {
+            Some(at) => {
+                open.evict(at);
                 true
             }
             None => false,
@@ -304,8 +423,12 @@ impl Registry {
 impl Drop for Registered {
     fn drop(&mut self) {
         let mut open = self.registry.lock();
-        if let Some(at) = open.iter().position(|(id, _, _)| *id == self.id) {
-            open.swap_remove(at);
+        if let Some(at) = open.entries.iter().position(|entry| entry.id == self.id) {
+            let entry = open.entries.swap_remove(at);
+            // a connection asked to close no longer counted for its address
+            if !entry.evict.is_cancelled() {
+                release(&mut open.held, entry.source);
+            }
         }
     }
 }
@@ -432,6 +555,12 @@ pub async fn serve_tls_with(
         limits.max_requests_in_flight.min(Semaphore::MAX_PERMITS),
     ));
     let registry = Arc::new(Registry::default());
+    let share = limits.max_connections_per_source.clamp(1, max_connections);
+    let mut rate = sources::ConnectionRate::new(
+        limits.max_connection_rate_per_source,
+        max_connections,
+        Instant::now(),
+    );
     let write_timeout = limits.write_timeout.max(Duration::from_millis(10));
     // asks open connections to finish their requests and close
     let draining = CancellationToken::new();
@@ -461,8 +590,27 @@ pub async fn serve_tls_with(
                 }
             },
         };
-        // at the limit, the stalest open connection (if one is stale) makes room for this one;
-        // otherwise this one waits for a slot, and further ones wait in the listen backlog
+        // fair to every address: a new connection beyond its address's rate, or beyond its
+        // share with none of its own stale, is closed at once (a reset: nothing kept for it)
+        let source = sources::source_of(peer.ip());
+        if !rate.admit(source, Instant::now()) {
+            tracing::debug!(%peer, "closed: over the connection rate of its address");
+            refuse(stream);
+            continue;
+        }
+        match registry.at_share(source, share) {
+            Some(AtShare::Full) => {
+                tracing::debug!(%peer, "closed: its address holds its share of connections, all in use");
+                refuse(stream);
+                continue;
+            }
+            Some(AtShare::MadeRoom) => {
+                tracing::debug!(%peer, "at its address's share: closed its stalest connection");
+            }
+            Some(AtShare::Alone) | None => {}
+        }
+        // at the limit, a stale connection of the address holding the most makes room for this
+        // one; otherwise this one waits for a slot, and further ones wait in the listen backlog
         let permit = match connections.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
@@ -473,7 +621,7 @@ pub async fn serve_tls_with(
                         permit = connections.clone().acquire_owned() => break permit.ok(),
                         _ = retry.tick() => {
                             if registry.evict_stalest() {
-                                tracing::debug!(%peer, "at the connection limit: closed the stalest connection");
+                                tracing::debug!(%peer, "at the connection limit: closed a stale connection of the address holding the most");
                             }
                         }
                     }
@@ -493,7 +641,7 @@ pub async fn serve_tls_with(
         let requests = requests.clone();
         let activity = Arc::new(Activity::new());
         let evicted = CancellationToken::new();
-        let registered = registry.register(activity.clone(), evicted.clone());
+        let registered = registry.register(source, activity.clone(), evicted.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let _registered = registered;
@@ -647,6 +795,13 @@ pub async fn serve_tls_with(
             closing.cancel();
         }
     }
+}
+
+/// Closes a connection refused before its handshake at once, with a reset (`SO_LINGER` 0), so
+/// that the server keeps no `TIME_WAIT` entry for it.
+fn refuse(stream: tokio::net::TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
 }
 
 fn timed_out(limit: Duration) -> Response<Body> {

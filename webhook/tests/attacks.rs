@@ -176,13 +176,23 @@ async fn tls(
 /// victim's new connection, which would cost it a SYN retransmission (1 s) on loopback. The
 /// traffic still goes to the webhook on 127.0.0.1.
 fn attacker_socket() -> std::io::Result<tokio::net::TcpSocket> {
+    attacker_socket_at(2)
+}
+
+/// An attacker's socket bound to 127.0.0.`last`: an attacker with several addresses, each under
+/// the webhook's share per address (`--max-connections-per-source`).
+fn attacker_socket_at(last: u8) -> std::io::Result<tokio::net::TcpSocket> {
     let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::from(([127, 0, 0, 2], 0)))?;
+    socket.bind(SocketAddr::from(([127, 0, 0, last], 0)))?;
     Ok(socket)
 }
 
 async fn attacker_tcp(addr: SocketAddr) -> std::io::Result<TcpStream> {
     attacker_socket()?.connect(addr).await
+}
+
+async fn attacker_tcp_at(addr: SocketAddr, last: u8) -> std::io::Result<TcpStream> {
+    attacker_socket_at(last)?.connect(addr).await
 }
 
 async fn attacker_tls(
@@ -272,20 +282,26 @@ impl Seen {
     }
 
     fn percentile(&self, p: f64) -> Duration {
-        let mut sorted = self.open.clone();
-        sorted.sort();
-        let at = ((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1);
-        sorted.get(at).copied().unwrap_or(Duration::MAX)
+        percentile(&self.open, p)
     }
 }
 
-/// Runs both victims from `measure_from` until `until`.
+fn percentile(of: &[Duration], p: f64) -> Duration {
+    let mut sorted = of.to_vec();
+    sorted.sort();
+    let at = ((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1);
+    sorted.get(at).copied().unwrap_or(Duration::MAX)
+}
+
+/// Runs both victims from `measure_from` until `until`; the second opens a new connection every
+/// `new_every`.
 async fn victims(
     addr: SocketAddr,
     config: Arc<rustls::ClientConfig>,
     mut open: Sender,
     measure_from: Instant,
     until: Instant,
+    new_every: Duration,
 ) -> Seen {
     let body = review_body("5f0c0f2e-4b8a-4d36-9d0e-victim000001");
     let new_conns = {
@@ -293,7 +309,7 @@ async fn victims(
         tokio::spawn(async move {
             let mut seen = Vec::new();
             tokio::time::sleep_until(measure_from.into()).await;
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut tick = tokio::time::interval(new_every);
             while Instant::now() < until {
                 tick.tick().await;
                 let (config, body) = (config.clone(), body.clone());
@@ -352,6 +368,20 @@ where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: std::future::Future<Output = String> + Send + 'static,
 {
+    under_attack_with(webhook, name, Duration::from_secs(1), attack).await
+}
+
+/// [`under_attack`] with the victim's new connections `new_every` apart.
+async fn under_attack_with<F, Fut>(
+    webhook: &mut Webhook,
+    name: &str,
+    new_every: Duration,
+    attack: F,
+) -> (String, Vec<String>)
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = String> + Send + 'static,
+{
     // the victims run on a thread and runtime of their own, so that the attackers' tasks in
     // this process do not delay them: what they measure is the webhook
     let (addr, config) = (webhook.addr, webhook.tls.clone());
@@ -368,7 +398,15 @@ where
                 .expect("the victim connects before the attack");
             let _ = connected.send(());
             let started = start.await.expect("started");
-            victims(addr, config, open, started + RAMP, started + RAMP + MEASURED).await
+            victims(
+                addr,
+                config,
+                open,
+                started + RAMP,
+                started + RAMP + MEASURED,
+                new_every,
+            )
+            .await
         })
     });
     is_connected.await.expect("the victims connected");
@@ -395,14 +433,17 @@ where
         seen.slowest(5),
         seen.new.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
     );
+    let (new_p50, new_p99) = (percentile(&seen.new, 0.5), percentile(&seen.new, 0.99));
     eprintln!(
-        "attack {name}: webhook peak {} MiB (from {} MiB), open connection {} reviews p50 {:.1} ms p99 {:.1} ms, {} new connections answered, slowest {:.0} ms; {report}",
+        "attack {name}: webhook peak {} MiB (from {} MiB), open connection {} reviews p50 {:.1} ms p99 {:.1} ms, {} new connections answered p50 {:.1} ms p99 {:.1} ms, slowest {:.0} ms; {report}",
         peak_kib / 1024,
         before_kib / 1024,
         seen.open.len(),
         p50.as_secs_f64() * 1e3,
         p99.as_secs_f64() * 1e3,
         seen.new.len(),
+        new_p50.as_secs_f64() * 1e3,
+        new_p99.as_secs_f64() * 1e3,
         slowest_new.as_secs_f64() * 1e3,
     );
     let mut failed = Vec::new();
@@ -446,7 +487,18 @@ async fn h2_attacker(
     config: &Arc<rustls::ClientConfig>,
     window: u32,
 ) -> Option<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)> {
-    let io = attacker_tls(addr, config, b"h2").await.ok()?;
+    h2_attacker_at(addr, config, window, 2).await
+}
+
+/// [`h2_attacker`] from 127.0.0.`last`.
+async fn h2_attacker_at(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    window: u32,
+    last: u8,
+) -> Option<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)> {
+    let tcp = attacker_tcp_at(addr, last).await.ok()?;
+    let io = tls_over(tcp, config, b"h2").await.ok()?;
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(window)
         .max_concurrent_streams(1000)
@@ -609,10 +661,12 @@ async fn the_webhook_survives_every_attack_and_keeps_serving() {
         let (_, failed) = under_attack(&mut webhook, "3 streams without bodies", move |stop| async move {
             let streams = Arc::new(AtomicUsize::new(0));
             let mut tasks = Vec::new();
-            for _ in 0..200 / SCALE {
+            for i in 0..200 / SCALE {
                 let (cfg, stop, streams) = (cfg.clone(), stop.clone(), streams.clone());
                 tasks.push(tokio::spawn(async move {
-                    let Some((mut client, driver)) = h2_attacker(addr, &cfg, 65_535).await else {
+                    // from two addresses, each under the share of one (128)
+                    let last = 2 + (i % 2) as u8;
+                    let Some((mut client, driver)) = h2_attacker_at(addr, &cfg, 65_535, last).await else {
                         return;
                     };
                     let mut held = open_streams(&mut client, 256, |_| {}).await;
@@ -747,7 +801,8 @@ async fn the_webhook_survives_every_attack_and_keeps_serving() {
     }
 
     // 5. connection slots: 450 silent TCP connections re-opened when closed and 100 TLS
-    //    connections trickling an HTTP/1.1 request, together over --max-connections (512)
+    //    connections trickling an HTTP/1.1 request, together over --max-connections (512), from
+    //    five addresses (110 each, under the share of one address, 128)
     if wanted(5) {
         let cfg = config.clone();
         let (_, failed) = under_attack(&mut webhook, "5 connection slots", move |stop| async move {
@@ -757,13 +812,15 @@ async fn the_webhook_survives_every_attack_and_keeps_serving() {
                 let (cfg, stop, reopened) = (cfg.clone(), stop.clone(), reopened.clone());
                 tasks.push(tokio::spawn(async move {
                     while !stop.is_cancelled() {
+                        let last = 2 + (i % 5) as u8;
                         let held = async {
                             if i < 450 {
-                                let mut tcp = attacker_tcp(addr).await?;
+                                let mut tcp = attacker_tcp_at(addr, last).await?;
                                 let mut byte = [0u8; 1];
                                 let _ = tcp.read(&mut byte).await;
                             } else {
-                                let mut io = attacker_tls(addr, &cfg, b"http/1.1").await?;
+                                let tcp = attacker_tcp_at(addr, last).await?;
+                                let mut io = tls_over(tcp, &cfg, b"http/1.1").await?;
                                 io.write_all(b"POST /mutate/pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{").await?;
                                 loop {
                                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -906,6 +963,58 @@ async fn the_webhook_survives_every_attack_and_keeps_serving() {
                     return format!("FAILED: only {closed} connections that read nothing were closed");
                 }
                 format!("{closed} connections that read nothing closed by the server (their writes failed)")
+            },
+        )
+        .await;
+        failures.extend(failed);
+    }
+
+    // 8. connection slots at a high rate (issue 45): one address opening silent TCP connections,
+    //    about 1,000 a second (10 every 10 ms), each held until the server closes it, at most
+    //    4,000 held at once; a victim's new connection every 100 ms (100 measured)
+    if wanted(8) {
+        let (_, failed) = under_attack_with(
+            &mut webhook,
+            "8 silent connections at a high rate",
+            Duration::from_millis(100),
+            move |stop| async move {
+                const HELD: u32 = 4000;
+                let opened = Arc::new(AtomicUsize::new(0));
+                let closed = Arc::new(AtomicUsize::new(0));
+                let held = Arc::new(tokio::sync::Semaphore::new(HELD as usize));
+                let mut tick = tokio::time::interval(Duration::from_millis(10));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let started = Instant::now();
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tick.tick() => {}
+                    }
+                    for _ in 0..10 {
+                        let Ok(slot) = held.clone().try_acquire_owned() else { break };
+                        let (opened, closed, stop) = (opened.clone(), closed.clone(), stop.clone());
+                        tokio::spawn(async move {
+                            let _slot = slot;
+                            let Ok(mut tcp) = attacker_tcp(addr).await else { return };
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            let mut byte = [0u8; 1];
+                            tokio::select! {
+                                _ = stop.cancelled() => {}
+                                _ = tcp.read(&mut byte) => { closed.fetch_add(1, Ordering::Relaxed); }
+                            }
+                        });
+                    }
+                }
+                let took = started.elapsed().as_secs_f64();
+                let _ = tokio::time::timeout(Duration::from_secs(10), held.acquire_many(HELD)).await;
+                let (opened, closed) = (opened.load(Ordering::Relaxed), closed.load(Ordering::Relaxed));
+                if closed == 0 {
+                    return format!("FAILED: the server closed none of {opened} silent connections");
+                }
+                format!(
+                    "{opened} silent connections opened from one address ({:.0} a second), {closed} closed by the server",
+                    opened as f64 / took
+                )
             },
         )
         .await;

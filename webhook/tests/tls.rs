@@ -728,6 +728,97 @@ async fn at_the_connection_limit_a_silent_or_idle_connection_makes_room_for_a_ne
     );
 }
 
+/// A TCP connection from 127.0.0.`last`: a client of another address than the tests' clients.
+/// On loopback a connection the server resets at once may fail already in `connect`.
+async fn connect_from(addr: SocketAddr, last: u8) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, last], 0)))
+        .expect("bind");
+    socket.connect(addr).await
+}
+
+/// How many of `conns` the server closes, in `connect` (reset) or after (each waited for at
+/// most 5 s, all at once).
+async fn closed_of(conns: &mut [std::io::Result<TcpStream>]) -> usize {
+    let closed = futures::future::join_all(conns.iter_mut().map(|conn| async move {
+        match conn {
+            Ok(tcp) => closed_by_server(tcp).await,
+            Err(err) => {
+                assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+                true
+            }
+        }
+    }))
+    .await;
+    closed.into_iter().filter(|c| *c).count()
+}
+
+#[tokio::test]
+async fn an_address_at_its_share_gets_no_more_while_another_address_is_served() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start_with(
+        resolver_with(&serving(&ca, "a.example")),
+        short(|l| {
+            l.max_connections = 16;
+            l.max_connections_per_source = 2;
+        }),
+    )
+    .await;
+    // another address holds a connection (the API server, say)
+    let mut api = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("connect");
+    assert!(api.review("default").await.expect("review").1);
+    // one address opens five silent connections: it keeps two (its share), whichever the
+    // server chose; the others are closed, at once or to make room for a newer one
+    let mut silent = Vec::new();
+    for _ in 0..5 {
+        silent.push(connect_from(server.addr, 2).await);
+    }
+    assert_eq!(
+        closed_of(&mut silent).await,
+        3,
+        "one address kept more than its share"
+    );
+    // the other address is still served, on its open connection and on a new one
+    assert!(api.review("default").await.expect("review").1);
+    let mut new = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("a new connection from the other address");
+    assert!(new.review("default").await.expect("review").1);
+}
+
+#[tokio::test]
+async fn connections_beyond_an_addresss_rate_are_closed_and_another_address_is_served() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start_with(
+        resolver_with(&serving(&ca, "a.example")),
+        short(|l| l.max_connection_rate_per_source = 4),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let mut opened = Vec::new();
+    for _ in 0..12 {
+        opened.push(connect_from(server.addr, 2).await);
+    }
+    // four at once, then one every 250 ms
+    let let_in = 4 + (started.elapsed().as_secs_f64() * 4.0).ceil() as usize;
+    let closed = closed_of(&mut opened).await;
+    assert!(
+        closed >= 12usize.saturating_sub(let_in),
+        "{closed} of 12 closed, {let_in} could be let in"
+    );
+    // another address has its own bucket
+    let mut other = Client::new(&ca.cert_pem)
+        .connect(server.addr)
+        .await
+        .expect("another address connects");
+    assert!(other.review("default").await.expect("review").1);
+}
+
 #[tokio::test]
 async fn with_a_client_ca_silent_connections_at_the_limit_make_room_for_the_api_server() {
     let server_ca = ca("serving");

@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask <task>`.
 
+mod compat;
 mod fuzz;
 
 use std::path::{Path, PathBuf};
@@ -19,7 +20,8 @@ struct Cli {
 enum Task {
     /// Run nodewarden against a real control plane on this machine and show what happened.
     Demo,
-    /// Write charts/nodewarden/crds/*.yaml from the api crate's types.
+    /// Write charts/nodewarden/crds/*.yaml from the api crate's types, and the Kubernetes
+    /// schemas (securityContext, affinity) into charts/nodewarden/values.schema.json.
     Crdgen,
     /// Everything CI checks: formatting, clippy, every fuzz target for 20 s, every test (the
     /// end-to-end tier builds the control plane from Go modules on first use and caches it).
@@ -32,6 +34,21 @@ enum Task {
         seconds: u64,
         /// Targets to run (default: all).
         targets: Vec<String>,
+    },
+    /// The Kubernetes version matrix: for each version, build its kube-apiserver and
+    /// kube-controller-manager (tests/controlplane/build-version.sh, cached per version), run the
+    /// API-server tier's test files against them, and write docs/compatibility.md (a table
+    /// version × capability) from the results. Fails when a version other than a pre-release fails.
+    Compat {
+        /// Versions, comma-separated (default: every minor from 1.30 to 1.37 and v1.38.0-beta.0).
+        #[arg(long, value_delimiter = ',', default_values_t = compat::DEFAULT_VERSIONS.iter().map(|v| v.to_string()))]
+        versions: Vec<String>,
+        /// Test files of tests/tests, comma-separated, without `.rs`.
+        #[arg(long, value_delimiter = ',', default_values_t = compat::CAPABILITIES.iter().map(|(f, _)| f.to_string()))]
+        files: Vec<String>,
+        /// Only write docs/compatibility.md from the results of earlier runs.
+        #[arg(long)]
+        write_only: bool,
     },
     /// Benchmarks (release builds); figures are recorded in docs/benchmarks.md.
     Bench {
@@ -91,6 +108,18 @@ fn main() -> Result<()> {
         Task::Crdgen => crdgen(&root),
         Task::Demo => demo(&root),
         Task::Ci => ci(&root),
+        Task::Compat {
+            versions,
+            files,
+            write_only,
+        } => compat::compat(
+            &root,
+            &compat::CompatOptions {
+                versions,
+                files,
+                write_only,
+            },
+        ),
         Task::Fuzz { seconds, targets } => fuzz::fuzz(&root, &fuzz::FuzzOptions { seconds, targets }),
         Task::Image { platform, out, tag } => {
             let mut opts = xtask::image::BuildOptions::for_repo(&root)?;
@@ -171,6 +200,11 @@ fn crdgen(root: &Path) -> Result<()> {
         std::fs::write(dir.join(&name), yaml).with_context(|| format!("writing {name}"))?;
         println!("wrote {}/{name}", nodewarden_api::crdgen::CRD_DIR);
     }
+    let schema = root.join(xtask::chart_schema::SCHEMA_FILE);
+    let text = std::fs::read_to_string(&schema).with_context(|| format!("reading {}", schema.display()))?;
+    std::fs::write(&schema, xtask::chart_schema::update(&text)?)
+        .with_context(|| format!("writing {}", schema.display()))?;
+    println!("wrote {}", xtask::chart_schema::SCHEMA_FILE);
     Ok(())
 }
 
@@ -284,7 +318,7 @@ fn cargo() -> String {
 
 /// Debian packages `cargo xtask ci` makes sure of before the tests (see tests/node/packages.sh):
 /// buildah for the Containerfile test, qemu-user-static for the arm64 ones, chromium for the report's
-/// page, and what a real node runs on (the same list as
+/// page, shellcheck for the workflows' scripts, and what a real node runs on (the same list as
 /// `nodewarden_tests::node::NODE_PACKAGES`, which the real-node tier installs itself too).
 const TEST_PACKAGES: &[&str] = &[
     "buildah",
@@ -292,6 +326,8 @@ const TEST_PACKAGES: &[&str] = &[
     xtask::image::target::QEMU_PACKAGE,
     // headless Chromium loads the report's HTML page (cli/src/report/tests.rs)
     "chromium",
+    // actionlint checks the workflows' run: scripts with it (tests/tests/workflows.rs)
+    "shellcheck",
     "containerd",
     "runc",
     "containernetworking-plugins",

@@ -102,7 +102,7 @@ pub struct Released {
 pub struct ReleasedImage {
     /// The program's package, e.g. `nodewarden-agent`.
     pub package: &'static str,
-    /// The name containerd gives it on import, e.g. `docker.io/nodewarden/nodewarden-agent:0.1.0`.
+    /// The name containerd gives it on import, e.g. `ghcr.io/nodewarden/nodewarden-agent:0.1.0`.
     pub reference: String,
     /// `nodewarden-<program>-<version>.oci.tar` in the output folder.
     pub archive: PathBuf,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use nodewarden_api::rightsizing::{AutoscalerRef, NodeRecommendationSpec};
 
-use crate::cgroup::{CgroupError, Hierarchy, Locator, Reading};
+use crate::cgroup::{CgroupError, Hierarchy, Locator, Reading, Unmapped};
 use crate::metrics::{self, Metrics};
 use crate::rightsizing::checkpoint::{self, Checkpoint};
 use crate::rightsizing::pods::{Key, Policy, Target};
@@ -101,6 +101,9 @@ pub struct Sampler {
     oom_recorded: HashSet<String>,
     /// Container IDs already warned about (one warning per unreadable container).
     warned: HashSet<String>,
+    /// Cgroup trees already reported as not recognised, by [`Unmapped::key`] (one warning per
+    /// problem, for as long as the locator still finds it).
+    unrecognised: HashSet<String>,
     last_published: Option<(Snapshot, i64)>,
     budget: Budget,
     metrics: Arc<Metrics>,
@@ -113,6 +116,9 @@ pub struct Tick {
     pub tracked: usize,
     /// Why and what to write to `NodeRecommendation/<node>`, when a write is due.
     pub publish: Option<(Reason, NodeRecommendationSpec)>,
+    /// Cgroup trees found in a form the agent cannot map to containers, each said once (the
+    /// run loop makes each a Warning Event on the node).
+    pub unrecognised: Vec<Unmapped>,
 }
 
 fn to_figures(r: Resources, policy: &Policy) -> Figures {
@@ -192,6 +198,7 @@ impl Sampler {
             oom_counters: HashMap::new(),
             oom_recorded: HashSet::new(),
             warned: HashSet::new(),
+            unrecognised: HashSet::new(),
             last_published: None,
             budget: Budget::default(),
             metrics,
@@ -302,7 +309,29 @@ impl Sampler {
                 (id, r)
             })
             .collect();
-        self.observe(now_ms, targets, autoscalers, &readings)
+        let unrecognised = self.newly_unrecognised();
+        let mut tick = self.observe(now_ms, targets, autoscalers, &readings);
+        tick.unrecognised = unrecognised;
+        tick
+    }
+
+    /// The locator's diagnoses not said yet: each is logged once, counted, and returned.
+    /// Containers it cannot map get no reading, so nothing is published for them.
+    fn newly_unrecognised(&mut self) -> Vec<Unmapped> {
+        let current: HashSet<String> = self.locator.unmapped().iter().map(Unmapped::key).collect();
+        self.unrecognised.retain(|k| current.contains(k));
+        let mut new = Vec::new();
+        for u in self.locator.unmapped() {
+            if self.unrecognised.insert(u.key()) {
+                self.metrics.unrecognised_cgroup(u.reason());
+                tracing::warn!(
+                    path = %u.path().display(), reason = u.reason(),
+                    "cgroup tree not recognised; its containers are not measured: {u}"
+                );
+                new.push(u.clone());
+            }
+        }
+        new
     }
 
     /// [`Sampler::tick`] with the readings already taken.
@@ -483,6 +512,7 @@ impl Sampler {
         Tick {
             tracked: running.len(),
             publish,
+            unrecognised: Vec::new(),
         }
     }
 

@@ -97,11 +97,17 @@ app.kubernetes.io/component: agent
 {{- end -}}
 
 {{/* Images: `[registry/]repository@digest` when a digest is given, else `[registry/]repository:tag`
-     (tag defaults to the chart's appVersion). The registry is the image's own, else global.imageRegistry. Call with (dict "image" .Values.x.image "root" $). */}}
+     (tag defaults to the chart's appVersion). The registry is the image's own, else
+     global.imageRegistry, which is left out when the repository names its own host (its first
+     part holds a `.` or `:`, or is `localhost`, as container runtimes read a reference).
+     Call with (dict "image" .Values.x.image "root" $). */}}
 {{- define "nodewarden.image" -}}
 {{- $img := .image -}}
 {{- $repo := $img.repository -}}
-{{- with (default (dig "imageRegistry" "" (.root.Values.global | default dict)) $img.registry) -}}
+{{- $first := index (splitList "/" $repo) 0 -}}
+{{- $hasHost := and (contains "/" $repo) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $global := ternary "" (dig "imageRegistry" "" (.root.Values.global | default dict)) $hasHost -}}
+{{- with (default $global $img.registry) -}}
 {{- $repo = printf "%s/%s" (trimSuffix "/" .) $repo -}}
 {{- end -}}
 {{- if $img.digest -}}
@@ -145,12 +151,39 @@ app.kubernetes.io/component: agent
 {{- end -}}
 {{- end -}}
 
-{{/* Annotations of both webhook configurations. */}}
+{{/* Annotations of both webhook configurations: webhookConfigurations.annotations, and
+     cert-manager's injection annotation in certManager mode (the chart's wins). */}}
 {{- define "nodewarden.webhookConfigAnnotations" -}}
+{{- $annotations := deepCopy (.Values.webhookConfigurations.annotations | default dict) -}}
 {{- if eq .Values.certificates.mode "certManager" -}}
-annotations:
-  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "nodewarden.tlsSecretName" .) }}
+{{- $_ := set $annotations "cert-manager.io/inject-ca-from" (printf "%s/%s" .Release.Namespace (include "nodewarden.tlsSecretName" .)) -}}
 {{- end -}}
+{{- with $annotations -}}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* imagePullSecrets of a pod: the chart-wide ones, then the component's own. Call with
+     (dict "own" .Values.webhook.imagePullSecrets "root" $). */}}
+{{- define "nodewarden.imagePullSecrets" -}}
+{{- $all := concat (.root.Values.imagePullSecrets | default list) (.own | default list) | uniq -}}
+{{- with $all -}}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* A probe's settings besides its handler: periodSeconds, and the probe's values
+     (timeoutSeconds, failureThreshold, initialDelaySeconds when set). Call with
+     (dict "period" .Values.webhook.probePeriodSeconds "probe" .Values.webhook.livenessProbe). */}}
+{{- define "nodewarden.probeSettings" -}}
+periodSeconds: {{ .period }}
+timeoutSeconds: {{ .probe.timeoutSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+{{- with .probe.initialDelaySeconds }}
+initialDelaySeconds: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{/* clientConfig of one webhook entry. Call with (dict "root" $ "path" "/validate/claims"). */}}
@@ -232,6 +265,17 @@ clientConfig:
 {{- end -}}
 {{- if eq (int .Values.webhook.port) (int .Values.webhook.adminPort) -}}
 {{- fail (printf "webhook.port and webhook.adminPort are both %d: the admission and admin servers need a port each" (int .Values.webhook.port)) -}}
+{{- end -}}
+{{- with .Values.agent.updateStrategy -}}
+{{- $zero := list "0" "0%" -}}
+{{- $surge := not (has (toString (.maxSurge | default 0)) $zero) -}}
+{{- $unavailable := not (has (toString .maxUnavailable) $zero) -}}
+{{- if and $surge $unavailable -}}
+{{- fail (printf "agent.updateStrategy.maxSurge is %v and agent.updateStrategy.maxUnavailable is %v: a DaemonSet takes one of them, the other must be 0; set agent.updateStrategy.maxUnavailable=0 to surge" .maxSurge .maxUnavailable) -}}
+{{- end -}}
+{{- if and (not $surge) (not $unavailable) -}}
+{{- fail "agent.updateStrategy.maxSurge and agent.updateStrategy.maxUnavailable are both 0: a rollout could never replace an agent; set one of them (e.g. maxUnavailable=10%)" -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.certificates.certManager.issuerRef (ne .Values.certificates.mode "certManager") -}}
 {{- fail "certificates.certManager.issuerRef is set but certificates.mode is not \"certManager\": set certificates.mode=certManager to use it, or remove the issuerRef" -}}

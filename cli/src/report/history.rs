@@ -68,6 +68,9 @@ pub struct Request {
     pub resolution: Duration,
     /// CPU's `rate()` range.
     pub rate_window: Duration,
+    /// Where the window ends (`--end`), in milliseconds since the Unix epoch; `None`: now, less
+    /// the newest samples that may still be arriving ([`seed::settled_end`]).
+    pub end_ms: Option<i64>,
     /// Only these DaemonSets (all of the namespace when empty).
     pub daemonsets: Vec<String>,
     /// Only the DaemonSets with these labels (`-l`, kubectl's syntax).
@@ -76,10 +79,15 @@ pub struct Request {
     pub labels: Labels,
 }
 
-/// The window ending at `now_ms`, its end on a whole multiple of the resolution (so that runs a
-/// little apart, and a seeding agent, read the same steps): the agent's `seed::window`.
+/// The window a run at `now_ms` reads: ending at `--end`, else where a seeding agent's read at
+/// `now_ms` would end ([`seed::settled_end`]), its end on a whole multiple of the resolution (so
+/// that runs a little apart, and a seeding agent, read the same steps): the agent's
+/// `seed::window`.
 pub fn window(request: &Request, now_ms: i64) -> Window {
-    seed::window(request.window, request.resolution, request.rate_window, now_ms)
+    let end_ms = request
+        .end_ms
+        .unwrap_or_else(|| seed::settled_end(now_ms, request.rate_window));
+    seed::window(request.window, request.resolution, request.rate_window, end_ms)
 }
 
 /// An autoscaler with every default for `ds`, named after it: what the report assumes for a
@@ -364,12 +372,21 @@ mod tests {
             window: Duration::from_secs(3600),
             resolution: Duration::from_secs(60),
             rate_window: Duration::from_secs(120),
+            end_ms: None,
             daemonsets: Vec::new(),
             selector: None,
             labels: Labels::default(),
         };
+        // now less half the rate window (60 s), down to the minute
         let w = window(&request, 1_700_000_123_456);
+        assert_eq!(w.end_ms, 1_700_000_040_000);
+        assert_eq!(w.start_ms, 1_700_000_040_000 - 3_600_000);
+        // --end: down to the minute, whatever the time now
+        let pinned = Request {
+            end_ms: Some(1_700_000_123_456),
+            ..request
+        };
+        let w = window(&pinned, 1_800_000_000_000);
         assert_eq!(w.end_ms, 1_700_000_100_000);
-        assert_eq!(w.start_ms, 1_700_000_100_000 - 3_600_000);
     }
 }

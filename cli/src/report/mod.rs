@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::{Container, LimitRange, Pod, PodSpec, ResourceRe
 use kube::ResourceExt;
 use nodewarden_api::domain::sizing::{self, Amounts, Targets};
 use nodewarden_api::quantity::{ResourceList, parse_milli};
-use nodewarden_api::rightsizing::{ResourceName, UpdateMode};
+use nodewarden_api::rightsizing::{ContainerRecommendation, ResourceName, UpdateMode};
 use nodewarden_api::{DaemonSetAutoscaler, NodeRecommendation};
 use serde::Serialize;
 
@@ -172,6 +172,9 @@ pub struct Row {
     pub upper_bound: Resources,
     /// OOM kills the node's agent saw for the container (only with source `node`).
     pub oom_kills: i64,
+    /// The history behind the node's figures (only with source `node`): how many CPU samples,
+    /// from when to when. VPA's confidence in a figure is the days this spans.
+    pub history: HistorySpan,
     /// target − current, per resource (a request that is not set counts as 0); 0 where there is
     /// no target.
     pub delta: Delta,
@@ -184,6 +187,39 @@ impl Row {
             format!("{} (sidecar)", self.container)
         } else {
             self.container.clone()
+        }
+    }
+}
+
+/// The samples behind a node's figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistorySpan {
+    /// CPU samples taken in.
+    pub sample_count: i64,
+    /// When the first CPU sample was taken (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_sample_time: Option<String>,
+    /// When the last CPU sample was taken (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_sample_time: Option<String>,
+    /// From the first sample to the last, in seconds.
+    pub seconds: i64,
+}
+
+impl HistorySpan {
+    fn of(e: &ContainerRecommendation) -> Self {
+        let first = e.first_sample_time.as_ref().map(|t| t.0);
+        let last = e.last_sample_time.as_ref().map(|t| t.0);
+        let seconds = match (first, last) {
+            (Some(f), Some(l)) => l.duration_since(f).as_secs().max(0),
+            _ => 0,
+        };
+        HistorySpan {
+            sample_count: e.sample_count,
+            first_sample_time: first.map(|t| t.to_string()),
+            last_sample_time: last.map(|t| t.to_string()),
+            seconds,
         }
     }
 }
@@ -614,12 +650,13 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                     Some(c) => current.overlaid(&c.requests),
                     None => current,
                 };
-                let (lower, upper) = match entry {
+                let (lower, upper, history) = match entry {
                     Some(e) if source == Source::Node => (
                         Resources::from_list(e.lower_bound.as_ref()),
                         Resources::from_list(e.upper_bound.as_ref()),
+                        HistorySpan::of(e),
                     ),
-                    _ => (Resources::default(), Resources::default()),
+                    _ => (Resources::default(), Resources::default(), HistorySpan::default()),
                 };
                 let delta = Delta {
                     cpu_millis: diff(target.cpu_millis, current.cpu_millis),
@@ -639,6 +676,7 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                     upper_bound: upper,
                     // the node's agent saw them, whichever figure the pod gets
                     oom_kills: entry.map_or(0, |e| e.oom_count),
+                    history,
                     delta,
                 };
                 report.totals.add_row(&row);

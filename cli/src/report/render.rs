@@ -5,7 +5,7 @@ use std::io::Write;
 
 use comfy_table::{Cell, CellAlignment, Table, presets};
 
-use super::{DaemonSetReport, Delta, Report, Resources, Row, SortBy, Source, Totals};
+use super::{DaemonSetReport, Delta, HistorySpan, Report, Resources, Row, SortBy, Source, Totals};
 
 /// How the report is shown, besides its format.
 #[derive(Clone, Debug, Default)]
@@ -108,6 +108,7 @@ fn row_cells(r: &Row, wide: bool) -> Vec<Cell> {
         right(pair(r.target)),
         right(pair(r.lower_bound)),
         right(pair(r.upper_bound)),
+        right(history(&r.history)),
         Cell::new(r.source.as_str()),
     ];
     if wide {
@@ -121,6 +122,33 @@ fn row_cells(r: &Row, wide: bool) -> Vec<Cell> {
     cells
 }
 
+/// How long the history behind a row's figures is, in its two largest units (`8d`, `2d3h`,
+/// `5h12m`, `2m`, `0m` for one sample; `n=N`, N samples, where the times are not known); `-` without
+/// figures of the node. A figure from two minutes is not one from eight days: VPA's confidence
+/// is the days of history.
+pub fn history(h: &HistorySpan) -> String {
+    if h.sample_count == 0 {
+        return "-".to_string();
+    }
+    if h.first_sample_time.is_none() || h.last_sample_time.is_none() {
+        // an agent that published no sample times: how many, at least (one word, as every
+        // cell of the table, for whoever splits its lines)
+        return format!("n={}", h.sample_count);
+    }
+    let (days, hours, minutes) = (
+        h.seconds / 86_400,
+        h.seconds % 86_400 / 3600,
+        h.seconds % 3600 / 60,
+    );
+    match (days, hours, minutes) {
+        (0, 0, m) => format!("{m}m"),
+        (0, h, 0) => format!("{h}h"),
+        (0, h, m) => format!("{h}h{m}m"),
+        (d, 0, _) => format!("{d}d"),
+        (d, h, _) => format!("{d}d{h}h"),
+    }
+}
+
 /// The column names of a DaemonSet's table.
 pub fn row_header(wide: bool) -> Vec<&'static str> {
     let mut header = vec![
@@ -131,6 +159,7 @@ pub fn row_header(wide: bool) -> Vec<&'static str> {
         "TARGET",
         "LOWER",
         "UPPER",
+        "HISTORY",
         "SOURCE",
     ];
     if wide {
@@ -277,7 +306,7 @@ pub fn yaml(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 }
 
 /// The CSV columns.
-pub const CSV_HEADER: [&str; 21] = [
+pub const CSV_HEADER: [&str; 24] = [
     "namespace",
     "autoscaler",
     "daemonset",
@@ -299,6 +328,9 @@ pub const CSV_HEADER: [&str; 21] = [
     "oom_kills",
     "delta_cpu_millis",
     "delta_memory_bytes",
+    "sample_count",
+    "first_sample_time",
+    "last_sample_time",
 ];
 
 /// One line per DaemonSet, node and container, in the view's order; quantities as millicores
@@ -332,6 +364,9 @@ pub fn csv(report: &Report, view: &View, out: &mut dyn Write) -> std::io::Result
             r.oom_kills.to_string(),
             r.delta.cpu_millis.to_string(),
             r.delta.memory_bytes.to_string(),
+            r.history.sample_count.to_string(),
+            r.history.first_sample_time.clone().unwrap_or_default(),
+            r.history.last_sample_time.clone().unwrap_or_default(),
         ])?;
     }
     w.flush()
@@ -520,6 +555,11 @@ fn html_row(ds: &DaemonSetReport, r: &Row) -> String {
     for b in [r.target, r.lower_bound, r.upper_bound] {
         tr.push_str(&td_pair(b));
     }
+    tr.push_str(&td_num(
+        &history(&r.history),
+        r.history.seconds,
+        r.history.sample_count,
+    ));
     let _ = write!(
         tr,
         "<td title=\"{}\">{}</td>",
@@ -617,7 +657,7 @@ document.body.setAttribute('data-ready','true');
 })();"#;
 
 /// The columns of the page's table of rows: key (for `#sort=`) and title.
-pub const HTML_COLUMNS: [(&str, &str); 13] = [
+pub const HTML_COLUMNS: [(&str, &str); 14] = [
     ("namespace", "namespace"),
     ("daemonset", "DaemonSet"),
     ("node", "node"),
@@ -627,6 +667,7 @@ pub const HTML_COLUMNS: [(&str, &str); 13] = [
     ("target", "target"),
     ("lower", "lower"),
     ("upper", "upper"),
+    ("history", "history"),
     ("source", "source"),
     ("oom", "OOM"),
     ("cpu-delta", "CPU Δ"),

@@ -624,7 +624,7 @@ fn the_table_header_lines_are_as_documented() {
     assert_eq!(header.len(), 2, "one header per DaemonSet:\n{table}");
     assert_eq!(
         header[0].split_whitespace().collect::<Vec<_>>().join(" "),
-        "NODE CONTAINER TEMPLATE CURRENT TARGET LOWER UPPER SOURCE OOM CPU Δ MEMORY Δ"
+        "NODE CONTAINER TEMPLATE CURRENT TARGET LOWER UPPER HISTORY SOURCE OOM CPU Δ MEMORY Δ"
     );
     let wide = render_to_string(|out| render::table(&report, &view(SortBy::Change, true), true, out));
     let header = wide
@@ -633,7 +633,7 @@ fn the_table_header_lines_are_as_documented() {
         .expect("header");
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>().join(" "),
-        "NODE CONTAINER TEMPLATE CURRENT TARGET LOWER UPPER SOURCE DETAIL OOM CPU Δ MEMORY Δ"
+        "NODE CONTAINER TEMPLATE CURRENT TARGET LOWER UPPER HISTORY SOURCE DETAIL OOM CPU Δ MEMORY Δ"
     );
     assert!(wide.contains("node-recommendation"), "the detail column:\n{wide}");
     assert!(
@@ -1104,7 +1104,7 @@ fn the_html_page_runs_in_headless_chromium() {
     assert_eq!(shown.len(), 1000);
     let cpu_delta = |row: &str| -> i64 {
         let cells: Vec<&str> = row.split("<td").collect();
-        let cell = cells[12];
+        let cell = cells[13];
         let v = cell.split("data-v=\"").nth(1).expect("data-v");
         v[..v.find('"').expect("end")].parse().expect("a number")
     };
@@ -1210,4 +1210,34 @@ fn native_sidecars_are_rows_marked_as_such_and_the_pod_request_counts_them() {
         json["daemonsets"][0]["pods"][0]["target"],
         json!({"cpuMillis": 1000, "memoryBytes": 232 * MI})
     );
+}
+
+#[test]
+fn the_history_column_says_how_long_the_history_is() {
+    use super::HistorySpan;
+    let span = |sample_count, seconds| HistorySpan {
+        sample_count,
+        seconds,
+        first_sample_time: Some("2026-11-20T00:00:00Z".to_string()),
+        last_sample_time: Some("2026-11-28T00:00:00Z".to_string()),
+    };
+    let cases = [
+        (
+            HistorySpan {
+                sample_count: 1440,
+                ..HistorySpan::default()
+            },
+            "n=1440",
+        ),
+        (span(0, 0), "-"),
+        (span(1, 0), "0m"),
+        (span(3, 120), "2m"),
+        (span(600, 5 * 3600 + 12 * 60 + 7), "5h12m"),
+        (span(600, 3 * 3600), "3h"),
+        (span(11_520, 8 * 86_400), "8d"),
+        (span(3000, 2 * 86_400 + 3 * 3600 + 59), "2d3h"),
+    ];
+    for (h, want) in cases {
+        assert_eq!(render::history(&h), want, "{h:?}");
+    }
 }

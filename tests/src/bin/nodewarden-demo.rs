@@ -149,8 +149,10 @@ async fn simulated(bins: &Bins) -> Result<()> {
     )
     .await?;
     register_mutating_webhooks(&client, "nodewarden-demo-mutating", &endpoint, &[Hook::pods()]).await?;
-    // the API server picks up new webhook configurations within a second or so
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // the API server picks up new webhook configurations within a second or so: wait until it
+    // calls them (a claim the guard refuses, sent as a dry run, is refused), or the table below
+    // would show writes the webhook never saw
+    webhooks_called(&client).await?;
 
     let outcome = async {
         claims(&cp, &client).await?;
@@ -214,7 +216,8 @@ impl Webhook {
             port: ports[0],
             log,
         };
-        for _ in 0..300 {
+        // 120 s: on a fresh machine the real-node section builds its images beside this
+        for _ in 0..1200 {
             if let Some(status) = webhook.child.try_wait()? {
                 bail!(
                     "nodewarden-webhook exited ({status}):\n{}",
@@ -227,7 +230,7 @@ impl Webhook {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         bail!(
-            "nodewarden-webhook did not become ready in 30 s:\n{}",
+            "nodewarden-webhook did not become ready in 120 s:\n{}",
             process::tail(&webhook.log, 30)
         )
     }
@@ -247,6 +250,27 @@ impl Webhook {
             }
         }
         let _ = self.child.kill().await;
+    }
+}
+
+/// Waits (up to 60 s) until the API server calls the claims guard: a dry-run create of a claim
+/// it refuses (an `id.k8s.io` that is no ID) is refused.
+async fn webhooks_called(client: &Client) -> Result<()> {
+    let claims: Api<ClusterClaim> = Api::all(client.clone());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = claims.create(&dry_run, &claim("id.k8s.io", "Not_An_ID")).await;
+        match answer {
+            Err(kube::Error::Api(status)) if status.message.contains("Not_An_ID") => return Ok(()),
+            other if std::time::Instant::now() > deadline => {
+                bail!("the API server did not call the claims guard within 60 s: {other:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
 }
 

@@ -61,10 +61,16 @@ pub const AGENT: Component = Component {
 };
 pub const COMPONENTS: [Component; 2] = [WEBHOOK, AGENT];
 
+/// Where a release publishes the images (`.github/workflows/release.yml`), and the chart's
+/// default `global.imageRegistry`.
+pub const REGISTRY: &str = "ghcr.io";
+
 impl Component {
-    /// `nodewarden/<package>`, the chart's default repository.
+    /// `ghcr.io/nodewarden/<package>`: the chart's default image (`global.imageRegistry` and
+    /// the component's `image.repository`), which a release pushes and which an imported archive
+    /// is named.
     pub fn image_name(&self) -> String {
-        format!("nodewarden/{}", self.package)
+        format!("{REGISTRY}/nodewarden/{}", self.package)
     }
 
     /// Path of the binary in the image (the entrypoint).

@@ -87,7 +87,7 @@ impl ImageSpec {
     }
 
     /// The reference containerd gives the image after `ctr images import`, e.g.
-    /// `docker.io/nodewarden/nodewarden-agent:0.1.0`.
+    /// `ghcr.io/nodewarden/nodewarden-agent:0.1.0`.
     pub fn reference(&self) -> String {
         full_reference(&self.name, &self.tag)
     }

@@ -30,7 +30,7 @@ pub struct Subject {
     /// e.g. `nodewarden/nodewarden-webhook`.
     pub name: String,
     pub version: String,
-    /// Full reference, e.g. `docker.io/nodewarden/nodewarden-webhook:0.1.0`.
+    /// Full reference, e.g. `ghcr.io/nodewarden/nodewarden-webhook:0.1.0`.
     pub reference: String,
     /// `sha256:…` of the image index.
     pub digest: String,

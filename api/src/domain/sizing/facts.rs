@@ -114,11 +114,10 @@ impl PodFacts {
                         .iter()
                         .flatten()
                         .enumerate()
-                        .filter_map(|(i, c)| {
-                            is_sidecar(c.restart_policy.as_deref()).then(|| ContainerFacts {
-                                sidecar: Some(i),
-                                ..ContainerFacts::of(c)
-                            })
+                        .filter(|(_, c)| is_sidecar(c.restart_policy.as_deref()))
+                        .map(|(i, c)| ContainerFacts {
+                            sidecar: Some(i),
+                            ..ContainerFacts::of(c)
                         });
                     s.containers
                         .iter()
