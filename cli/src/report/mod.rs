@@ -328,9 +328,11 @@ pub struct DaemonSetReport {
 pub struct NodeTotals {
     /// The node's name.
     pub node: String,
-    /// Sum of the current requests on the node (an unset request counts as 0).
+    /// Sum over the DaemonSets of their pod's request on the node now, as the scheduler counts
+    /// it ([`PodRequests::current`]; an unset request counts as 0).
     pub current: Delta,
-    /// Sum of the targets on the node (the current request where there is no target).
+    /// Sum over the DaemonSets of the request of a new pod on the node
+    /// ([`PodRequests::target`]): what the node needs for them.
     pub target: Delta,
     /// What the node's rows would free and need on top.
     pub totals: Totals,
@@ -632,7 +634,14 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                 target: Delta::default(),
                 totals: Totals::default(),
             });
-            report.pods.push(pod_requests(&node, pod, &new_pod, &sized));
+            // the node's figures are the pod's requests as the scheduler counts them: sidecars
+            // summed with the containers, a run-to-completion init container's peak if higher
+            let pod_request = pod_requests(&node, pod, &new_pod, &sized);
+            node_totals.current.cpu_millis += pod_request.current.cpu_millis.unwrap_or(0);
+            node_totals.current.memory_bytes += pod_request.current.memory_bytes.unwrap_or(0);
+            node_totals.target.cpu_millis += pod_request.target.cpu_millis.unwrap_or(0);
+            node_totals.target.memory_bytes += pod_request.target.memory_bytes.unwrap_or(0);
+            report.pods.push(pod_request);
             for (container, sidecar, template) in &containers {
                 let current = pod
                     .and_then(|p| p.spec.as_ref())
@@ -681,10 +690,6 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                 };
                 report.totals.add_row(&row);
                 node_totals.totals.add_row(&row);
-                node_totals.current.cpu_millis += current.cpu_millis.unwrap_or(0);
-                node_totals.current.memory_bytes += current.memory_bytes.unwrap_or(0);
-                node_totals.target.cpu_millis += target.cpu_millis.or(current.cpu_millis).unwrap_or(0);
-                node_totals.target.memory_bytes += target.memory_bytes.or(current.memory_bytes).unwrap_or(0);
                 report.rows.push(row);
             }
         }

@@ -306,7 +306,8 @@ pub fn yaml(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 }
 
 /// The CSV columns.
-pub const CSV_HEADER: [&str; 24] = [
+/// `sidecar` comes last, after the columns of earlier versions, so that their positions hold.
+pub const CSV_HEADER: [&str; 25] = [
     "namespace",
     "autoscaler",
     "daemonset",
@@ -331,6 +332,7 @@ pub const CSV_HEADER: [&str; 24] = [
     "sample_count",
     "first_sample_time",
     "last_sample_time",
+    "sidecar",
 ];
 
 /// One line per DaemonSet, node and container, in the view's order; quantities as millicores
@@ -367,6 +369,7 @@ pub fn csv(report: &Report, view: &View, out: &mut dyn Write) -> std::io::Result
             r.history.sample_count.to_string(),
             r.history.first_sample_time.clone().unwrap_or_default(),
             r.history.last_sample_time.clone().unwrap_or_default(),
+            r.sidecar.to_string(),
         ])?;
     }
     w.flush()
