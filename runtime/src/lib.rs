@@ -7,6 +7,7 @@
 //!   conditions, `/metrics`),
 //! - [`signals`]: a cancellation token for SIGTERM and SIGINT,
 //! - [`client`]: the API server client and the backoff of its retries,
+//! - [`discovery`]: what the API server serves that the update modes lean on (`pods/resize`),
 //! - [`events`]: Events on the objects acted on (one publisher, notes kept within the API's limit),
 //! - [`process`]: the standard `process_*` metrics (CPU, memory, open files, threads, start time).
 
@@ -14,6 +15,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod discovery;
 pub mod duration;
 pub mod events;
 pub mod process;

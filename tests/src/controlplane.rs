@@ -589,24 +589,55 @@ impl ControlPlane {
     /// Kills kube-apiserver with SIGKILL (etcd and kube-controller-manager keep running) and
     /// returns the arguments it ran with, to start it again with [`start_apiserver`](Self::start_apiserver).
     pub fn kill_apiserver(&self) -> Result<Vec<String>> {
+        self.kill_keeping_args("kube-apiserver")
+    }
+
+    /// Kills the newest process of this control plane started as `name` (one of its own
+    /// binaries) with SIGKILL and returns the arguments it ran with.
+    fn kill_keeping_args(&self, name: &str) -> Result<Vec<String>> {
         let mut processes = self.lock_processes();
         let pid = processes
             .pids()
             .into_iter()
             .rev()
-            .find(|(name, _)| name == "kube-apiserver")
+            .find(|(n, _)| n == name)
             .map(|(_, pid)| pid)
-            .ok_or_else(|| anyhow!("kube-apiserver is not running"))?;
+            .ok_or_else(|| anyhow!("{name} is not running"))?;
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .with_context(|| format!("reading the command line of kube-apiserver ({pid})"))?;
+            .with_context(|| format!("reading the command line of {name} ({pid})"))?;
         let args: Vec<String> = cmdline
             .split(|b| *b == 0)
             .skip(1)
             .filter(|a| !a.is_empty())
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        processes.kill_one("kube-apiserver")?;
+        processes.kill_one(name)?;
         Ok(args)
+    }
+
+    /// Starts kube-controller-manager again without the controllers named (e.g.
+    /// `endpoints-controller`, so that a test's own Endpoints object stays as written), and
+    /// waits for its `/healthz`.
+    pub async fn restart_controller_manager_without(&self, controllers: &[&str]) -> Result<()> {
+        let mut args = self.kill_keeping_args("kube-controller-manager")?;
+        let off: String = controllers.iter().map(|c| format!(",-{c}")).collect();
+        let mut port = None;
+        for a in &mut args {
+            if let Some(list) = a.strip_prefix("--controllers=") {
+                *a = format!("--controllers={list}{off}");
+            }
+            if let Some(p) = a.strip_prefix("--secure-port=") {
+                port = Some(p.to_string());
+            }
+        }
+        self.spawn("kube-controller-manager", &args)?;
+        let port = port.ok_or_else(|| anyhow!("kube-controller-manager ran without --secure-port"))?;
+        self.wait_ready(
+            "kube-controller-manager /healthz",
+            &format!("https://127.0.0.1:{port}"),
+            "/healthz",
+        )
+        .await
     }
 
     /// Starts kube-apiserver with `args` (those [`kill_apiserver`](Self::kill_apiserver)

@@ -126,16 +126,25 @@ impl RealNode {
     /// What the kubelet applied to the cgroup of `pod`'s first container on this node (cgroupfs
     /// driver: `<cgroup root>/kubepods[/<qos>]/pod<uid>/<container id>`).
     pub fn container_cgroup(&self, pod: &Pod) -> Result<ContainerCgroup> {
+        self.container_cgroup_of(pod, None)
+    }
+
+    /// [`container_cgroup`](Self::container_cgroup) of the container or native sidecar (an init
+    /// container with `restartPolicy: Always`) named `name`, or of the first container.
+    pub fn container_cgroup_of(&self, pod: &Pod, name: Option<&str>) -> Result<ContainerCgroup> {
         let uid = pod.metadata.uid.as_deref().context("the pod has no uid")?;
         let status = pod.status.as_ref().context("the pod has no status")?;
-        let id = status
-            .container_statuses
-            .as_ref()
-            .and_then(|s| s.first())
-            .and_then(|c| c.container_id.as_deref())
-            .and_then(|id| id.split_once("://"))
-            .map(|(_, id)| id.to_string())
-            .context("the pod's first container has no ID yet")?;
+        let statuses = status.container_statuses.iter().flatten();
+        let id = match name {
+            None => statuses.take(1).next(),
+            Some(name) => statuses
+                .chain(status.init_container_statuses.iter().flatten())
+                .find(|c| c.name == name),
+        }
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|id| id.split_once("://"))
+        .map(|(_, id)| id.to_string())
+        .with_context(|| format!("the pod's container {} has no ID yet", name.unwrap_or("(first)")))?;
         let qos = match status.qos_class.as_deref() {
             Some("Guaranteed") => String::new(),
             Some(q) => format!("{}/", q.to_ascii_lowercase()),

@@ -645,7 +645,13 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
         let cp = env.cp;
         apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
         let node = env.create_nodes(1).await?.remove(0);
-        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        // where InPlace falls back to eviction, the agent takes a disruption lease first
+        let rules = if cp.kube_version().resize_by_default() {
+            chart_agent_rules().await?
+        } else {
+            agent_rules_with_leases().await?
+        };
+        let (_, token) = agent_identity(&env, &node, rules).await?;
         let pod_uid = autoscaled_pod_on(&env, &node, 1).await?;
         let stop = CancellationToken::new();
         let kube = cp.config_with_token(&token).await?;
@@ -690,6 +696,23 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
                 &Patch::Merge(json!({"spec": {"updatePolicy": {"updateMode": "InPlace"}}})),
             )
             .await?;
+        if !cp.kube_version().resize_by_default() {
+            // no pods/resize on this version: InPlace acts as Recreate, and the pod's Event says why
+            let note = env.wait_for_event("Pod", &pod_name, "Evicted").await?;
+            let version = cp.kube_version().to_string();
+            anyhow::ensure!(
+                note.contains("not in place") && note.contains(&version),
+                "the eviction names the missing resize and {version}: {note}"
+            );
+            let pod = pods.get_opt(&pod_name).await?;
+            anyhow::ensure!(
+                pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+                "the pod was evicted, not resized"
+            );
+            stop.cancel();
+            agent.await??;
+            return Ok(());
+        }
         let resized = cp
             .poll("the pod resized in place", || {
                 let (pods, pod_name) = (pods.clone(), pod_name.clone());

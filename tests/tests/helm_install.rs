@@ -1114,6 +1114,22 @@ async fn upgrade_and_rollback(cp: &ControlPlane) -> Result<()> {
     Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), NS)
         .create(&PostParams::default(), &slice)
         .await?;
+    // Older API servers (v1.30's) resolve a webhook Service through its core/v1 Endpoints, which
+    // the endpoints controller keeps equal to the Service's ready pods (none here): it is turned
+    // off and the Endpoints written as the slice says (newer API servers read the slice).
+    cp.restart_controller_manager_without(&["endpoints-controller"])
+        .await?;
+    let endpoints: k8s_openapi::api::core::v1::Endpoints = serde_json::from_value(json!({
+        "metadata": {"name": "nodewarden-webhook", "namespace": NS},
+        "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), NS)
+        .patch(
+            "nodewarden-webhook",
+            &PatchParams::apply("e2e.nodewarden.io").force(),
+            &Patch::Apply(&endpoints),
+        )
+        .await?;
     inject_ca_bundle(cp, &client).await?;
 
     // What a user has in place: an autoscaled DaemonSet (no node matches it: its pods are made

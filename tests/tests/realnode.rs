@@ -303,6 +303,9 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
+    // …and a DaemonSet with a native sidecar: both resized in place, on each node
+    native_sidecar_resized_in_place(cluster, &client, &images.testbox_ref()).await?;
+
     // 7. uninstall leaves no nodewarden pod running
     let out = helm
         .run(&[
@@ -332,6 +335,189 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
             "nodewarden pods still there after uninstall: {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// The CPU request (millicores) of the container or native sidecar `name`: as the pod's spec asks
+/// it and as the kubelet reports it applied (`status.containerStatuses[].resources`, and
+/// `initContainerStatuses` for a sidecar).
+fn cpu_of(pod: &Pod, name: &str) -> (Option<u64>, Option<u64>) {
+    let milli = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        q.and_then(|q| nodewarden_api::quantity::parse_milli(&q.0))
+            .map(|m| m as u64)
+    };
+    let spec = pod.spec.as_ref().and_then(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .find(|c| c.name == name)
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| milli(r.get("cpu")))
+    });
+    let applied = pod.status.as_ref().and_then(|s| {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .chain(s.init_container_statuses.iter().flatten())
+            .find(|c| c.name == name)
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| milli(r.get("cpu")))
+    });
+    (spec, applied)
+}
+
+/// The container IDs and restart counts of every container and init container of `pod`, by name.
+fn container_ids(pod: &Pod) -> Vec<(String, Option<String>, i32)> {
+    let mut ids: Vec<_> = pod
+        .status
+        .iter()
+        .flat_map(|s| {
+            s.container_statuses
+                .iter()
+                .flatten()
+                .chain(s.init_container_statuses.iter().flatten())
+        })
+        .map(|c| (c.name.clone(), c.container_id.clone(), c.restart_count))
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Native sidecars on real nodes (issue 42): a relay DaemonSet whose pod runs a forwarder as an
+/// init container with `restartPolicy: Always` beside its container, as log and mesh agents ship.
+/// With `InPlace` and a CPU floor above both, each node's agent resizes the container and the
+/// sidecar of its running pod in one PATCH of `pods/resize`; the kubelet applies both (read back
+/// from each one's cgroup) without restarting either.
+async fn native_sidecar_resized_in_place(
+    cluster: &RealCluster,
+    client: &kube::Client,
+    image: &str,
+) -> Result<()> {
+    const RELAY: &str = "relay";
+    const FLOOR: u64 = 120;
+    let burn = |name: &str, cpu: &str, requests: serde_json::Value| {
+        json!({
+            "name": name, "image": image, "imagePullPolicy": "Never",
+            "args": ["burn", "--cpu-millicores", cpu, "--memory-mib", "16"],
+            "resources": {"requests": requests, "limits": {"memory": "256Mi"}},
+        })
+    };
+    let mut forwarder = burn("forwarder", "10", json!({"cpu": "20m", "memory": "32Mi"}));
+    forwarder["restartPolicy"] = json!("Always");
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": RELAY},
+        "spec": {
+            "selector": {"matchLabels": {"app": RELAY}},
+            "template": {
+                "metadata": {"labels": {"app": RELAY}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "initContainers": [forwarder],
+                    "containers": [burn(RELAY, "20", json!({"cpu": "30m", "memory": "32Mi"}))],
+                },
+            },
+        },
+    }))?;
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), SHIPPER_NS)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
+    let running_on = |node: String| {
+        let (pods, client) = (pods.clone(), client.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(180);
+            loop {
+                let found = pods
+                    .list(&ListParams::default().labels(&format!("app={RELAY}")))
+                    .await?
+                    .items
+                    .into_iter()
+                    .find(|p| {
+                        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+                            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                            && container_ids(p).iter().all(|(_, id, _)| id.is_some())
+                            && container_ids(p).len() == 2
+                    });
+                if let Some(pod) = found {
+                    return Ok::<Pod, anyhow::Error>(pod);
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "the relay pod on {node} does not run both containers after 180 s:\n{}",
+                    describe_pods(&client, SHIPPER_NS).await
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    let mut before = Vec::new();
+    for node in &cluster.nodes {
+        before.push(running_on(node.name.clone()).await?);
+    }
+    Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), SHIPPER_NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "nodewarden.io/v1alpha1",
+                "kind": "DaemonSetAutoscaler",
+                "metadata": {"name": RELAY},
+                "spec": {
+                    "targetRef": {"kind": "DaemonSet", "name": RELAY},
+                    "updatePolicy": {"updateMode": "InPlace"},
+                    "resourcePolicy": {"containerPolicies": [
+                        {"containerName": "*", "minAllowed": {"cpu": format!("{FLOOR}m")}}
+                    ]},
+                },
+            }))?,
+        )
+        .await?;
+    for (node, first) in cluster.nodes.iter().zip(&before) {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let resized = loop {
+            let pod = pods.get(&first.name_any()).await?;
+            let done = [RELAY, "forwarder"].iter().all(|c| {
+                let (spec, applied) = cpu_of(&pod, c);
+                spec.is_some_and(|m| m >= FLOOR) && applied == spec
+            });
+            if done {
+                break pod;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the relay pod on {} was not resized in place to {FLOOR}m+ for both its container and its \
+                 sidecar within 180 s: relay {:?}, forwarder {:?}",
+                node.name,
+                cpu_of(&pod, RELAY),
+                cpu_of(&pod, "forwarder")
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        ensure!(
+            container_ids(first) == container_ids(&resized),
+            "resized in place on {}: same containers, no restart ({:?} → {:?})",
+            node.name,
+            container_ids(first),
+            container_ids(&resized)
+        );
+        for name in [RELAY, "forwarder"] {
+            let request = cpu_of(&resized, name).0.unwrap_or_default();
+            let applied = node.container_cgroup_of(&resized, Some(name))?;
+            ensure!(
+                applied.cpu_matches_request(request),
+                "the cgroup of {name} on {} has the CPU weight of its new {request}m request: {applied:?}",
+                node.name
+            );
+            eprintln!(
+                "realnode: {name} (sidecar: {}) on {} resized in place to {request}m, cgroup {applied:?}",
+                name == "forwarder",
+                node.name
+            );
+        }
     }
     Ok(())
 }

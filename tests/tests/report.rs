@@ -80,7 +80,7 @@ async fn report_shows_each_nodes_figures_and_the_sums() {
                 .with_context(|| format!("no row for {node}: {ds}"))
         };
         let want_a = json!({
-            "node": a, "container": "agent", "hasPod": true, "source": "node", "oomKills": 2,
+            "node": a, "container": "agent", "sidecar": false, "hasPod": true, "source": "node", "oomKills": 2,
             "sourceDetail": "node-recommendation",
             "template": {"cpuMillis": 100, "memoryBytes": 64 * MI},
             "current": {"cpuMillis": 100, "memoryBytes": 64 * MI},

@@ -122,6 +122,44 @@ async fn daemonset_pods_get_their_node_figures() {
             .to_string();
         let note = env.wait_for_event("DaemonSetAutoscaler", DS, &provided).await?;
         ensure!(note.starts_with("RecommendationProvided is True"), "{note}");
+
+        // InPlace: the status says whether this cluster resizes in place (pods/resize is served
+        // by default from 1.33); where it does not, it names the version and the gate, and an
+        // Event says it once
+        autoscalers
+            .patch(
+                DS,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"updatePolicy": {"updateMode": "InPlace"}}})),
+            )
+            .await?;
+        let status = wait_for_status(&env, |s| {
+            s["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "InPlaceResize"))
+        })
+        .await?;
+        let resize = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "InPlaceResize")
+            .cloned()
+            .unwrap_or_default();
+        let version = env.cp.kube_version().to_string();
+        let message = resize["message"].as_str().unwrap_or_default();
+        let reason = resize["reason"].as_str().unwrap_or_default();
+        if env.cp.kube_version().resize_by_default() {
+            ensure!(resize["status"] == "True" && reason == "ResizeServed", "{resize}");
+        } else {
+            ensure!(resize["status"] == "False" && reason == "ResizeNotServed", "{resize}");
+            for said in [version.as_str(), "InPlacePodVerticalScaling", "acts as Recreate"] {
+                ensure!(message.contains(said), "{said} missing from the condition: {message}");
+            }
+        }
+        ensure!(message.contains(&version), "the condition names the version: {message}");
+        let note = env.wait_for_event("DaemonSetAutoscaler", DS, reason).await?;
+        ensure!(note.starts_with("InPlaceResize is "), "{note}");
         let ds = env.api::<DaemonSet>();
         ds.create(&PostParams::default(), &simple_daemonset(DS, &env.node_selector())?)
             .await?;
@@ -855,4 +893,248 @@ async fn readyz(port: u16) -> Result<u16> {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| anyhow!("not an HTTP answer: {answer:?}"))
+}
+
+/// Native sidecars (init containers with `restartPolicy: Always`) through the real DaemonSet
+/// controller: on each node with figures, the created pod's sidecars (one without requests in the
+/// template) and its container have that node's requests, its run-to-completion init container
+/// the template's although a figure for it was published; on the node without figures, the
+/// template's. The report marks the sidecar rows, never the init container, and the pod request
+/// it says each node needs is the created pod's as the scheduler counts it (KEP-753): the
+/// containers plus the sidecars, or the init phase's peak (the init container plus the sidecars
+/// started before it) where that is higher. Figures are picked so that one node is held up by
+/// the init container and the other by its containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_sidecars_get_their_node_figures() {
+    e2e("rightsizing-sidecars", |env| async move {
+        apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let nodes = env.create_nodes(3).await?;
+        let ports = free_ports(2)?;
+        let cert_dir = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
+        register(&env, ports[0]).await?;
+
+        // each of the first two nodes' agents measured the container and both sidecars, and (as
+        // no agent would publish, but to show it is not used) the init container; the third
+        // node has nothing
+        let entry = |container: &str, (cpu, memory): (&str, &str)| ContainerRecommendation {
+            autoscaler: AutoscalerRef {
+                namespace: env.namespace.clone(),
+                name: DS.to_string(),
+            },
+            container_name: container.to_string(),
+            target: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity(cpu.to_string())),
+                ("memory".to_string(), Quantity(memory.to_string())),
+            ])),
+            lower_bound: None,
+            upper_bound: None,
+            uncapped_target: None,
+            sample_count: 1440,
+            first_sample_time: None,
+            last_sample_time: None,
+            oom_count: 0,
+            capped: None,
+        };
+        // (agent, log-forwarder, mesh) per node
+        let figures = [
+            [("300m", "200Mi"), ("40m", "48Mi"), ("30m", "24Mi")],
+            [("900m", "400Mi"), ("60m", "64Mi"), ("20m", "16Mi")],
+        ];
+        for (node, [agent, forwarder, mesh]) in nodes.iter().zip(figures) {
+            let rec = NodeRecommendation::new(
+                node,
+                NodeRecommendationSpec {
+                    update_time: None,
+                    pods: Vec::new(),
+                    summary: None,
+                    recommendations: vec![
+                        entry("agent", agent),
+                        entry("log-forwarder", forwarder),
+                        entry("mesh", mesh),
+                        entry("setup", ("5m", "8Mi")),
+                    ],
+                },
+            );
+            Api::<NodeRecommendation>::all(env.client.clone())
+                .create(&PostParams::default(), &rec)
+                .await?;
+        }
+        let autoscalers: Api<DaemonSetAutoscaler> = env.api();
+        autoscalers
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "nodewarden.io/v1alpha1",
+                    "kind": "DaemonSetAutoscaler",
+                    "metadata": {"name": DS},
+                    "spec": {"targetRef": {"kind": "DaemonSet", "name": DS}, "coldStart": "Template"},
+                }))?,
+            )
+            .await?;
+        wait_for_status(&env, |s| s["nodesWithRecommendation"] == 2).await?;
+
+        // the sidecar log-forwarder starts first, then the run-to-completion setup (the
+        // forwarder runs beside it), then the sidecar mesh, without requests
+        let mut ds: DaemonSet = simple_daemonset(DS, &env.node_selector())?;
+        let spec = ds
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .ok_or_else(|| anyhow!("no pod template"))?;
+        spec.init_containers = Some(serde_json::from_value(json!([
+            {"name": "log-forwarder", "image": "nodewarden-e2e/pause:never-pulled", "restartPolicy": "Always",
+             "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}},
+            {"name": "setup", "image": "nodewarden-e2e/pause:never-pulled",
+             "resources": {"requests": {"cpu": "800m", "memory": "32Mi"}}},
+            {"name": "mesh", "image": "nodewarden-e2e/pause:never-pulled", "restartPolicy": "Always"}
+        ]))?);
+        env.api::<DaemonSet>().create(&PostParams::default(), &ds).await?;
+        let mut pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, &nodes).await?;
+        // the webhook's caches follow the statuses through their watches: a pod admitted before
+        // they caught up is replaced until its node's figures are in
+        let sized = "agent=node-recommendation, log-forwarder=node-recommendation, mesh=node-recommendation";
+        let cold = "agent=cold-start-template, log-forwarder=cold-start-template, mesh=cold-start-template";
+        for (node, want) in nodes.iter().zip([sized, sized, cold]) {
+            let source = |p: &Pod| p.annotations().get("rightsizing.nodewarden.io/source").cloned();
+            if source(&pods[node]).as_deref() != Some(want) {
+                let pod = recreate_until(&env, node, &nodes, |p| source(p).as_deref() == Some(want)).await?;
+                pods.insert(node.clone(), pod);
+            }
+        }
+
+        let resources = |pod: &Pod, name: &str| -> serde_json::Value {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().chain(s.init_containers.iter().flatten()).find(|c| c.name == name))
+                .map(|c| serde_json::to_value(&c.resources).unwrap_or_default())
+                .unwrap_or_default()
+        };
+        // what each pod's containers run with: requests as the node's figures (limits keep the
+        // template's ratio, 2), setup always the template's
+        let want = [
+            [
+                json!({"requests": {"cpu": "300m", "memory": "200Mi"}, "limits": {"cpu": "600m", "memory": "400Mi"}}),
+                json!({"requests": {"cpu": "40m", "memory": "48Mi"}, "limits": {"cpu": "80m", "memory": "96Mi"}}),
+                json!({"requests": {"cpu": "30m", "memory": "24Mi"}}),
+            ],
+            [
+                json!({"requests": {"cpu": "900m", "memory": "400Mi"}, "limits": {"cpu": "1800m", "memory": "800Mi"}}),
+                json!({"requests": {"cpu": "60m", "memory": "64Mi"}, "limits": {"cpu": "120m", "memory": "128Mi"}}),
+                json!({"requests": {"cpu": "20m", "memory": "16Mi"}}),
+            ],
+            [
+                json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+                json!({"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}),
+                // the API server defaults nothing for a sidecar without requests
+                json!({}),
+            ],
+        ];
+        for (node, [agent, forwarder, mesh]) in nodes.iter().zip(want) {
+            let pod = &pods[node];
+            for (name, want) in [("agent", agent), ("log-forwarder", forwarder), ("mesh", mesh)] {
+                let got = resources(pod, name);
+                ensure!(got == want, "{name} on {node}: {got}, want {want}");
+            }
+            let setup = resources(pod, "setup");
+            ensure!(
+                setup == json!({"requests": {"cpu": "800m", "memory": "32Mi"}}),
+                "the init container on {node} is not the template's: {setup}"
+            );
+        }
+
+        // what the scheduler reserves for each pod, worked out by hand (millicores, MiB):
+        // node 0: containers 300+40+30 = 370 < setup's peak 800+40 = 840; memory 200+48+24 = 272
+        // node 1: containers 900+60+20 = 980 > setup's peak 800+60 = 860; memory 400+64+16 = 480
+        // node 2: the template's, 100+50+0 = 150 < 800+50 = 850; memory 64+32+0 = 96 > 32+32
+        let scheduler = [(840, 272), (980, 480), (850, 96)];
+        for (node, (cpu, mib)) in nodes.iter().zip(scheduler) {
+            let effective = nodewarden_api::domain::sizing::effective_requests(
+                pods[node].spec.as_ref().ok_or_else(|| anyhow!("no spec"))?,
+            );
+            ensure!(
+                (effective.cpu, effective.memory) == (Some(cpu), Some(mib << 20)),
+                "the pod on {node} counts {effective:?}, want {cpu}m and {mib}Mi"
+            );
+        }
+
+        let report: serde_json::Value = serde_json::from_str(
+            &nodewarden_tests::kubectl_nodewarden(&[
+                "report",
+                "--kubeconfig",
+                &env.cp.kubeconfig_path().display().to_string(),
+                "-n",
+                &env.namespace,
+                "-o",
+                "json",
+            ])
+            .await?,
+        )?;
+        let ds_report = report["daemonsets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["autoscaler"] == DS)
+            .ok_or_else(|| anyhow!("no report for {DS}: {report}"))?;
+        let mut rows: Vec<(String, String, bool)> = ds_report["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r["node"].as_str().unwrap_or_default().to_string(),
+                    r["container"].as_str().unwrap_or_default().to_string(),
+                    r["sidecar"] == true,
+                )
+            })
+            .collect();
+        rows.sort();
+        let mut want_rows: Vec<(String, String, bool)> = nodes
+            .iter()
+            .flat_map(|n| {
+                [("agent", false), ("log-forwarder", true), ("mesh", true)]
+                    .map(|(c, sidecar)| (n.clone(), c.to_string(), sidecar))
+            })
+            .collect();
+        want_rows.sort();
+        ensure!(rows == want_rows, "report rows (node, container, sidecar): {rows:?}");
+        let by_node = |list: &serde_json::Value, node: &str, field: &str| -> Result<serde_json::Value> {
+            list.as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["node"] == node)
+                .map(|p| p[field].clone())
+                .ok_or_else(|| anyhow!("no {field} for {node}: {list}"))
+        };
+        for (node, (cpu, mib)) in nodes.iter().zip(scheduler) {
+            let want = json!({"cpuMillis": cpu, "memoryBytes": mib << 20});
+            // the pods there run with their figures already: now and target are the same
+            for field in ["current", "target"] {
+                let pod = by_node(&ds_report["pods"], node, field)?;
+                ensure!(pod == want, "{node}: the report's pod request {field} is {pod}, the scheduler's {want}");
+                let total = by_node(&report["nodes"], node, field)?;
+                ensure!(total == want, "{node}: the report's node {field} is {total}, the scheduler's {want}");
+            }
+        }
+        let table = nodewarden_tests::kubectl_nodewarden(&[
+            "report",
+            "--kubeconfig",
+            &env.cp.kubeconfig_path().display().to_string(),
+            "-n",
+            &env.namespace,
+        ])
+        .await?;
+        ensure!(
+            table.contains("log-forwarder (sidecar)")
+                && table.contains("mesh (sidecar)")
+                && !table.contains("setup")
+                && !table.contains("agent (sidecar)"),
+            "the table:\n{table}"
+        );
+        webhook.stop().await
+    })
+    .await;
 }

@@ -225,6 +225,10 @@ impl App {
             stop_serving.clone(),
             config.shutdown_grace,
             config.server_limits(),
+            {
+                let metrics = self.metrics.clone();
+                Arc::new(move |reason| metrics.connection_closed(reason))
+            },
         ));
 
         let (delay, name) = (config.shutdown_delay, "nodewarden-webhook");

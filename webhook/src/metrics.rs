@@ -16,6 +16,11 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AdmissionLabels {
     route: &'static str,
     outcome: &'static str,
@@ -122,6 +127,7 @@ pub struct Metrics {
     controller_reconciliations: Family<ReconcileLabels, Counter>,
     controller_reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     controller_reconcile_errors: Family<ReconcileErrorLabels, Counter>,
+    connections_closed: Family<ConnectionLabels, Counter>,
 }
 
 impl Metrics {
@@ -213,6 +219,14 @@ impl Metrics {
             "Failed reconciliations of one object by the leader's controllers, by controller and the error's kind",
             controller_reconcile_errors.clone(),
         );
+        let connections_closed = Family::<ConnectionLabels, Counter>::default();
+        registry.register(
+            "connections_closed_early",
+            "Connections the server closed to stay fair to every address (docs/server.md): reason \
+             over-rate and share-full refuse a new connection, stalest-at-share and stalest-at-limit \
+             close an idle older one to make room",
+            connections_closed.clone(),
+        );
         Metrics {
             registry,
             controller_reconciliations,
@@ -227,7 +241,15 @@ impl Metrics {
             claims_decisions,
             rightsizing_pods,
             rightsizing_containers,
+            connections_closed,
         }
+    }
+
+    /// Counts a connection the server closed early, by reason (see [`crate::server::Closed`]).
+    pub fn connection_closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ConnectionLabels { reason })
+            .inc();
     }
 
     /// Counts one answered review and its latency.

@@ -509,6 +509,11 @@ async fn keep_a_timer_armed(every: Duration) {
 /// connection (at most 8 MiB with the default `--max-connections`, docs/server.md).
 pub const READ_BUFFER_BYTES: usize = 16 * 1024;
 
+/// Told of each connection the server closes early to stay fair to every address, with the
+/// reason: `over-rate` and `share-full` (a new connection refused), `stalest-at-share` and
+/// `stalest-at-limit` (an idle older connection closed to make room).
+pub type Closed = Arc<dyn Fn(&'static str) + Send + Sync>;
+
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled; then stops accepting,
 /// lets in-flight requests finish for at most `grace`, and returns.
 pub async fn serve_tls(
@@ -518,7 +523,16 @@ pub async fn serve_tls(
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    serve_tls_with(listener, tls, app, shutdown, grace, ServerLimits::default()).await;
+    serve_tls_with(
+        listener,
+        tls,
+        app,
+        shutdown,
+        grace,
+        ServerLimits::default(),
+        Arc::new(|_| {}),
+    )
+    .await;
 }
 
 /// [`serve_tls`] with the given limits.
@@ -529,6 +543,7 @@ pub async fn serve_tls_with(
     shutdown: CancellationToken,
     grace: Duration,
     limits: ServerLimits,
+    closed: Closed,
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -595,17 +610,20 @@ pub async fn serve_tls_with(
         let source = sources::source_of(peer.ip());
         if !rate.admit(source, Instant::now()) {
             tracing::debug!(%peer, "closed: over the connection rate of its address");
+            closed("over-rate");
             refuse(stream);
             continue;
         }
         match registry.at_share(source, share) {
             Some(AtShare::Full) => {
                 tracing::debug!(%peer, "closed: its address holds its share of connections, all in use");
+                closed("share-full");
                 refuse(stream);
                 continue;
             }
             Some(AtShare::MadeRoom) => {
                 tracing::debug!(%peer, "at its address's share: closed its stalest connection");
+                closed("stalest-at-share");
             }
             Some(AtShare::Alone) | None => {}
         }
@@ -621,6 +639,7 @@ pub async fn serve_tls_with(
                         permit = connections.clone().acquire_owned() => break permit.ok(),
                         _ = retry.tick() => {
                             if registry.evict_stalest() {
+                                closed("stalest-at-limit");
                                 tracing::debug!(%peer, "at the connection limit: closed a stale connection of the address holding the most");
                             }
                         }

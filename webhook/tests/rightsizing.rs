@@ -975,6 +975,50 @@ fn worked_example_of_the_docs() {
     }
 }
 
+/// An autoscaler that resizes in place says whether this cluster can: where the API server does
+/// not serve pods/resize, the condition is False and names the version, the gate and what the
+/// agents do instead; other modes carry no such condition; an unknown answer adds none.
+#[test]
+fn in_place_autoscalers_say_whether_the_cluster_resizes() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResource, APIResourceList};
+    use nodewarden_runtime::discovery::ResizeSupport;
+    use nodewarden_webhook::rightsizing::controller::{IN_PLACE_RESIZE, resize_condition};
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let core = |names: &[&str]| APIResourceList {
+        group_version: "v1".to_string(),
+        resources: names
+            .iter()
+            .map(|n| APIResource {
+                name: n.to_string(),
+                ..APIResource::default()
+            })
+            .collect(),
+    };
+    let old = ResizeSupport::from_discovery(&core(&["pods", "pods/eviction"]), "v1.30.14");
+    let new = ResizeSupport::from_discovery(&core(&["pods", "pods/resize"]), "v1.37.2");
+    let in_place = autoscaler(json!({"updatePolicy": {"updateMode": "InPlace"}}));
+    let c = resize_condition(&in_place, Some(&old), &now).expect("a condition");
+    assert_eq!((c.type_.as_str(), c.status.as_str()), (IN_PLACE_RESIZE, "False"));
+    assert_eq!(c.reason, "ResizeNotServed");
+    for said in [
+        "v1.30.14",
+        "InPlacePodVerticalScaling",
+        "acts as Recreate",
+        "disruption budget",
+    ] {
+        assert!(c.message.contains(said), "{said} missing from: {}", c.message);
+    }
+    let c = resize_condition(&in_place, Some(&new), &now).expect("a condition");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "ResizeServed"));
+    let either = autoscaler(json!({"updatePolicy": {"updateMode": "InPlaceOrRecreate"}}));
+    assert!(resize_condition(&either, Some(&old), &now).is_some());
+    for mode in ["Off", "Initial", "Recreate"] {
+        let a = autoscaler(json!({"updatePolicy": {"updateMode": mode}}));
+        assert_eq!(resize_condition(&a, Some(&old), &now), None, "{mode}");
+    }
+    assert_eq!(resize_condition(&in_place, None, &now), None);
+}
+
 #[test]
 fn status_reports_nodes_fleet_and_conditions() {
     use nodewarden_webhook::rightsizing::controller::{

@@ -54,6 +54,15 @@ struct Server {
     addr: SocketAddr,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    /// The reasons of the connections the server closed early, as its metric counts them.
+    closed_early: Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+impl Server {
+    fn closed_early(&self, reason: &str) -> usize {
+        let log = self.closed_early.lock().expect("lock");
+        log.iter().filter(|r| **r == reason).count()
+    }
 }
 
 async fn start(resolver: Arc<CertResolver>) -> Server {
@@ -82,6 +91,8 @@ async fn start_authenticating(
         None => server_config(resolver),
     }
     .expect("tls config");
+    let closed_early = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = closed_early.clone();
     let task = tokio::spawn(serve_tls_with(
         listener,
         tls,
@@ -89,8 +100,14 @@ async fn start_authenticating(
         stop.clone(),
         Duration::from_secs(5),
         limits,
+        Arc::new(move |reason| log.lock().expect("lock").push(reason)),
     ));
-    Server { addr, stop, task }
+    Server {
+        addr,
+        stop,
+        task,
+        closed_early,
+    }
 }
 
 fn resolver_with(cert: &IssuedCert) -> Arc<CertResolver> {
@@ -782,6 +799,13 @@ async fn an_address_at_its_share_gets_no_more_while_another_address_is_served() 
         3,
         "one address kept more than its share"
     );
+    // each closing is counted under its reason (the metric connections_closed_early_total)
+    assert_eq!(
+        server.closed_early("share-full") + server.closed_early("stalest-at-share"),
+        3,
+        "{:?}",
+        server.closed_early.lock().expect("lock")
+    );
     // the other address is still served, on its open connection and on a new one
     assert!(api.review("default").await.expect("review").1);
     let mut new = Client::new(&ca.cert_pem)
@@ -810,6 +834,11 @@ async fn connections_beyond_an_addresss_rate_are_closed_and_another_address_is_s
     assert!(
         closed >= 12usize.saturating_sub(let_in),
         "{closed} of 12 closed, {let_in} could be let in"
+    );
+    assert_eq!(
+        server.closed_early("over-rate"),
+        closed,
+        "each refusal is counted"
     );
     // another address has its own bucket
     let mut other = Client::new(&ca.cert_pem)

@@ -33,6 +33,7 @@ pub const CAPABILITIES: &[(&str, &str)] = &[
     ("features", "features"),
     ("rightsizing", "right-sizing at admission"),
     ("helm_install", "helm install/upgrade"),
+    ("agent", "agent: publish, InPlace, Recreate"),
 ];
 
 /// Where the hand-written part of docs/compatibility.md starts; everything from this line on is

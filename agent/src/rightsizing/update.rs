@@ -12,6 +12,10 @@
 //! * [`decide`] says resize, evict or leave (VPA's updater rules, thresholds as flags);
 //! * a resize is one PATCH of `pods/resize`; a resize the API server refuses (a QoS class
 //!   change, say), the kubelet calls Infeasible, or that hangs, falls back to eviction;
+//! * on a cluster that does not serve `pods/resize` (API discovery, asked again every 10 min:
+//!   Kubernetes before 1.32, or its `InPlacePodVerticalScaling` gate off) the InPlace modes act as
+//!   `Recreate` (the same thresholds, interval and budget), each eviction's Event says why, and
+//!   the log says it once;
 //! * an eviction goes through the Eviction API (PodDisruptionBudgets: a 429 is retried next
 //!   round), at most one per DaemonSet on this node per `--eviction-min-interval`, and only
 //!   while the DaemonSet's disruption budget allows it (see [`Budget`]).
@@ -44,6 +48,7 @@ use nodewarden_api::quantity::format_amount;
 use nodewarden_api::rightsizing::{
     AutoscalerRef, ContainerRecommendation, NodePods, NodeRecommendationSpec, ResourceName, RunningPods,
 };
+use nodewarden_runtime::discovery::ResizeSupportCache;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -101,6 +106,8 @@ pub struct Updater {
     held: HashMap<(String, String), (String, String)>,
     /// This node's labels and when they were read (for node groups).
     labels: Option<(tokio::time::Instant, BTreeMap<String, String>)>,
+    /// Whether the API server serves `pods/resize` (asked when a pod's mode resizes).
+    resize: ResizeSupportCache,
 }
 
 /// Runs the updater until `stop`.
@@ -177,6 +184,7 @@ impl Updater {
             report: None,
             held: HashMap::new(),
             labels: None,
+            resize: ResizeSupportCache::default(),
         }
     }
 
@@ -202,6 +210,28 @@ impl Updater {
             }
         }
         self.labels.as_ref()?.1.get(key).cloned()
+    }
+
+    /// Why pods cannot be resized in place on this cluster, when they cannot (API discovery has no
+    /// `pods/resize`); said in the log once each time the answer changes.
+    async fn resize_absent(&mut self) -> Option<String> {
+        let read = self.resize.get(&self.client).await;
+        let support = read.support?;
+        if read.changed {
+            if support.served() {
+                tracing::info!(
+                    version = support.version(),
+                    "the API server serves pods/resize: InPlace modes resize in place"
+                );
+            } else {
+                tracing::warn!(
+                    version = support.version(),
+                    "{}; pods of autoscalers with updateMode InPlace or InPlaceOrRecreate are recreated instead, within their DaemonSet's budget",
+                    support.explain()
+                );
+            }
+        }
+        (!support.served()).then(|| support.explain())
     }
 
     /// Sends each round's pod counts per autoscaler to `report`.
@@ -234,7 +264,7 @@ impl Updater {
             let Some(autoscaler) = autoscaler_for(&ns, ds, autoscalers) else {
                 continue;
             };
-            let mode = autoscaler
+            let mut mode = autoscaler
                 .spec
                 .update_policy
                 .as_ref()
@@ -243,6 +273,15 @@ impl Updater {
                 .running_pods();
             if mode == RunningPods::Untouched {
                 continue;
+            }
+            // no in-place resize on this cluster: such pods are recreated instead, within the
+            // same budget as `Recreate` (the autoscaler's InPlaceResize condition says so)
+            let mut no_resize = None;
+            if mode == RunningPods::Resize
+                && let Some(absent) = self.resize_absent().await
+            {
+                mode = RunningPods::Evict;
+                no_resize = Some(absent);
             }
             let name = format!("{ns}/{}", pod.name_any());
             let template = match self.template(&ns, pod).await {
@@ -292,7 +331,11 @@ impl Updater {
                 }
                 Action::Evict { why } => {
                     actions += 1;
-                    self.evict(pod, &ns, ds, &why.to_string(), why.label()).await
+                    let said = match &no_resize {
+                        Some(absent) => format!("{why}; not in place: {absent}"),
+                        None => why.to_string(),
+                    };
+                    self.evict(pod, &ns, ds, &said, why.label()).await
                 }
             };
             out.push((name, outcome));

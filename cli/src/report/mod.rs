@@ -5,7 +5,8 @@
 //! [`fetch`] reads them, [`render`] prints the result.
 //!
 //! The figures:
-//! - *template*: the DaemonSet's pod template requests (`spec.containers` only, as the webhook);
+//! - *template*: the DaemonSet's pod template requests (`spec.containers`, then the native
+//!   sidecars of `spec.initContainers`, marked as such: the containers the webhook sizes);
 //! - *current*: the requests of the newest pod of the DaemonSet bound to (or aimed at) the node,
 //!   the template's when no pod is there;
 //! - *target*: the requests the webhook would give a new pod of the DaemonSet on the node, by
@@ -18,6 +19,9 @@
 //! - *lower*, *upper*: the node recommendation's bounds, where the figure is the node's own.
 //! - *delta* = target − current; what the fleet would *free* is the sum of the negative deltas,
 //!   what it *needs on top* the sum of the positive ones, per node and overall.
+//! - per DaemonSet and node, the *pod's* request as the scheduler counts it (KEP-753:
+//!   containers and sidecars summed, or a run-to-completion init container's peak if higher),
+//!   now and with the targets ([`PodRequests`]).
 
 pub mod fetch;
 pub mod history;
@@ -26,7 +30,7 @@ pub mod render;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{LimitRange, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, LimitRange, Pod, PodSpec, ResourceRequirements};
 use kube::ResourceExt;
 use nodewarden_api::domain::sizing::{self, Amounts, Targets};
 use nodewarden_api::quantity::{ResourceList, parse_milli};
@@ -145,6 +149,8 @@ pub struct Row {
     pub node: String,
     /// The container's name.
     pub container: String,
+    /// Whether it is a native sidecar (an init container with `restartPolicy: Always`).
+    pub sidecar: bool,
     /// Requests of the container in the DaemonSet's pod template.
     pub template: Resources,
     /// Requests of the pod on the node; the template's when there is no pod.
@@ -178,6 +184,17 @@ pub struct Row {
     pub delta: Delta,
 }
 
+impl Row {
+    /// The container's name as the table shows it: `name (sidecar)` for a sidecar.
+    pub fn label(&self) -> String {
+        if self.sidecar {
+            format!("{} (sidecar)", self.container)
+        } else {
+            self.container.clone()
+        }
+    }
+}
+
 /// The samples behind a node's figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -209,6 +226,19 @@ impl HistorySpan {
             seconds,
         }
     }
+}
+
+/// The pod's requests on one node as the scheduler counts them
+/// ([`sizing::effective_requests`]), now and with the targets.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRequests {
+    /// The node's name.
+    pub node: String,
+    /// The pod's request now (the template's when there is no pod).
+    pub current: Resources,
+    /// The request of a new pod of the DaemonSet on the node: what the node needs for it.
+    pub target: Resources,
 }
 
 /// A signed difference in millicores and bytes.
@@ -290,6 +320,8 @@ pub struct DaemonSetReport {
     pub problem: Option<String>,
     /// One row per node and container.
     pub rows: Vec<Row>,
+    /// Per node, the pod's request as the scheduler counts it, now and with the targets.
+    pub pods: Vec<PodRequests>,
     /// What the DaemonSet's rows would free and need on top.
     pub totals: Totals,
 }
@@ -300,9 +332,11 @@ pub struct DaemonSetReport {
 pub struct NodeTotals {
     /// The node's name.
     pub node: String,
-    /// Sum of the current requests on the node (an unset request counts as 0).
+    /// Sum over the DaemonSets of their pod's request on the node now, as the scheduler counts
+    /// it ([`PodRequests::current`]; an unset request counts as 0).
     pub current: Delta,
-    /// Sum of the targets on the node (the current request where there is no target).
+    /// Sum over the DaemonSets of the request of a new pod on the node
+    /// ([`PodRequests::target`]): what the node needs for them.
     pub target: Delta,
     /// What the node's rows would free and need on top.
     pub totals: Totals,
@@ -433,6 +467,63 @@ fn diff(target: Option<i64>, current: Option<i64>) -> i64 {
     }
 }
 
+/// The container (or init container) named `name`: names are unique across both in a pod.
+fn find_container<'a>(spec: &'a PodSpec, name: &str) -> Option<&'a Container> {
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+/// The pod's effective requests on `node`: now (the pod there, else the template), and for a
+/// new pod with the targets `sized` (each sized resource's request replaced, the rest as the
+/// template has it).
+fn pod_requests(
+    node: &str,
+    pod: Option<&Pod>,
+    new_pod: &Pod,
+    sized: &[sizing::ContainerSizing],
+) -> PodRequests {
+    let effective = |spec: Option<&PodSpec>| {
+        let a = spec.map(sizing::effective_requests).unwrap_or_default();
+        let signed = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+        Resources {
+            cpu_millis: signed(a.cpu),
+            memory_bytes: signed(a.memory),
+        }
+    };
+    let mut target = new_pod.spec.clone();
+    if let Some(spec) = target.as_mut() {
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            let Some(s) = sized.iter().find(|s| s.name == c.name) else {
+                continue;
+            };
+            let requests = c
+                .resources
+                .get_or_insert_with(ResourceRequirements::default)
+                .requests
+                .get_or_insert_with(Default::default);
+            for r in [ResourceName::Cpu, ResourceName::Memory] {
+                if let Some(v) = s.requests.get(r) {
+                    requests.insert(
+                        r.as_str().to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(sizing::format_amount(r, v)),
+                    );
+                }
+            }
+        }
+    }
+    PodRequests {
+        node: node.to_string(),
+        current: effective(pod.and_then(|p| p.spec.as_ref()).or(new_pod.spec.as_ref())),
+        target: effective(target.as_ref()),
+    }
+}
+
 /// Builds the report from what was read. Pure: the same snapshot gives the same report.
 pub fn compute(snapshot: &Snapshot) -> Report {
     let mut daemonsets = Vec::new();
@@ -448,6 +539,7 @@ pub fn compute(snapshot: &Snapshot) -> Report {
             mode: mode_of(dsa).as_str().to_string(),
             problem: None,
             rows: Vec::new(),
+            pods: Vec::new(),
             totals: Totals::default(),
         };
         let Some(ds) = snapshot.daemonsets.iter().find(|d| {
@@ -461,11 +553,26 @@ pub fn compute(snapshot: &Snapshot) -> Report {
             continue;
         };
         let template_spec: Option<&PodSpec> = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
-        let containers: Vec<(String, Resources)> = template_spec
+        // the containers the webhook sizes: the containers, then the native sidecars
+        let containers: Vec<(String, bool, Resources)> = template_spec
             .map(|s| {
+                let sidecars = s
+                    .init_containers
+                    .iter()
+                    .flatten()
+                    .filter(|c| sizing::is_sidecar(c.restart_policy.as_deref()))
+                    .map(|c| (c, true));
                 s.containers
                     .iter()
-                    .map(|c| (c.name.clone(), Resources::requests_of(c.resources.as_ref())))
+                    .map(|c| (c, false))
+                    .chain(sidecars)
+                    .map(|(c, sidecar)| {
+                        (
+                            c.name.clone(),
+                            sidecar,
+                            Resources::requests_of(c.resources.as_ref()),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -531,10 +638,18 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                 target: Delta::default(),
                 totals: Totals::default(),
             });
-            for (container, template) in &containers {
+            // the node's figures are the pod's requests as the scheduler counts them: sidecars
+            // summed with the containers, a run-to-completion init container's peak if higher
+            let pod_request = pod_requests(&node, pod, &new_pod, &sized);
+            node_totals.current.cpu_millis += pod_request.current.cpu_millis.unwrap_or(0);
+            node_totals.current.memory_bytes += pod_request.current.memory_bytes.unwrap_or(0);
+            node_totals.target.cpu_millis += pod_request.target.cpu_millis.unwrap_or(0);
+            node_totals.target.memory_bytes += pod_request.target.memory_bytes.unwrap_or(0);
+            report.pods.push(pod_request);
+            for (container, sidecar, template) in &containers {
                 let current = pod
                     .and_then(|p| p.spec.as_ref())
-                    .and_then(|s| s.containers.iter().find(|c| &c.name == container))
+                    .and_then(|s| find_container(s, container))
                     .map(|c| Resources::requests_of(c.resources.as_ref()))
                     .unwrap_or(*template);
                 let entry = recs.get(&node).and_then(|m| m.get(container.as_str())).copied();
@@ -563,6 +678,7 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                 let row = Row {
                     node: node.clone(),
                     container: container.clone(),
+                    sidecar: *sidecar,
                     template: *template,
                     current,
                     has_pod: pod.is_some(),
@@ -582,10 +698,6 @@ pub fn compute(snapshot: &Snapshot) -> Report {
                 };
                 report.totals.add_row(&row);
                 node_totals.totals.add_row(&row);
-                node_totals.current.cpu_millis += current.cpu_millis.unwrap_or(0);
-                node_totals.current.memory_bytes += current.memory_bytes.unwrap_or(0);
-                node_totals.target.cpu_millis += target.cpu_millis.or(current.cpu_millis).unwrap_or(0);
-                node_totals.target.memory_bytes += target.memory_bytes.or(current.memory_bytes).unwrap_or(0);
                 report.rows.push(row);
             }
         }

@@ -98,7 +98,7 @@ fn right(text: String) -> Cell {
 fn row_cells(r: &Row, wide: bool) -> Vec<Cell> {
     let mut cells = vec![
         Cell::new(&r.node),
-        Cell::new(&r.container),
+        Cell::new(r.label()),
         right(pair(r.template)),
         right(if r.has_pod {
             pair(r.current)
@@ -312,7 +312,8 @@ pub fn yaml(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
 }
 
 /// The CSV columns.
-pub const CSV_HEADER: [&str; 24] = [
+/// `sidecar` comes last, after the columns of earlier versions, so that their positions hold.
+pub const CSV_HEADER: [&str; 25] = [
     "namespace",
     "autoscaler",
     "daemonset",
@@ -337,6 +338,7 @@ pub const CSV_HEADER: [&str; 24] = [
     "sample_count",
     "first_sample_time",
     "last_sample_time",
+    "sidecar",
 ];
 
 /// One line per DaemonSet, node and container, in the view's order; quantities as millicores
@@ -373,6 +375,7 @@ pub fn csv(report: &Report, view: &View, out: &mut dyn Write) -> std::io::Result
             r.history.sample_count.to_string(),
             r.history.first_sample_time.clone().unwrap_or_default(),
             r.history.last_sample_time.clone().unwrap_or_default(),
+            r.sidecar.to_string(),
         ])?;
     }
     w.flush()
@@ -549,7 +552,7 @@ fn td_pair(r: Resources) -> String {
 
 fn html_row(ds: &DaemonSetReport, r: &Row) -> String {
     let mut tr = String::from("<tr>");
-    for text in [&ds.namespace, &ds.daemonset, &r.node, &r.container] {
+    for text in [&ds.namespace, &ds.daemonset, &r.node, &r.label()] {
         let _ = write!(tr, "<td>{}</td>", escape(text));
     }
     tr.push_str(&td_pair(r.template));

@@ -1207,6 +1207,74 @@ fn the_html_page_runs_in_headless_chromium() {
 }
 
 #[test]
+fn native_sidecars_are_rows_marked_as_such_and_the_pod_request_counts_them() {
+    // the template's `sidecar` container becomes a native sidecar, beside a run-to-completion
+    // init container
+    let mut ds = daemonset();
+    let spec = ds
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("template");
+    let sidecar = spec.containers.pop().expect("sidecar");
+    spec.init_containers = Some(vec![
+        serde_json::from_value(json!({"name": "setup", "image": "x",
+            "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}))
+        .expect("init"),
+        k8s_openapi::api::core::v1::Container {
+            restart_policy: Some("Always".to_string()),
+            ..sidecar
+        },
+    ]);
+    let mut recommendation = rec("a", "shipper", ("300m", "200Mi"), ("1m", "1Mi"), ("2", "1Gi"), 0);
+    let mut side = recommendation.spec.recommendations[0].clone();
+    side.container_name = "sidecar".to_string();
+    side.target = Some(serde_json::from_value(json!({"cpu": "20m", "memory": "32Mi"})).expect("target"));
+    let mut setup = side.clone();
+    setup.container_name = "setup".to_string();
+    recommendation.spec.recommendations.extend([side, setup]);
+    let snapshot = Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![ds],
+        recommendations: vec![recommendation],
+        ..Snapshot::default()
+    };
+    let report = compute(&snapshot);
+    let rows: Vec<(&str, bool, Resources)> = report.daemonsets[0]
+        .rows
+        .iter()
+        .map(|r| (r.container.as_str(), r.sidecar, r.target))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("shipper", false, res(300, 200 * MI)),
+            ("sidecar", true, res(20, 32 * MI)),
+        ],
+        "the sidecar is a row with its node's figures; setup is none"
+    );
+    // containers and sidecars summed (320m), under setup's 1 CPU alone; memory 232Mi over 64Mi
+    assert_eq!(
+        report.daemonsets[0].pods,
+        [PodRequests {
+            node: "a".to_string(),
+            current: res(1000, 256 * MI),
+            target: res(1000, 232 * MI),
+        }]
+    );
+    let table = render_to_string(|out| render::table(&report, &view(SortBy::Name, true), false, out));
+    assert!(table.contains("sidecar (sidecar)"), "{table}");
+    assert!(!table.contains("shipper (sidecar)"), "{table}");
+    let json: Value =
+        serde_json::from_str(&render_to_string(|out| render::json(&report, out))).expect("json");
+    assert_eq!(json["daemonsets"][0]["rows"][1]["sidecar"], json!(true));
+    assert_eq!(
+        json["daemonsets"][0]["pods"][0]["target"],
+        json!({"cpuMillis": 1000, "memoryBytes": 232 * MI})
+    );
+}
+
+#[test]
 fn the_history_column_says_how_long_the_history_is() {
     use super::HistorySpan;
     let span = |sample_count, seconds| HistorySpan {
@@ -1234,4 +1302,109 @@ fn the_history_column_says_how_long_the_history_is() {
     for (h, want) in cases {
         assert_eq!(render::history(&h), want, "{h:?}");
     }
+}
+
+/// KEP-753 as the scheduler counts it: a run-to-completion init container runs beside the
+/// sidecars declared before it, so the pod's request is the larger of (containers + sidecars)
+/// and (the init container + the sidecars before it). Here that peak holds the CPU up (a plain
+/// max of the init container and the sum would say 2 CPUs), the sum holds the memory; a sidecar
+/// without requests counts as 0 now and gets its node's figures; the init container keeps the
+/// template's requests although its name has a figure, and is no row. The by-node figures are
+/// the pod's.
+#[test]
+fn the_pod_request_is_the_schedulers_with_sidecars_around_a_big_init_container() {
+    let mut ds = daemonset();
+    let spec = ds
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("template");
+    spec.containers.truncate(1);
+    spec.init_containers = Some(
+        serde_json::from_value(json!([
+            {"name": "forwarder", "image": "x", "restartPolicy": "Always",
+             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+            {"name": "setup", "image": "x", "resources": {"requests": {"cpu": "2", "memory": "16Mi"}}},
+            {"name": "mesh", "image": "x", "restartPolicy": "Always"},
+        ]))
+        .expect("init containers"),
+    );
+    let mut recommendation = rec("a", "shipper", ("300m", "200Mi"), ("1m", "1Mi"), ("2", "1Gi"), 0);
+    for (name, cpu, memory) in [
+        ("forwarder", "150m", "100Mi"),
+        ("mesh", "20m", "32Mi"),
+        ("setup", "10m", "1Mi"),
+    ] {
+        let mut e = recommendation.spec.recommendations[0].clone();
+        e.container_name = name.to_string();
+        e.target = Some(serde_json::from_value(json!({"cpu": cpu, "memory": memory})).expect("target"));
+        recommendation.spec.recommendations.push(e);
+    }
+    let snapshot = Snapshot {
+        autoscalers: vec![dsa(json!({}), json!({}))],
+        daemonsets: vec![ds],
+        recommendations: vec![recommendation],
+        ..Snapshot::default()
+    };
+    let report = compute(&snapshot);
+    let rows: Vec<(&str, bool, Resources, Resources)> = report.daemonsets[0]
+        .rows
+        .iter()
+        .map(|r| (r.container.as_str(), r.sidecar, r.current, r.target))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("shipper", false, res(200, 256 * MI), res(300, 200 * MI)),
+            ("forwarder", true, res(100, 64 * MI), res(150, 100 * MI)),
+            ("mesh", true, Resources::default(), res(20, 32 * MI)),
+        ]
+    );
+    // now: containers and sidecars 200+100+0 = 300m, setup's peak 2000+100 = 2100m;
+    //      memory 256+64+0 = 320Mi over 16+64 = 80Mi
+    // target: 300+150+20 = 470m under 2000+150 = 2150m (setup kept at 2, not 10m);
+    //      memory 200+100+32 = 332Mi over 16+100 = 116Mi
+    let pod = PodRequests {
+        node: "a".to_string(),
+        current: res(2100, 320 * MI),
+        target: res(2150, 332 * MI),
+    };
+    assert_eq!(report.daemonsets[0].pods, [pod]);
+    let node = &report.nodes[0];
+    assert_eq!(
+        (node.current, node.target),
+        (
+            Delta {
+                cpu_millis: 2100,
+                memory_bytes: 320 * MI
+            },
+            Delta {
+                cpu_millis: 2150,
+                memory_bytes: 332 * MI
+            }
+        ),
+        "the node's figures are the pod's"
+    );
+    // every format: the sidecar without requests prints, CSV says which rows are sidecars
+    let table = render_to_string(|out| render::table(&report, &view(SortBy::Name, true), true, out));
+    assert!(
+        table.contains("mesh (sidecar)") && !table.contains("setup"),
+        "{table}"
+    );
+    let csv = render_to_string(|out| render::csv(&report, &view(SortBy::Name, true), out));
+    let sidecar_column: Vec<(String, String)> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[5].to_string(), f[f.len() - 1].to_string())
+        })
+        .collect();
+    assert_eq!(
+        sidecar_column,
+        [("shipper", "false"), ("forwarder", "true"), ("mesh", "true")]
+            .map(|(c, s)| (c.to_string(), s.to_string()))
+    );
+    let html = render_to_string(|out| render::html(&report, &view(SortBy::Name, true), out));
+    assert!(html.contains("<td>mesh (sidecar)</td>"), "{html}");
 }

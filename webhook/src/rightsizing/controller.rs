@@ -27,7 +27,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::domain::sizing::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use nodewarden_api::rightsizing::{
     DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, GroupRecommendation, ResourceName,
+    RunningPods,
 };
+use nodewarden_runtime::discovery::{ResizeSupport, ResizeSupportCache};
 use tokio_util::sync::CancellationToken;
 
 use super::RightsizingCache;
@@ -40,6 +42,10 @@ use crate::events;
 pub const RECOMMENDATION_PROVIDED: &str = "RecommendationProvided";
 /// Condition: the autoscaler cannot be acted on as written (e.g. its DaemonSet does not exist).
 pub const CONFIG_UNSUPPORTED: &str = "ConfigUnsupported";
+/// Condition of an autoscaler whose `updateMode` resizes running pods (`InPlace`,
+/// `InPlaceOrRecreate`): whether the cluster can resize them in place (True), or its pods are
+/// recreated instead (False, naming the Kubernetes version and the feature gate).
+pub const IN_PLACE_RESIZE: &str = "InPlaceResize";
 /// Field manager of the status writes.
 pub const FIELD_MANAGER: &str = "nodewarden-rightsizing-status";
 
@@ -245,6 +251,58 @@ fn status_of<A: Borrow<Targets>, G: Borrow<Targets>>(
     }
 }
 
+/// The [`IN_PLACE_RESIZE`] condition: only for an autoscaler whose mode resizes running pods, and
+/// only once the cluster's answer is known.
+pub fn resize_condition(
+    autoscaler: &DaemonSetAutoscaler,
+    support: Option<&ResizeSupport>,
+    now: &Time,
+) -> Option<Condition> {
+    let mode = autoscaler
+        .spec
+        .update_policy
+        .as_ref()
+        .map(|p| p.update_mode)
+        .unwrap_or_default();
+    if mode.running_pods() != RunningPods::Resize {
+        return None;
+    }
+    let support = support?;
+    let old = autoscaler
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let generation = autoscaler.metadata.generation;
+    Some(if support.served() {
+        condition(
+            old,
+            IN_PLACE_RESIZE,
+            "True",
+            "ResizeServed",
+            format!("{}: running pods are resized in place", support.explain()),
+            generation,
+            now,
+        )
+    } else {
+        condition(
+            old,
+            IN_PLACE_RESIZE,
+            "False",
+            "ResizeNotServed",
+            format!(
+                "{}; updateMode {} acts as Recreate here: the agents evict running pods that are \
+                 off their node's figures, within the DaemonSet's disruption budget, and the \
+                 DaemonSet re-creates them with those figures",
+                support.explain(),
+                mode.as_str()
+            ),
+            generation,
+            now,
+        )
+    })
+}
+
 /// [`desired_status`] from what the index holds: every node's targets for the autoscaler, grouped
 /// by their Node's value of the spec's `nodeGroupLabel` when it uses groups, and the pod counts.
 /// One pass over the index: no API call.
@@ -393,6 +451,8 @@ impl ReconcileError for Error {
 
 struct Context {
     client: Client,
+    /// Whether the API server serves `pods/resize` (asked for autoscalers that resize).
+    resize: tokio::sync::Mutex<ResizeSupportCache>,
     index: Arc<RightsizingCache>,
     interval: Duration,
     recorder: Recorder,
@@ -416,6 +476,7 @@ pub async fn run(
         |controller| controller,
         |client, _| Context {
             recorder: events::recorder(&client),
+            resize: tokio::sync::Mutex::new(ResizeSupportCache::default()),
             client,
             index,
             interval,
@@ -437,7 +498,24 @@ impl Reconciler<DaemonSetAutoscaler> for Context {
         _key: String,
         autoscaler: Arc<DaemonSetAutoscaler>,
     ) -> Result<Action, Error> {
-        reconcile_status(&self.client, &self.recorder, &self.index, autoscaler).await?;
+        let resizes = autoscaler
+            .spec
+            .update_policy
+            .as_ref()
+            .is_some_and(|p| p.update_mode.running_pods() == RunningPods::Resize);
+        let support = if resizes {
+            self.resize.lock().await.get(&self.client).await.support
+        } else {
+            None
+        };
+        reconcile_status(
+            &self.client,
+            &self.recorder,
+            &self.index,
+            autoscaler,
+            support.as_ref(),
+        )
+        .await?;
         Ok(Action::requeue(self.interval))
     }
 }
@@ -447,6 +525,7 @@ async fn reconcile_status(
     recorder: &Recorder,
     index: &Arc<RightsizingCache>,
     autoscaler: Arc<DaemonSetAutoscaler>,
+    resize: Option<&ResizeSupport>,
 ) -> Result<(), Error> {
     let namespace = autoscaler.namespace().unwrap_or_default();
     let name = autoscaler.name_any();
@@ -468,7 +547,7 @@ async fn reconcile_status(
     // after it.
     let desired = {
         let _one_pass = PASS.lock().await;
-        let (index, autoscaler) = (index.clone(), autoscaler.clone());
+        let (index, autoscaler, now) = (index.clone(), autoscaler.clone(), now.clone());
         tokio::task::spawn_blocking(move || {
             let desired = desired_from_index(&index, &autoscaler, exists, &now);
             nodewarden_sys::release_free_heap();
@@ -477,6 +556,10 @@ async fn reconcile_status(
         .await
         .map_err(|err| Error::Compute(err.to_string()))?
     };
+    let mut desired = desired;
+    desired
+        .conditions
+        .extend(resize_condition(&autoscaler, resize, &now));
     let autoscaler = autoscaler.as_ref();
     if autoscaler.status.as_ref() == Some(&desired) {
         return Ok(());
@@ -497,7 +580,8 @@ async fn reconcile_status(
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
     for c in changed_conditions(old, &desired.conditions) {
-        let warning = c.type_ == CONFIG_UNSUPPORTED && c.status == "True";
+        let warning = (c.type_ == CONFIG_UNSUPPORTED && c.status == "True")
+            || (c.type_ == IN_PLACE_RESIZE && c.status == "False");
         let note = format!("{} is {}: {}", c.type_, c.status, c.message);
         events::publish(
             recorder,
