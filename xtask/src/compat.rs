@@ -399,6 +399,8 @@ pub fn render(results: &Results, old: &str) -> String {
             run.date,
             match &run.build_error {
                 Some(e) => format!("failed after {}s: {}", run.build_seconds, e.replace('|', "\\|")),
+                // the script only checked the binaries it built earlier
+                None if run.build_seconds < 5 => "cached".to_string(),
                 None => format!("{}s", run.build_seconds),
             },
             if run.build_bytes > 0 {
@@ -445,7 +447,10 @@ pub fn render(results: &Results, old: &str) -> String {
 fn cell(run: Option<&FileRun>) -> String {
     match run {
         None => "not run yet".to_string(),
-        Some(r) if r.outcome == "passed" => format!("pass ({} tests)", r.passed.len()),
+        Some(r) if r.outcome == "passed" => match r.passed.len() {
+            1 => "pass (1 test)".to_string(),
+            n => format!("pass ({n} tests)"),
+        },
         Some(r) if r.outcome == "error" => "did not run (see its log)".to_string(),
         Some(r) => format!(
             "**fail**: {} of {} ({})",
