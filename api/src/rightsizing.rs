@@ -168,6 +168,14 @@ impl DaemonSetAutoscalerSpec {
     pub fn uses_groups(&self) -> bool {
         self.scope == Scope::NodeGroup || self.cold_start == ColdStart::Group
     }
+
+    /// The `updatePolicy`'s mode (`Initial` when none is written).
+    pub fn update_mode(&self) -> UpdateMode {
+        self.update_policy
+            .as_ref()
+            .map(|p| p.update_mode)
+            .unwrap_or_default()
+    }
 }
 
 /// When recommendations are applied to pods.
@@ -187,8 +195,9 @@ pub struct UpdatePolicy {
 /// As in VPA: `Off` only recommends; `Initial` sets resources when a pod is created;
 /// `Recreate` also evicts running pods that are far off (the DaemonSet controller re-creates
 /// them on the same node, with the webhook's figures); `InPlace` has each node's agent resize
-/// its running pods through `pods/resize`, evicting only when the kubelet cannot apply a resize.
-/// VPA's names are accepted so objects carry over: `Auto` is `Recreate` (as in VPA) and
+/// its running pods through `pods/resize`, evicting only when the kubelet cannot apply a resize
+/// (and acting as `Recreate` on a cluster that does not serve `pods/resize`, which the
+/// autoscaler's `InPlaceResize` condition says). VPA's names are accepted so objects carry over: `Auto` is `Recreate` (as in VPA) and
 /// `InPlaceOrRecreate` is `InPlace`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
 pub enum UpdateMode {

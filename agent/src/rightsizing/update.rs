@@ -264,13 +264,7 @@ impl Updater {
             let Some(autoscaler) = autoscaler_for(&ns, ds, autoscalers) else {
                 continue;
             };
-            let mut mode = autoscaler
-                .spec
-                .update_policy
-                .as_ref()
-                .map(|p| p.update_mode)
-                .unwrap_or_default()
-                .running_pods();
+            let mut mode = autoscaler.spec.update_mode().running_pods();
             if mode == RunningPods::Untouched {
                 continue;
             }

@@ -453,11 +453,7 @@ fn owned_by(pod: &Pod, ds: &DaemonSet) -> bool {
 }
 
 fn mode_of(dsa: &DaemonSetAutoscaler) -> UpdateMode {
-    dsa.spec
-        .update_policy
-        .as_ref()
-        .map(|p| p.update_mode)
-        .unwrap_or_default()
+    dsa.spec.update_mode()
 }
 
 fn diff(target: Option<i64>, current: Option<i64>) -> i64 {

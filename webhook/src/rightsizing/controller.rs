@@ -258,12 +258,7 @@ pub fn resize_condition(
     support: Option<&ResizeSupport>,
     now: &Time,
 ) -> Option<Condition> {
-    let mode = autoscaler
-        .spec
-        .update_policy
-        .as_ref()
-        .map(|p| p.update_mode)
-        .unwrap_or_default();
+    let mode = autoscaler.spec.update_mode();
     if mode.running_pods() != RunningPods::Resize {
         return None;
     }
@@ -498,11 +493,7 @@ impl Reconciler<DaemonSetAutoscaler> for Context {
         _key: String,
         autoscaler: Arc<DaemonSetAutoscaler>,
     ) -> Result<Action, Error> {
-        let resizes = autoscaler
-            .spec
-            .update_policy
-            .as_ref()
-            .is_some_and(|p| p.update_mode.running_pods() == RunningPods::Resize);
+        let resizes = autoscaler.spec.update_mode().running_pods() == RunningPods::Resize;
         let support = if resizes {
             self.resize.lock().await.get(&self.client).await.support
         } else {

@@ -105,12 +105,7 @@ pub fn mutate_on(
     limit_ranges: &[LimitRange],
 ) -> Decision {
     let name = autoscaler.metadata.name.clone().unwrap_or_default();
-    let mode = autoscaler
-        .spec
-        .update_policy
-        .as_ref()
-        .map(|p| p.update_mode)
-        .unwrap_or_default();
+    let mode = autoscaler.spec.update_mode();
     let mut annotations = BTreeMap::from([(ANNOTATION_AUTOSCALER.to_string(), name)]);
     if mode == UpdateMode::Off {
         annotations.insert(
