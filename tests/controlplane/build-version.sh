@@ -107,6 +107,20 @@ if command -v flock >/dev/null 2>&1; then
     fi
 fi
 
+# A Kubernetes whose go.mod needs a newer Go than the one installed (1.38 needs 1.27) is built with
+# a Go toolchain the go command takes from the module proxy ($NODEWARDEN_GO_TOOLCHAIN, about 76 MB
+# once); the other versions keep the installed Go.
+# (`go mod download -json` writes the `>=` of its error as \u003e=)
+needs_go="$(
+    cd /tmp || exit 0
+    { GOTOOLCHAIN=local go mod download -json "k8s.io/kubernetes@$version" 2>&1 || true; } |
+        sed -n -e 's/\\u003e/>/g' -e 's/.*requires go >= \([0-9][0-9.]*\).*/\1/p' | head -1
+)"
+if [[ -n "$needs_go" ]]; then
+    export GOTOOLCHAIN="${NODEWARDEN_GO_TOOLCHAIN:-go1.27.3}"
+    log "k8s.io/kubernetes@$version requires go >= $needs_go: building with GOTOOLCHAIN=$GOTOOLCHAIN"
+fi
+
 export CGO_ENABLED="${CGO_ENABLED:-0}"
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
@@ -117,9 +131,9 @@ if [[ ! -f "$mod/.tidy-done" ]]; then
     rm -rf "$mod"
     mkdir -p "$mod"
     log "fetching k8s.io/kubernetes@$version from the module proxy"
-    kube_gomod="$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$version" |
-        awk -F'"' '$2 == "GoMod" {print $4}')"
-    [[ -f "$kube_gomod" ]] || die "the module proxy gave no go.mod for k8s.io/kubernetes@$version"
+    fetched="$(cd "$mod" && { go mod download -json "k8s.io/kubernetes@$version" 2>&1 || true; })"
+    kube_gomod="$(awk -F'"' '$2 == "GoMod" {print $4}' <<<"$fetched")"
+    [[ -f "$kube_gomod" ]] || die "the module proxy gave no go.mod for k8s.io/kubernetes@$version: $(awk -F'"' '$2 == "Error" {print $4}' <<<"$fetched")"
     # Its own replace lines name the staging modules: `k8s.io/api => ./staging/src/k8s.io/api`.
     mapfile -t staging < <(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kube_gomod" | sort -u)
     [[ ${#staging[@]} -gt 0 ]] || die "no staging modules in k8s.io/kubernetes@$version's go.mod"
