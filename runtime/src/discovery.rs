@@ -102,12 +102,18 @@ pub async fn resize_support(client: &Client) -> Result<ResizeSupport, kube::Erro
     }
 }
 
-/// The last answer of [`resize_support`] and when it was read; asks again when older than
-/// [`RESIZE_SUPPORT_MAX_AGE`]. When discovery fails, the last answer stands (none at first: then
-/// resize is assumed served, and a refused resize is handled where it happens).
+/// After a failed discovery call, how long the last answer is used before asking again (so an
+/// API server that does not answer costs one call a minute, not one per pod and round).
+pub const RESIZE_SUPPORT_RETRY: Duration = Duration::from_secs(60);
+
+/// The last answer of [`resize_support`]; asks again [`RESIZE_SUPPORT_MAX_AGE`] after an answer
+/// and [`RESIZE_SUPPORT_RETRY`] after a failure. When discovery fails, the last answer stands (none
+/// at first: then resize is assumed served, and a refused resize is handled where it happens).
 #[derive(Debug, Default)]
 pub struct ResizeSupportCache {
-    last: Option<(tokio::time::Instant, ResizeSupport)>,
+    last: Option<ResizeSupport>,
+    /// When to ask again (`None`: never asked).
+    next: Option<tokio::time::Instant>,
 }
 
 /// What [`ResizeSupportCache::get`] read.
@@ -120,31 +126,43 @@ pub struct Read {
 }
 
 impl ResizeSupportCache {
-    /// The answer, asked again when it is older than [`RESIZE_SUPPORT_MAX_AGE`].
+    /// The answer, asked again when it is due (see the type).
     pub async fn get(&mut self, client: &Client) -> Read {
-        let fresh = self
-            .last
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() < RESIZE_SUPPORT_MAX_AGE);
-        if fresh {
+        let now = tokio::time::Instant::now();
+        if !self.due(now) {
             return Read {
-                support: self.last.as_ref().map(|(_, s)| s.clone()),
+                support: self.last.clone(),
                 changed: false,
             };
         }
-        match resize_support(client).await {
-            Ok(support) => {
-                let changed = self.last.as_ref().is_none_or(|(_, old)| *old != support);
-                self.last = Some((tokio::time::Instant::now(), support.clone()));
+        let answer = resize_support(client).await;
+        if let Err(err) = &answer {
+            tracing::warn!(error = %err, "asking the API server whether it serves pods/resize failed; using the last answer, asking again in a minute");
+        }
+        self.record(tokio::time::Instant::now(), answer.ok())
+    }
+
+    /// Whether the answer is to be asked again at `now`.
+    fn due(&self, now: tokio::time::Instant) -> bool {
+        self.next.is_none_or(|next| now >= next)
+    }
+
+    /// Keeps what discovery answered at `now` (`None`: it failed) and says what to use.
+    fn record(&mut self, now: tokio::time::Instant, answer: Option<ResizeSupport>) -> Read {
+        match answer {
+            Some(support) => {
+                let changed = self.last.as_ref() != Some(&support);
+                self.last = Some(support.clone());
+                self.next = Some(now + RESIZE_SUPPORT_MAX_AGE);
                 Read {
                     support: Some(support),
                     changed,
                 }
             }
-            Err(err) => {
-                tracing::warn!(error = %err, "asking the API server whether it serves pods/resize failed; using the last answer");
+            None => {
+                self.next = Some(now + RESIZE_SUPPORT_RETRY);
                 Read {
-                    support: self.last.as_ref().map(|(_, s)| s.clone()),
+                    support: self.last.clone(),
                     changed: false,
                 }
             }
@@ -207,5 +225,30 @@ mod tests {
         assert_eq!(minor("v1.29"), Some(29));
         assert_eq!(minor("2.0.0"), None);
         assert_eq!(minor(""), None);
+    }
+
+    #[test]
+    fn a_failed_call_is_retried_after_a_minute_and_an_answer_after_ten() {
+        let t0 = tokio::time::Instant::now();
+        let mut cache = ResizeSupportCache::default();
+        assert!(cache.due(t0), "never asked");
+        let failed = cache.record(t0, None);
+        assert_eq!((failed.support, failed.changed), (None, false));
+        assert!(
+            !cache.due(t0 + Duration::from_secs(59)),
+            "a failure is not asked again at once"
+        );
+        assert!(cache.due(t0 + RESIZE_SUPPORT_RETRY));
+        let served = ResizeSupport::from_discovery(&core(&["pods/resize"]), "v1.36.3");
+        let t1 = t0 + RESIZE_SUPPORT_RETRY;
+        let first = cache.record(t1, Some(served.clone()));
+        assert!(first.changed, "the first answer is said");
+        assert!(!cache.due(t1 + Duration::from_secs(599)));
+        assert!(cache.due(t1 + RESIZE_SUPPORT_MAX_AGE));
+        // a failure after an answer keeps the answer, unchanged
+        let kept = cache.record(t1 + RESIZE_SUPPORT_MAX_AGE, None);
+        assert_eq!((kept.support, kept.changed), (Some(served.clone()), false));
+        let same = cache.record(t1 + RESIZE_SUPPORT_MAX_AGE * 2, Some(served));
+        assert!(!same.changed, "the same answer is not said again");
     }
 }
