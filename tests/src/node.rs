@@ -229,7 +229,8 @@ pub const HOST_LOCK_HELD_ENV: &str = "NODEWARDEN_REAL_NODE_LOCK_HELD";
 
 /// Real clusters use fixed addresses and change host-wide state: one at a time per machine, across
 /// test binaries and processes. Blocks until the lock is free; the kernel releases it when the
-/// holder dies.
+/// holder dies. Whoever gets the lock first puts back what a run that died with its watchdog left
+/// on the host (see [`recover_abandoned_host`]).
 pub async fn lock_host() -> Result<std::fs::File> {
     let path = std::env::temp_dir().join("nodewarden-real-node.lock");
     tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
@@ -241,9 +242,144 @@ pub async fn lock_host() -> Result<std::fs::File> {
             .with_context(|| format!("opening {}", path.display()))?;
         file.lock()
             .with_context(|| format!("locking {}", path.display()))?;
+        for done in recover_abandoned_host()? {
+            eprintln!("nodewarden-tests: {done}");
+        }
         Ok(file)
     })
     .await?
+}
+
+/// Names the `host-state` folder of the real cluster that runs now (first line) and the boot it
+/// runs in (second line). Written once the host's state is recorded, removed once it is put back
+/// (by the harness, or by the watchdog after the test process died).
+pub(crate) fn host_record_path() -> PathBuf {
+    std::env::temp_dir().join("nodewarden-real-node.record")
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Puts back what a real cluster left on the host when its test process and its watchdog both
+/// died (a machine or session stopped mid-run, every process killed at once): the next run would
+/// otherwise fail to create its links ("File exists") or start from a host full of the dead run's
+/// rules. Call it holding [`lock_host`] (which does); returns what it did, one line each.
+///
+/// With the dead run's record (same boot), its `host-state.sh restore` runs: the complete undo.
+/// Without one (the record's folder is gone, or the run was in another boot or mount namespace),
+/// only what carries this harness's fixed names is removed: the `nw-*` links and `nwbr<n>` bridges,
+/// the Service range's black hole and the pod network's FORWARD guard.
+pub fn recover_abandoned_host() -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    let record = host_record_path();
+    if let Ok(text) = std::fs::read_to_string(&record) {
+        let mut lines = text.lines();
+        let state = PathBuf::from(lines.next().unwrap_or_default());
+        let boot = lines.next().unwrap_or_default();
+        let script = state.join("host-state.sh");
+        if boot != boot_id() {
+            done.push(format!(
+                "a real cluster's record {} is from an earlier boot: dropped",
+                state.display()
+            ));
+        } else if script.is_file() {
+            // its watchdog may be restoring right now: let it finish first (a second restore
+            // then finds nothing to do)
+            let watchdog = format!(
+                "nodewarden-e2e-watchdog .* {}",
+                state.parent().unwrap_or(&state).display()
+            );
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline
+                && std::process::Command::new("pgrep")
+                    .args(["-f", "--", &watchdog])
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            run(
+                "sh",
+                &[
+                    &script.display().to_string(),
+                    "restore",
+                    &state.display().to_string(),
+                ],
+            )?;
+            done.push(format!(
+                "a real cluster died without putting the host back: restored it from {}",
+                state.display()
+            ));
+            if let Some(folder) = state.parent()
+                && folder.join(crate::process::REMOVE_ON_EXIT).is_file()
+            {
+                std::fs::remove_dir_all(folder).with_context(|| format!("removing {}", folder.display()))?;
+                done.push(format!("removed its folder {}", folder.display()));
+            }
+        }
+        std::fs::remove_file(&record).with_context(|| format!("removing {}", record.display()))?;
+    }
+
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link", "show"])
+        .stdin(Stdio::null())
+        .output()
+        .context("running ip")?;
+    for line in String::from_utf8_lossy(&links.stdout).lines() {
+        let Some(name) = line.split(": ").nth(1) else {
+            continue;
+        };
+        let name = name.split('@').next().unwrap_or(name);
+        // a veth pair's other end (`-p`) goes with it; `nwbr<n>` is a node's CNI bridge
+        let ours = name.starts_with("nw-apiserver") || name.starts_with("nw-node-");
+        let bridge = name
+            .strip_prefix("nwbr")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if ours && !name.ends_with("-p") || bridge {
+            run("ip", &["link", "delete", name])?;
+            done.push(format!("removed the link {name} a dead real cluster left"));
+        }
+    }
+    let routes = std::process::Command::new("ip")
+        .args(["route", "show", "type", "blackhole"])
+        .stdin(Stdio::null())
+        .output()
+        .context("running ip")?;
+    if String::from_utf8_lossy(&routes.stdout)
+        .lines()
+        .any(|l| l.split_whitespace().any(|w| w == SERVICE_CLUSTER_IP_RANGE))
+    {
+        run("ip", &["route", "del", "blackhole", SERVICE_CLUSTER_IP_RANGE])?;
+        done.push(format!(
+            "removed the black hole for {SERVICE_CLUSTER_IP_RANGE} a dead real cluster left"
+        ));
+    }
+    let guard = ["FORWARD", "-s", POD_NETWORK, "!", "-d", POD_NETWORK, "-j", "DROP"];
+    // bounded: the rule is added once per run
+    for _ in 0..16 {
+        let present = std::process::Command::new("iptables")
+            .arg("-C")
+            .args(guard)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !present {
+            break;
+        }
+        let mut args = vec!["-D"];
+        args.extend(guard);
+        run("iptables", &args)?;
+        done.push(format!(
+            "removed the FORWARD guard for {POD_NETWORK} a dead real cluster left"
+        ));
+    }
+    Ok(done)
 }
 
 impl RealCluster {
@@ -627,6 +763,13 @@ fn prepare_host(root: &Path, nodes: &[(String, Ipv4Addr, String)]) -> Result<()>
     )?;
     // the watchdog runs this copy, so it must not depend on the source tree
     std::fs::copy(&source, &script).with_context(|| format!("copying {}", source.display()))?;
+    // from here on the host is this run's to put back, also by the next run if this one and its
+    // watchdog die together
+    write_file(
+        &host_record_path(),
+        format!("{}\n{}\n", state.display(), boot_id()).as_bytes(),
+        false,
+    )?;
     write_file(
         &state.join("owner"),
         format!("{}\n", root.display()).as_bytes(),
@@ -742,6 +885,15 @@ pub(crate) fn restore_host_state(dir: &Path) {
             .arg(&state)
             .stdin(Stdio::null())
             .status();
+        forget_host_record(&state);
+    }
+}
+
+/// Removes the record of a real cluster's host state when it names `state` (put back now).
+pub(crate) fn forget_host_record(state: &Path) {
+    let record = host_record_path();
+    if std::fs::read_to_string(&record).is_ok_and(|t| t.lines().next() == Some(&*state.to_string_lossy())) {
+        let _ = std::fs::remove_file(&record);
     }
 }
 

@@ -16,13 +16,20 @@ use anyhow::{Context, Result, anyhow, bail};
 /// `tests/node/host-state.sh`) and, when asked to, removes the folder. Runs in a process group of its own so a Ctrl-C in the
 /// terminal (sent to the foreground group) does not take it down before it has cleaned up.
 const WATCHDOG: &str = r#"
-parent="$1"; dir="$2"; remove="$3"
+parent="$1"; dir="$2"; remove="$3"; record="$4"
 trap '' INT HUP
 while kill -0 "$parent" 2>/dev/null; do sleep 1; done
 if [ -f "$dir/pids" ]; then kill -KILL $(cat "$dir/pids") 2>/dev/null; fi
-if [ -f "$dir/host-state/host-state.sh" ]; then sh "$dir/host-state/host-state.sh" restore "$dir/host-state"; fi
+if [ -f "$dir/host-state/host-state.sh" ]; then
+    sh "$dir/host-state/host-state.sh" restore "$dir/host-state"
+    if [ "$(head -n 1 "$record" 2>/dev/null)" = "$dir/host-state" ]; then rm -f "$record"; fi
+fi
 if [ "$remove" = remove ]; then rm -rf "$dir"; fi
 "#;
+
+/// A file in a control plane's folder whose presence says the folder is removed once the test
+/// process is gone.
+pub(crate) const REMOVE_ON_EXIT: &str = "remove-on-exit";
 
 /// One running child with its log file.
 #[derive(Debug)]
@@ -45,6 +52,11 @@ impl Processes {
     /// `remove_dir_on_exit` is set the watchdog also deletes the folder after the test
     /// process has gone.
     pub fn new(dir: &Path, remove_dir_on_exit: bool) -> Result<Self> {
+        if remove_dir_on_exit {
+            // for the next real cluster, should this process and its watchdog die together
+            // (`node::recover_abandoned_host`)
+            write_file(&dir.join(REMOVE_ON_EXIT), b"", false)?;
+        }
         let watchdog = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
@@ -52,6 +64,7 @@ impl Processes {
             .arg(std::process::id().to_string())
             .arg(dir)
             .arg(if remove_dir_on_exit { "remove" } else { "keep" })
+            .arg(crate::node::host_record_path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -686,10 +686,11 @@ const CHILD_READY: &str = "nodewarden-realnode-child: node up";
 /// waits for the host to be as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_restores_the_host_after_kill_9() -> Result<()> {
+    const NAME: &str = "watchdog_restores_the_host_after_kill_9";
     if std::env::var_os(CHILD_ENV).is_some() {
         return child_holds_a_real_node().await;
     }
-    if !require_real_nodes("watchdog_restores_the_host_after_kill_9")? {
+    if !require_real_nodes(NAME)? {
         return Ok(());
     }
     // built here, not in the child: a build (minutes when cold) must not count against the
@@ -699,13 +700,101 @@ async fn watchdog_restores_the_host_after_kill_9() -> Result<()> {
     let _lock = nodewarden_tests::node::lock_host().await?;
     let tmp = tempfile::tempdir()?;
     let before = HostSnapshot::take(&tmp.path().join("before"))?;
+    let mut child = child_with_a_real_node(NAME).await?;
+    let changed = before.diff()?;
+    ensure!(
+        !changed.is_empty(),
+        "a running node changes the host (else this test proves nothing)"
+    );
+
+    child.start_kill()?; // SIGKILL
+    child.wait().await?;
+    // the watchdog notices within a second, kills the node's processes and restores the host
+    wait_host_as_before(&before, "kill -9", Duration::from_secs(90)).await
+}
+
+/// When a run's test process and its watchdog die together (a machine or session stopped
+/// mid-run), nothing is left to put the host back, and the next real cluster would fail to create
+/// its links ("File exists"). The next run that takes the host lock restores the dead run's
+/// record. Here the child's watchdog is killed first, then the child; the host stays changed,
+/// and what `lock_host` runs on the way in puts it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_run_puts_back_what_a_run_and_its_watchdog_left() -> Result<()> {
+    const NAME: &str = "the_next_run_puts_back_what_a_run_and_its_watchdog_left";
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return child_holds_a_real_node().await;
+    }
+    if !require_real_nodes(NAME)? {
+        return Ok(());
+    }
+    images::build_testbox().await?;
+    let _lock = nodewarden_tests::node::lock_host().await?;
+    let tmp = tempfile::tempdir()?;
+    let before = HostSnapshot::take(&tmp.path().join("before"))?;
+    let mut child = child_with_a_real_node(NAME).await?;
+    let pid = child.id().context("the child's pid")?;
+
+    // the child's watchdog: `sh -c <script> nodewarden-e2e-watchdog <child pid> <dir> ...`
+    let watchdog = format!("nodewarden-e2e-watchdog {pid} ");
+    let found = tokio::process::Command::new("pgrep")
+        .args(["-f", "--", &watchdog])
+        .output()
+        .await?;
+    let watchdogs: Vec<String> = String::from_utf8_lossy(&found.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    ensure!(
+        !watchdogs.is_empty(),
+        "the child's watchdog is running (else this test proves nothing)"
+    );
+    for w in &watchdogs {
+        let status = tokio::process::Command::new("kill")
+            .args(["-KILL", w])
+            .status()
+            .await?;
+        ensure!(status.success(), "kill -KILL {w} (the child's watchdog)");
+    }
+    child.start_kill()?;
+    child.wait().await?;
+    // both are gone: nothing puts the host back on its own
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while watchdogs
+        .iter()
+        .any(|w| std::path::Path::new(&format!("/proc/{w}")).exists())
+    {
+        ensure!(Instant::now() < deadline, "the child's watchdog did not die");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = before.diff()?;
+    ensure!(
+        left.iter().any(|l| l.contains("nw-apiserver")),
+        "the dead run left its links on the host (else this test proves nothing): {left:?}"
+    );
+
+    let done = nodewarden_tests::node::recover_abandoned_host()?;
+    ensure!(
+        done.iter().any(|d| d.contains("restored it from")),
+        "the next run restores from the dead run's record: {done:?}"
+    );
+    ensure!(
+        done.iter().any(|d| d.contains("removed its folder")),
+        "the dead run's folder (its containerd and kubelet state) goes too: {done:?}"
+    );
+    wait_host_as_before(&before, "the next run's recovery", Duration::from_secs(30)).await?;
+    ensure!(
+        nodewarden_tests::node::recover_abandoned_host()?.is_empty(),
+        "a second recovery finds nothing left"
+    );
+    Ok(())
+}
+
+/// Starts this test binary again as a child running `test` with [`CHILD_ENV`] set (it brings up
+/// one real node with a running pod, under the lock this process holds) and returns once the
+/// child says its node is up.
+async fn child_with_a_real_node(test: &str) -> Result<tokio::process::Child> {
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args([
-            "--exact",
-            "watchdog_restores_the_host_after_kill_9",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
         .env(nodewarden_tests::node::HOST_LOCK_HELD_ENV, "1")
         .stdin(std::process::Stdio::null())
@@ -727,16 +816,12 @@ async fn watchdog_restores_the_host_after_kill_9() -> Result<()> {
         matches!(ready, Ok(Ok(true))),
         "the child did not bring its node up: {ready:?}"
     );
-    let changed = before.diff()?;
-    ensure!(
-        !changed.is_empty(),
-        "a running node changes the host (else this test proves nothing)"
-    );
+    Ok(child)
+}
 
-    child.start_kill()?; // SIGKILL
-    child.wait().await?;
-    // the watchdog notices within a second, kills the node's processes and restores the host
-    let deadline = Instant::now() + Duration::from_secs(90);
+/// Polls until the host is as `before` recorded it, or fails after `limit` naming what differs.
+async fn wait_host_as_before(before: &HostSnapshot, after: &str, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
     loop {
         let left = before.diff()?;
         if left.is_empty() {
@@ -744,7 +829,8 @@ async fn watchdog_restores_the_host_after_kill_9() -> Result<()> {
         }
         ensure!(
             Instant::now() < deadline,
-            "90 s after kill -9 the host still differs:\n  {}",
+            "{} s after {after} the host still differs:\n  {}",
+            limit.as_secs(),
             left.join("\n  ")
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
