@@ -485,8 +485,6 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
                 })
                 .await?;
         }
-        // the webhook's cache follows the statuses through its watch; give it a moment
-        tokio::time::sleep(Duration::from_secs(2)).await;
         let ds = env.api::<DaemonSet>();
         for (name, _) in &cases {
             ds.create(
@@ -513,37 +511,98 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
             ])
             .await?,
         )?;
+        // The webhook's cache follows the statuses and recommendations through its watches, so
+        // the pods above may have been admitted before it had them all. Until it has, a dry-run
+        // copy of each pod (as its DaemonSet's template makes it) is answered with other figures
+        // than the report's; once every copy gets the report's figures, the pods are made again.
+        let template = simple_daemonset("template", &env.node_selector())?;
+        let template_resources = template
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.resources.clone());
+        let pods_api = env.api::<Pod>();
+        let last = std::sync::Mutex::new(String::new());
+        let probed = env
+            .cp
+            .poll("dry-run copies of every pod get the report's figures", || {
+                let (pods_api, pods_of, report, nodes, last) = (&pods_api, &pods_of, &report, &nodes, &last);
+                let template_resources = template_resources.clone();
+                async move {
+                    for (name, pods) in pods_of {
+                        for node in nodes {
+                            let mut copy = pods[node].clone();
+                            copy.metadata = kube::api::ObjectMeta {
+                                generate_name: Some(format!("{name}-probe-")),
+                                labels: copy.metadata.labels.take(),
+                                owner_references: copy.metadata.owner_references.take(),
+                                ..Default::default()
+                            };
+                            copy.status = None;
+                            if let Some(c) = copy.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+                                c.resources = template_resources.clone();
+                            }
+                            let answered = pods_api
+                                .create(
+                                    &PostParams {
+                                        dry_run: true,
+                                        ..Default::default()
+                                    },
+                                    &copy,
+                                )
+                                .await?;
+                            let target = report_row(report, name, node)?["target"].clone();
+                            let given = requests_json(&answered);
+                            if given != target {
+                                *last.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    format!("{name} on {node}: report {target}, dry run {given}");
+                                return Ok(None);
+                            }
+                        }
+                    }
+                    Ok(Some(()))
+                }
+            })
+            .await;
+        if let Err(e) = probed {
+            bail!(
+                "{e}: last difference: {}",
+                last.lock().unwrap_or_else(|p| p.into_inner())
+            );
+        }
+        for pods in pods_of.values() {
+            for pod in pods.values() {
+                pods_api
+                    .delete(
+                        &pod.name_any(),
+                        &DeleteParams {
+                            grace_period_seconds: Some(0),
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+            }
+        }
+        for (name, _) in &cases {
+            let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, name, &nodes).await?;
+            let before = &pods_of[name];
+            ensure!(
+                pods.iter().all(|(node, p)| p.uid() != before[node].uid()),
+                "{name}: every pod was made again"
+            );
+            pods_of.insert(*name, pods);
+        }
         let mut compared = 0;
         for (name, _) in &cases {
             let pods = &pods_of[name];
-            let rows = report["daemonsets"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|d| d["autoscaler"] == *name)
-                .map(|d| d["rows"].clone())
-                .ok_or_else(|| anyhow!("no report for {name}: {report}"))?;
             for node in &nodes {
-                let row = rows
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|r| r["node"] == *node && r["container"] == "agent")
-                    .ok_or_else(|| anyhow!("{name}: no row for {node}: {rows}"))?;
+                let row = report_row(&report, name, node)?;
                 let pod = &pods[node];
-                let requests = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.containers.first())
-                    .and_then(|c| c.resources.as_ref())
-                    .and_then(|r| r.requests.clone())
-                    .unwrap_or_default();
-                let cpu = nodewarden_api::quantity::parse_milli(&requests["cpu"].0).unwrap_or(0) as i64;
-                let memory =
-                    nodewarden_api::quantity::parse_milli(&requests["memory"].0).unwrap_or(0) as i64 / 1000;
+                let given = requests_json(pod);
                 ensure!(
-                    row["target"] == json!({"cpuMillis": cpu, "memoryBytes": memory}),
-                    "{name} on {node}: the report says {}, the webhook gave the new pod {cpu}m / {memory} B \
+                    row["target"] == given,
+                    "{name} on {node}: the report says {}, the webhook gave the new pod {given} \
                      (source {}, annotations {:?})",
                     row["target"],
                     row["sourceDetail"],
@@ -579,6 +638,44 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
         webhook.stop().await
     })
     .await;
+}
+
+/// The `kubectl nodewarden report -o json` row for `autoscaler`'s container `agent` on `node`.
+fn report_row<'a>(
+    report: &'a serde_json::Value,
+    autoscaler: &str,
+    node: &str,
+) -> Result<&'a serde_json::Value> {
+    let rows = report["daemonsets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["autoscaler"] == autoscaler)
+        .map(|d| &d["rows"])
+        .ok_or_else(|| anyhow!("no report for {autoscaler}: {report}"))?;
+    rows.as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["node"] == node && r["container"] == "agent")
+        .ok_or_else(|| anyhow!("{autoscaler}: no row for {node}: {rows}"))
+}
+
+/// A pod's first container's requests as the report writes a target.
+fn requests_json(pod: &Pod) -> serde_json::Value {
+    let requests = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.requests.clone())
+        .unwrap_or_default();
+    let milli = |k: &str| {
+        requests
+            .get(k)
+            .and_then(|q| nodewarden_api::quantity::parse_milli(&q.0))
+            .unwrap_or(0) as i64
+    };
+    json!({"cpuMillis": milli("cpu"), "memoryBytes": milli("memory") / 1000})
 }
 
 async fn grant_agent_writes(env: &TestEnv) -> Result<()> {
