@@ -122,6 +122,7 @@ pub struct Metrics {
     pod_updates: Family<UpdateLabels, Counter>,
     pods_running: Family<AutoscalerLabels, Gauge>,
     pods_up_to_date: Family<AutoscalerLabels, Gauge>,
+    update_rounds: Counter,
     history_seed: Family<OutcomeLabels, Gauge>,
     history_seed_samples: Gauge,
 }
@@ -277,6 +278,12 @@ impl Metrics {
             "Of those, the pods whose requests and limits are already this node's figures",
             pods_up_to_date.clone(),
         );
+        let update_rounds = Counter::default();
+        registry.register(
+            "update_rounds",
+            "Update rounds over this node's running pods (one per --update-interval while the agent works)",
+            update_rounds.clone(),
+        );
         let history_seed = Family::<OutcomeLabels, Gauge>::default();
         registry.register(
             "history_seed",
@@ -297,6 +304,7 @@ impl Metrics {
             pod_updates,
             pods_running,
             pods_up_to_date,
+            update_rounds,
             gate_scrapes,
             feature_report_writes,
             registry,
@@ -393,6 +401,7 @@ impl Metrics {
 
     /// After an update round: per autoscaler, its running pods here and how many are up to date.
     pub fn update_round(&self, counts: &std::collections::BTreeMap<(String, String), (i64, i64)>) {
+        self.update_rounds.inc();
         self.pods_running.clear();
         self.pods_up_to_date.clear();
         for ((namespace, autoscaler), (running, up_to_date)) in counts {

@@ -273,6 +273,7 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
         synthetic_cgroup_tree(&cgroup_root, &pod_uid, 1)?;
         let checkpoint_dir = tmp.path().join("checkpoint");
         let config = agent_config(&node, &cgroup_root, &checkpoint_dir, &[])?;
+        let admin = config.admin_addr;
         let agent_client = cp.client_with_token(&token).await?;
         let stop = CancellationToken::new();
         let agent = tokio::spawn(nodewarden_agent::run_with_client(
@@ -281,9 +282,15 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
             stop.clone(),
         ));
 
-        // No write permission yet: nothing appears, the agent keeps measuring and retrying.
+        // No write permission yet: nothing appears, the agent keeps measuring and retrying
+        // (two refused writes seen).
         let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        cp.poll("two refused NodeRecommendation writes", || async {
+            let refused =
+                agent_counter(admin, "nodewarden_agent_recommendation_write_errors_total", &[]).await?;
+            Ok((refused >= 2.0).then_some(()))
+        })
+        .await?;
         assert!(
             recs.get_opt(&node).await?.is_none(),
             "written without permission?"
@@ -518,6 +525,8 @@ async fn agent_binary_footprint_with_100_containers() {
 
 /// The in-process agent's flags: this node, these folders, fast sampling, text logs, and `extra`.
 fn agent_config(node: &str, cgroup_root: &Path, checkpoint_dir: &Path, extra: &[&str]) -> Result<Config> {
+    // a port the test knows, to read the agent's metrics (`admin_addr` in the answer)
+    let admin = format!("127.0.0.1:{}", nodewarden_tests::process::free_ports(1)?[0]);
     let mut args = vec![
         "nodewarden-agent",
         "--node-name",
@@ -527,7 +536,7 @@ fn agent_config(node: &str, cgroup_root: &Path, checkpoint_dir: &Path, extra: &[
         "--checkpoint-dir",
         checkpoint_dir.to_str().unwrap_or_default(),
         "--admin-addr",
-        "127.0.0.1:0",
+        &admin,
         "--sample-interval",
         "200ms",
         "--publish-budget",
@@ -587,7 +596,7 @@ fn start_agent(
     pod_uid: &str,
     kube: kube::Config,
     stop: &CancellationToken,
-) -> Result<(tempfile::TempDir, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+) -> Result<Agent> {
     // VPA's update rules from the first sample: these tests check the resize and eviction
     // mechanics on seconds of history (the rule that a short history never lowers a request
     // has its own test below and api's, domain/update.rs, a_short_history_only_raises)
@@ -602,7 +611,7 @@ fn start_agent_with(
     kube: kube::Config,
     stop: &CancellationToken,
     min_history: &str,
-) -> Result<(tempfile::TempDir, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+) -> Result<Agent> {
     let tmp = tempfile::tempdir()?;
     let cgroup_root = tmp.path().join("cgroup");
     synthetic_cgroup_tree(&cgroup_root, pod_uid, 1)?;
@@ -622,8 +631,36 @@ fn start_agent_with(
             &env.namespace,
         ],
     )?;
-    let agent = tokio::spawn(nodewarden_agent::run_with_kube_config(config, kube, stop.clone()));
-    Ok((tmp, agent))
+    let admin = config.admin_addr;
+    let task = tokio::spawn(nodewarden_agent::run_with_kube_config(config, kube, stop.clone()));
+    Ok(Agent {
+        _tmp: tmp,
+        task,
+        admin,
+    })
+}
+
+/// An in-process agent: its folders, its task, and its admin address (metrics).
+struct Agent {
+    _tmp: tempfile::TempDir,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    admin: std::net::SocketAddr,
+}
+
+/// A counter of the agent's `/metrics` (the sum over its series that carry every label of
+/// `labels`), 0 when it has none yet.
+async fn agent_counter(admin: std::net::SocketAddr, name: &str, labels: &[&str]) -> Result<f64> {
+    let (status, body) = nodewarden_tests::webhooks::http_get_at(admin, "/metrics").await?;
+    anyhow::ensure!(status == 200, "GET /metrics on the agent: {status}");
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            series.split('{').next() == Some(name) && labels.iter().all(|label| series.contains(label))
+        })
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum())
 }
 
 fn requests_of(pod: &Pod) -> (String, String) {
@@ -655,7 +692,7 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
         let pod_uid = autoscaled_pod_on(&env, &node, 1).await?;
         let stop = CancellationToken::new();
         let kube = cp.config_with_token(&token).await?;
-        let (_tmp, agent) = start_agent(&env, &node, &pod_uid, kube, &stop)?;
+        let agent = start_agent(&env, &node, &pod_uid, kube, &stop)?;
 
         let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
         let rec = cp
@@ -681,7 +718,12 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
             .ok_or_else(|| anyhow!("the DaemonSet pod is gone"))?;
 
         // Initial: several update rounds pass, the running pod keeps its requests.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        let rounds = agent_counter(agent.admin, "nodewarden_agent_update_rounds_total", &[]).await?;
+        cp.poll("three more update rounds", || async {
+            let now = agent_counter(agent.admin, "nodewarden_agent_update_rounds_total", &[]).await?;
+            Ok((now >= rounds + 3.0).then_some(()))
+        })
+        .await?;
         assert_eq!(
             requests_of(&pods.get(&pod_name).await?),
             ("100m".to_string(), "64Mi".to_string()),
@@ -710,7 +752,7 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
                 "the pod was evicted, not resized"
             );
             stop.cancel();
-            agent.await??;
+            agent.task.await??;
             return Ok(());
         }
         let resized = cp
@@ -759,7 +801,7 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
         assert!(note.contains("outside the recommendation's bounds"), "{note}");
 
         stop.cancel();
-        agent.await??;
+        agent.task.await??;
         Ok(())
     })
     .await;
@@ -779,7 +821,7 @@ async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
         let pod_uid = autoscaled_pod_with_mode(&env, &node, 1, "InPlace").await?;
         let stop = CancellationToken::new();
         let kube = cp.config_with_token(&token).await?;
-        let (_tmp, agent) = start_agent_with(&env, &node, &pod_uid, kube, &stop, "24h")?;
+        let agent = start_agent_with(&env, &node, &pod_uid, kube, &stop, "24h")?;
 
         let pods = env.api::<Pod>();
         let resized = cp
@@ -817,7 +859,7 @@ async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
         assert!(note.contains("cpu 100m/200m"), "{note}");
 
         stop.cancel();
-        agent.await??;
+        agent.task.await??;
         Ok(())
     })
     .await;
@@ -885,8 +927,8 @@ async fn recreate_mode_evicts_one_pod_at_a_time_and_honours_a_pod_disruption_bud
         };
 
         let stop = CancellationToken::new();
-        let (_tmp_a, agent_a) = start_agent(&env, &nodes[0], &uid_a, cp.config_with_token(&token_a).await?, &stop)?;
-        let (_tmp_b, agent_b) = start_agent(&env, &nodes[1], &uid_b, cp.config_with_token(&token_b).await?, &stop)?;
+        let agent_a = start_agent(&env, &nodes[0], &uid_a, cp.config_with_token(&token_a).await?, &stop)?;
+        let agent_b = start_agent(&env, &nodes[1], &uid_b, cp.config_with_token(&token_b).await?, &stop)?;
 
         // The budget allows nothing: each agent's eviction is answered 429, said in an Event.
         let blocked = cp
@@ -914,7 +956,20 @@ async fn recreate_mode_evicts_one_pod_at_a_time_and_honours_a_pod_disruption_bud
             }
         })
         .await?;
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        // the agent whose pod is still there has since held back for the DaemonSet's budget
+        let list = pods.list(&Default::default()).await?.items;
+        let gone_node = list
+            .iter()
+            .find(|p| p.metadata.deletion_timestamp.is_some())
+            .and_then(|p| p.spec.as_ref()?.node_name.clone())
+            .unwrap_or_default();
+        let other = if gone_node == nodes[0] { &agent_b } else { &agent_a };
+        let budget = ["action=\"evict\"", "outcome=\"budget\""];
+        cp.poll("the other agent held back for maxUnavailable", || async {
+            let held = agent_counter(other.admin, "nodewarden_agent_pod_updates_total", &budget).await?;
+            Ok((held >= 1.0).then_some(()))
+        })
+        .await?;
         let list = pods.list(&Default::default()).await?.items;
         assert_eq!(
             terminating(&list),
@@ -930,8 +985,8 @@ async fn recreate_mode_evicts_one_pod_at_a_time_and_honours_a_pod_disruption_bud
         assert!(note.contains("re-creates it with this node's figures"), "{note}");
 
         stop.cancel();
-        agent_a.await??;
-        agent_b.await??;
+        agent_a.task.await??;
+        agent_b.task.await??;
         Ok(())
     })
     .await;
