@@ -1,0 +1,1076 @@
+//! The soak: nodewarden installed by its chart on a real node (two webhook replicas, the agent,
+//! managed certificates whose CA rotates every minute), under everything at once for
+//! `NODEWARDEN_SOAK_SECONDS` (300 in CI; an hour by hand, docs/benchmarks.md):
+//!
+//! - pod churn: a DaemonSet over simulated nodes (Node objects without a kubelet, tainted so
+//!   nothing else lands there); one of its pods deleted every `1/NODEWARDEN_SOAK_RATE` s, the real
+//!   DaemonSet controller makes it again and the webhook sizes it for its node; a rollout of the
+//!   DaemonSet (a template annotation) now and then;
+//! - NodeRecommendation updates: every simulated node's figures move every 20 s, as an agent's do;
+//! - claims: every half second a valid ClusterClaim created (and deleted) and a bad `id.k8s.io`
+//!   claim refused, through the webhook (`failurePolicy: Fail`);
+//! - disruptions, one every `min(duration/6, 3 min)`, in turn: a webhook pod deleted (graceful),
+//!   a webhook process killed with SIGKILL (the kubelet restarts it), a `helm upgrade` (a new
+//!   ReplicaSet rolls out);
+//! - an attacker on the host, from an address of its own, opening silent TCP connections to one
+//!   webhook replica at about 500 a second and holding the last 400.
+//!
+//! What a user would notice is asserted: every pod the DaemonSet controller made carries its own
+//! node's figures (each node's are unique, so another node's or the template's are caught), every
+//! valid claim was allowed and every bad one refused with the webhook's reason, except within
+//! 20 s of a replica's SIGKILL: the reviews in flight on the killed process's connections, and
+//! those sent to its endpoint before the readiness probe takes it out, fail, so a pod may get the
+//! template's requests (`failurePolicy: Ignore`) and a claim be refused (`Fail`), as
+//! docs/server.md ("Faults") says. Those are counted and printed, and the API server's fail-open
+//! count must not exceed the pods they explain. What is recorded, per minute (printed, and a CSV under
+//! `target/soak/`): pods, claims, the API server's p99 for nodewarden's webhooks, the webhook
+//! processes' resident memory and open files, the agent's resident memory, the attacker's
+//! connections.
+//!
+//! Needs Linux and root (a real node); elsewhere it says so loudly and passes, except under
+//! `CI=true`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use nodewarden_api::rightsizing::{
+    AutoscalerRef, ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec,
+};
+use nodewarden_tests::helm::Helm;
+use nodewarden_tests::images;
+use nodewarden_tests::shipper::{NAMESPACE, RELEASE, container_requests, install_chart, running_pods};
+use nodewarden_tests::{
+    RealCluster, RealClusterConfig, apply_crds, chart_crd_files, create_namespace, create_ready_node,
+    daemonset_pod_target_node, failure_with, read_crds, require_real_nodes,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const SOAK_NS: &str = "soak";
+const CHURN: &str = "churn";
+const SIMULATED_LABEL: &str = "soak.nodewarden.io/simulated";
+const MIB: u64 = 1024 * 1024;
+
+/// Every figure (CPU millicores, memory bytes) published for each simulated node so far.
+type Published = Arc<Mutex<HashMap<String, BTreeSet<(u64, u64)>>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_nothing_lost() -> Result<()> {
+    if !require_real_nodes("soak_nothing_lost")? {
+        return Ok(());
+    }
+    let seconds: u64 = env_number("NODEWARDEN_SOAK_SECONDS", 300)?;
+    let rate: u64 = env_number("NODEWARDEN_SOAK_RATE", 5)?;
+    let simulated: usize = env_number("NODEWARDEN_SOAK_NODES", 30)?;
+    ensure!(
+        (60..=86_400).contains(&seconds) && (1..=50).contains(&rate) && (1..=200).contains(&simulated),
+        "NODEWARDEN_SOAK_SECONDS 60-86400, NODEWARDEN_SOAK_RATE 1-50, NODEWARDEN_SOAK_NODES 1-200"
+    );
+    let images = images::build_test_images().await?;
+    let cluster = RealCluster::start(&RealClusterConfig {
+        nodes: 1,
+        images: images.archives(),
+        sandbox_image: images.testbox_ref(),
+        self_signed_kubelets: vec![],
+    })
+    .await?;
+    let result = soak(&cluster, &images, Duration::from_secs(seconds), rate, simulated).await;
+    let details = match &result {
+        Err(_) => cluster.cp.log_tails(40),
+        Ok(()) => String::new(),
+    };
+    let restored = cluster.shutdown();
+    result.map_err(|e| failure_with(e, "soak_nothing_lost", &details))?;
+    restored
+}
+
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{name}={v} is not a number")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// Each simulated node's figures in version `v` (0 or 1): CPU unique per node and version, so a
+/// pod with another node's figures, or the template's (100m), is caught.
+fn figures(node: usize, v: usize) -> (u64, u64) {
+    (
+        150 + 2 * node as u64 + v as u64,
+        (96 + node as u64 + v as u64) * MIB,
+    )
+}
+
+async fn soak(
+    cluster: &RealCluster,
+    images: &images::TestImages,
+    duration: Duration,
+    rate: u64,
+    simulated: usize,
+) -> Result<()> {
+    let cp = &cluster.cp;
+    let client = cp.admin_client().await?;
+    apply_crds(cp, &client, &read_crds(&chart_crd_files()?)?).await?;
+    create_namespace(cp, &client, SOAK_NS).await?;
+
+    // managed certificates whose CA is replaced every minute (a new one staged a minute into
+    // each CA's four-minute life, served 20 s later)
+    let values: Vec<String> = [
+        "certificates.managed.caValidity=4m",
+        "certificates.managed.caRenewBefore=3m",
+        "certificates.managed.caPropagation=20s",
+        "certificates.managed.certValidity=4m",
+        "certificates.managed.renewBefore=2m",
+        "certificates.managed.checkInterval=5s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let helm = Helm::for_control_plane(cp)?;
+    let checkpoints = cluster.fresh_checkpoint_dir()?;
+    let took = install_chart(&helm, &client, images, &checkpoints, &values).await?;
+    eprintln!("soak: helm install --wait took {:.1}s", took.as_secs_f64());
+    let webhooks = running_pods(&client, NAMESPACE, "app.kubernetes.io/component=webhook").await?;
+    ensure!(webhooks.len() == 2, "two webhook replicas run: {webhooks:?}");
+
+    // the simulated nodes, after the install (its --wait would wait for agents there): no kubelet,
+    // a taint only the churn DaemonSet (and the agent's, whose pods stay pending there) tolerates
+    let mut nodes = Vec::new();
+    for i in 0..simulated {
+        let name = format!("soak-sim-{i:03}");
+        let labels = BTreeMap::from([(SIMULATED_LABEL.to_string(), "true".to_string())]);
+        create_ready_node(cp, &client, &name, labels).await?;
+        Api::<Node>::all(client.clone())
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": [
+                    {"key": SIMULATED_LABEL, "value": "true", "effect": "NoSchedule"}
+                ]}})),
+            )
+            .await?;
+        nodes.push(name);
+    }
+    // every node's figures, version 0, published before anything asks for them
+    let published: Published = Arc::default();
+    let refused_reports: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    publish(&client, &nodes, 0, &published, &refused_reports).await?;
+
+    // the churn DaemonSet and its autoscaler
+    Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), SOAK_NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "nodewarden.io/v1alpha1",
+                "kind": "DaemonSetAutoscaler",
+                "metadata": {"name": CHURN},
+                "spec": {"targetRef": {"kind": "DaemonSet", "name": CHURN},
+                         "updatePolicy": {"updateMode": "Initial"}},
+            }))?,
+        )
+        .await?;
+    let checked = Arc::new(Checked::default());
+    let stop = CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    // the watch starts before the DaemonSet, so it sees every pod the controller makes
+    tasks.spawn(watch_pods(
+        client.clone(),
+        published.clone(),
+        checked.clone(),
+        stop.clone(),
+    ));
+    Api::<DaemonSet>::namespaced(client.clone(), SOAK_NS)
+        .create(&PostParams::default(), &churn_daemonset(&images.testbox_ref())?)
+        .await?;
+
+    let apiserver_before = apiserver_webhook_metrics(&client).await?;
+    let started = Instant::now();
+    let claims = Arc::new(ClaimCounts::default());
+    let attacks = Arc::new(AtomicU64::new(0));
+    tasks.spawn(churn(client.clone(), rate, stop.clone()));
+    tasks.spawn(move_figures(
+        client.clone(),
+        nodes.clone(),
+        published.clone(),
+        refused_reports.clone(),
+        stop.clone(),
+    ));
+    tasks.spawn(claims_loop(client.clone(), claims.clone(), stop.clone()));
+    let source = IpAddr::V4(cluster.nodes[0].ip);
+    tasks.spawn(attack(client.clone(), source, attacks.clone(), stop.clone()));
+    let rotations = Arc::new(Mutex::new(BTreeSet::new()));
+    tasks.spawn(watch_ca(client.clone(), rotations.clone(), stop.clone()));
+
+    // the disruptions, and a sample of the processes every 5 s, minute by minute
+    let interval = (duration / 6).min(Duration::from_secs(180));
+    let mut next_disruption = started + interval;
+    let mut disruptions = Vec::new();
+    let mut kills = Vec::new();
+    let mut minutes: Vec<Minute> = Vec::new();
+    let mut minute = Minute::default();
+    let mut minute_started = Instant::now();
+    let mut metrics_at_minute = apiserver_before.clone();
+    let (mut pods_at_minute, mut claims_at_minute, mut attacks_at_minute) = (0, 0, 0);
+    let mut rollout = 0;
+    while started.elapsed() < duration {
+        if let Some(e) = tasks.try_join_next() {
+            bail!("a soak task ended early: {:?}", e.map_err(anyhow::Error::from));
+        }
+        if Instant::now() >= next_disruption {
+            let what = match disruptions.len() % 3 {
+                0 => delete_webhook_pod(&client).await?,
+                1 => {
+                    kills.push(Instant::now());
+                    kill_webhook_process(cluster)?
+                }
+                _ => {
+                    rollout += 1;
+                    let h = helm_upgrade(&helm, rollout).await?;
+                    patch_churn_template(&client, rollout).await?;
+                    h
+                }
+            };
+            eprintln!("soak: {:>4.0}s {what}", started.elapsed().as_secs_f64());
+            disruptions.push(what);
+            next_disruption += interval;
+        }
+        let sample = sample_processes(cluster);
+        minute.absorb(&sample);
+        if minute_started.elapsed() >= Duration::from_secs(60) {
+            let now = apiserver_webhook_metrics(&client).await?;
+            minute.p99_ms = now.p99_ms_since(&metrics_at_minute);
+            minute.reviews = now.reviews - metrics_at_minute.reviews;
+            let pods = checked.total();
+            let claim_total = claims.total();
+            let attack_total = attacks.load(Ordering::Relaxed);
+            minute.pods = pods - pods_at_minute;
+            minute.claims = claim_total - claims_at_minute;
+            minute.connections = attack_total - attacks_at_minute;
+            eprintln!("soak: minute {}: {}", minutes.len() + 1, minute.line());
+            (pods_at_minute, claims_at_minute, attacks_at_minute) = (pods, claim_total, attack_total);
+            metrics_at_minute = now;
+            minutes.push(std::mem::take(&mut minute));
+            minute_started = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    stop.cancel();
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let after = apiserver_webhook_metrics(&client).await?;
+    let csv = write_csv(&minutes)?;
+    let good = checked.good.load(Ordering::Relaxed);
+    let (lost_after_kill, lost) = after_kills(checked.lost(), &kills);
+    let wrong = claims.wrong.lock().map(|w| w.clone()).unwrap_or_default();
+    let (refused_after_kill, wrong) = after_kills(wrong, &kills);
+    let reports = refused_reports.lock().map(|r| r.clone()).unwrap_or_default();
+    let (reports_after_kill, reports_refused) = after_kills(reports, &kills);
+    let made = good + (lost_after_kill.len() + lost.len()) as u64;
+    let failed_open = after.failed_open - apiserver_before.failed_open;
+    eprintln!(
+        "soak: {:.0}s, {made} pods made by the DaemonSet controller, {good} with their node's figures, {} without \
+         within {}s of a replica's SIGKILL, {} otherwise; claims {} allowed, {} refused as they should, {} refused \
+         within {}s of a SIGKILL; {} CA rotations seen; {} connections from the attacker; API server: {} reviews, \
+         {failed_open} failed open, p99 at most {:.0} ms (its histogram bucket); per minute: {}",
+        started.elapsed().as_secs_f64(),
+        lost_after_kill.len(),
+        KILL_WINDOW.as_secs(),
+        lost.len(),
+        claims.allowed.load(Ordering::Relaxed),
+        claims.refused.load(Ordering::Relaxed),
+        refused_after_kill.len(),
+        KILL_WINDOW.as_secs(),
+        rotations.lock().map(|r| r.len().saturating_sub(1)).unwrap_or(0),
+        attacks.load(Ordering::Relaxed),
+        after.reviews - apiserver_before.reviews,
+        after.p99_ms_since(&apiserver_before),
+        csv.display()
+    );
+    // an API error repeats the message three times: the first 200 characters say it
+    let short = |s: &String| s.chars().take(200).collect::<String>();
+    for l in &lost_after_kill {
+        eprintln!("soak: without figures after a SIGKILL: {l}");
+    }
+    for r in &refused_after_kill {
+        eprintln!("soak: claim refused after a SIGKILL: {}", short(r));
+    }
+    for r in &reports_after_kill {
+        eprintln!("soak: write refused after a SIGKILL (retried): {}", short(r));
+    }
+
+    // what a user would notice
+    let expected_min = rate * duration.as_secs() / 2;
+    ensure!(
+        made >= expected_min,
+        "the churn made {made} pods in {duration:?}, fewer than half the {} asked for",
+        rate * duration.as_secs()
+    );
+    ensure!(
+        lost.is_empty(),
+        "{} of {made} pods were created without their node's figures away from any SIGKILL: {lost:?}",
+        lost.len()
+    );
+    ensure!(
+        failed_open <= lost_after_kill.len() as u64,
+        "the API server failed open on {failed_open} reviews, more than the {} pods a SIGKILL explains",
+        lost_after_kill.len()
+    );
+    ensure!(
+        wrong.is_empty(),
+        "claims wrongly decided away from any SIGKILL: {wrong:?}"
+    );
+    ensure!(
+        reports_refused.is_empty(),
+        "NodeRecommendation writes refused away from any SIGKILL: {reports_refused:?}"
+    );
+    ensure!(
+        claims.allowed.load(Ordering::Relaxed) > 0 && claims.refused.load(Ordering::Relaxed) > 0,
+        "claims were written"
+    );
+    let seen = rotations.lock().map(|r| r.len()).unwrap_or(0);
+    ensure!(seen >= 2, "the managed CA rotated at least once: {seen} CAs seen");
+    ensure!(
+        disruptions.len() >= 3,
+        "every kind of disruption ran: {disruptions:?}"
+    );
+    Ok(())
+}
+
+/// The churn DaemonSet: the test image idling, on the simulated nodes only.
+fn churn_daemonset(image: &str) -> Result<DaemonSet> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": CHURN},
+        "spec": {
+            "selector": {"matchLabels": {"app": CHURN}},
+            "template": {
+                "metadata": {"labels": {"app": CHURN}},
+                "spec": {
+                    "nodeSelector": {SIMULATED_LABEL: "true"},
+                    "tolerations": [{"key": SIMULATED_LABEL, "operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": "worker",
+                        "image": image,
+                        "imagePullPolicy": "Never",
+                        "args": ["pause"],
+                        "resources": {
+                            "requests": {"cpu": "100m", "memory": "64Mi"},
+                            "limits": {"cpu": "200m", "memory": "128Mi"},
+                        },
+                    }],
+                },
+            },
+        },
+    }))?)
+}
+
+/// Writes every node's figures of version `v` (as each node's agent would) and remembers them. A
+/// refused write is retried every half second, as the agent retries (the node-reports guard has
+/// `failurePolicy: Fail`), and recorded in `refused` with its time; after a minute it fails.
+async fn publish(
+    client: &Client,
+    nodes: &[String],
+    v: usize,
+    published: &Mutex<HashMap<String, BTreeSet<(u64, u64)>>>,
+    refused: &Mutex<Vec<(Instant, String)>>,
+) -> Result<()> {
+    let api: Api<NodeRecommendation> = Api::all(client.clone());
+    for (i, node) in nodes.iter().enumerate() {
+        let (cpu, memory) = figures(i, v);
+        // remembered first: a pod made right after the write may carry them
+        published
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .entry(node.clone())
+            .or_default()
+            .insert((cpu, memory));
+        let rec = NodeRecommendation::new(
+            node,
+            NodeRecommendationSpec {
+                update_time: None,
+                pods: Vec::new(),
+                summary: None,
+                recommendations: vec![ContainerRecommendation {
+                    autoscaler: AutoscalerRef {
+                        namespace: SOAK_NS.to_string(),
+                        name: CHURN.to_string(),
+                    },
+                    container_name: "worker".to_string(),
+                    target: Some(BTreeMap::from([
+                        ("cpu".to_string(), Quantity(format!("{cpu}m"))),
+                        ("memory".to_string(), Quantity(memory.to_string())),
+                    ])),
+                    lower_bound: None,
+                    upper_bound: None,
+                    uncapped_target: None,
+                    sample_count: 1440,
+                    first_sample_time: None,
+                    last_sample_time: None,
+                    oom_count: 0,
+                    capped: None,
+                }],
+            },
+        );
+        let params = PatchParams::apply("soak-agent").force();
+        let mut value = serde_json::to_value(&rec)?;
+        value["apiVersion"] = json!("nodewarden.io/v1alpha1");
+        value["kind"] = json!("NodeRecommendation");
+        let mut tries = 0;
+        while let Err(e) = api.patch(node, &params, &Patch::Apply(value.clone())).await {
+            tries += 1;
+            ensure!(tries < 120, "NodeRecommendation {node} refused for a minute: {e}");
+            if let Ok(mut r) = refused.lock() {
+                r.push((Instant::now(), format!("NodeRecommendation {node}: {e}")));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Every 20 s, each node's figures move to the other version.
+async fn move_figures(
+    client: Client,
+    nodes: Vec<String>,
+    published: Published,
+    refused: Arc<Mutex<Vec<(Instant, String)>>>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let mut v = 0;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(20)) => {}
+        }
+        v = 1 - v;
+        publish(&client, &nodes, v, &published, &refused).await?;
+    }
+}
+
+/// The pods checked: how many had their node's figures, and when each other one was seen.
+#[derive(Default)]
+struct Checked {
+    good: AtomicU64,
+    lost: Mutex<Vec<(Instant, String)>>,
+}
+
+impl Checked {
+    fn total(&self) -> u64 {
+        self.good.load(Ordering::Relaxed) + self.lost().len() as u64
+    }
+    fn lost(&self) -> Vec<(Instant, String)> {
+        self.lost.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+}
+
+/// How long after a replica's SIGKILL a review may still fail: the requests in flight on its
+/// connections, and new ones sent to its endpoint until the kubelet's readiness probe has failed
+/// and the endpoint is no longer ready (docs/server.md, "Faults").
+const KILL_WINDOW: Duration = Duration::from_secs(20);
+
+/// Splits `events` (when, what) into those within [`KILL_WINDOW`] after one of `kills` and the rest.
+fn after_kills(events: Vec<(Instant, String)>, kills: &[Instant]) -> (Vec<String>, Vec<String>) {
+    let (near, far): (Vec<_>, Vec<_>) = events
+        .into_iter()
+        .partition(|(t, _)| kills.iter().any(|k| *t >= *k && *t - *k <= KILL_WINDOW));
+    (
+        near.into_iter().map(|(_, e)| e).collect(),
+        far.into_iter().map(|(_, e)| e).collect(),
+    )
+}
+
+/// Checks each churn pod the first time it is seen: its requests are one of its node's
+/// published figures.
+async fn watch_pods(
+    client: Client,
+    published: Published,
+    checked: Arc<Checked>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client, SOAK_NS);
+    let config = watcher::Config::default().labels(&format!("app={CHURN}"));
+    let mut stream = std::pin::pin!(watcher(pods, config));
+    let mut seen = BTreeSet::new();
+    // bounded: the uids of the pods seen, at most the churn's total
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            e = stream.next() => e,
+        };
+        let Some(event) = event else {
+            bail!("the pod watch ended");
+        };
+        let pod = match event {
+            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+            Ok(_) => continue,
+            // the watcher re-lists on its own after an error
+            Err(e) => {
+                eprintln!("soak: pod watch: {e}");
+                continue;
+            }
+        };
+        let Some(uid) = pod.uid() else { continue };
+        if !seen.insert(uid) {
+            continue;
+        }
+        let node = daemonset_pod_target_node(&pod).unwrap_or_default();
+        let requests = container_requests(&pod)?;
+        let ok = published
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .get(&node)
+            .is_some_and(|set| set.contains(&requests));
+        if ok {
+            checked.good.fetch_add(1, Ordering::Relaxed);
+        } else if let Ok(mut lost) = checked.lost.lock() {
+            // bounded by the churn's pods; a broken webhook fails the test long before memory
+            lost.push((
+                Instant::now(),
+                format!(
+                    "{} on {node}: {}m / {} MiB, annotations {:?}",
+                    pod.name_any(),
+                    requests.0,
+                    requests.1 / MIB,
+                    pod.annotations()
+                ),
+            ));
+        }
+    }
+}
+
+/// Deletes churn pods at `rate` a second (round the nodes, grace 0); pods a rollout left
+/// terminating (no kubelet finishes them) go too.
+async fn churn(client: Client, rate: u64, stop: CancellationToken) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client, SOAK_NS);
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut turn = 0usize;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let list = pods
+            .list(&ListParams::default().labels(&format!("app={CHURN}")))
+            .await?
+            .items;
+        for p in list.iter().filter(|p| p.metadata.deletion_timestamp.is_some()) {
+            let _ = pods.delete(&p.name_any(), &now).await;
+        }
+        let live: Vec<&Pod> = list
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        if live.is_empty() {
+            continue;
+        }
+        turn = (turn + 1) % live.len();
+        // gone already (a race with the controller) is fine
+        let _ = pods.delete(&live[turn].name_any(), &now).await;
+    }
+}
+
+#[derive(Default)]
+struct ClaimCounts {
+    allowed: AtomicU64,
+    refused: AtomicU64,
+    wrong: Mutex<Vec<(Instant, String)>>,
+}
+
+impl ClaimCounts {
+    fn total(&self) -> u64 {
+        self.allowed.load(Ordering::Relaxed) + self.refused.load(Ordering::Relaxed)
+    }
+    fn wrong(&self, what: String) {
+        if let Ok(mut w) = self.wrong.lock()
+            && w.len() < 1000
+        {
+            w.push((Instant::now(), what));
+        }
+    }
+}
+
+/// Every half second: a valid claim created then deleted, a bad one refused by the webhook.
+async fn claims_loop(client: Client, counts: Arc<ClaimCounts>, stop: CancellationToken) -> Result<()> {
+    let claims: Api<nodewarden_api::ClusterClaim> = Api::all(client);
+    let claim = |name: &str, value: &str| -> Result<nodewarden_api::ClusterClaim> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "nodewarden.io/v1alpha1",
+            "kind": "ClusterClaim",
+            "metadata": {"name": name},
+            "spec": {"value": value},
+        }))?)
+    };
+    let bad = claim("id.k8s.io", "Cluster_A")?;
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        n += 1;
+        let name = format!("zone{}.soak.example", n % 8);
+        match claims
+            .create(&PostParams::default(), &claim(&name, "eu-1")?)
+            .await
+        {
+            Ok(_) => {
+                counts.allowed.fetch_add(1, Ordering::Relaxed);
+                let _ = claims.delete(&name, &DeleteParams::default()).await;
+            }
+            // left over from a create whose answer was lost: not the webhook's doing
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let _ = claims.delete(&name, &DeleteParams::default()).await;
+            }
+            Err(e) => counts.wrong(format!("valid claim {name} refused: {e}")),
+        }
+        match claims.create(&PostParams::default(), &bad).await {
+            Ok(_) => {
+                counts.wrong("a bad id.k8s.io claim was allowed".to_string());
+                let _ = claims.delete("id.k8s.io", &DeleteParams::default()).await;
+            }
+            Err(kube::Error::Api(s)) if s.message.contains("id-format") => {
+                counts.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => counts.wrong(format!("the bad claim refused without the webhook's reason: {e}")),
+        }
+    }
+}
+
+/// One webhook pod's address and admission port.
+async fn webhook_pod_address(client: &Client) -> Result<SocketAddr> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await?;
+    let ip = list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .context("no webhook pod with an IP")?;
+    Ok(SocketAddr::new(ip.parse()?, 8443))
+}
+
+/// Silent TCP connections from `source` to a webhook replica at about 500 a second, the last 400
+/// held open (each closed when it leaves the window, or by the server). A replica that goes away
+/// (the disruptions) is replaced by whichever runs.
+async fn attack(
+    client: Client,
+    source: IpAddr,
+    opened: Arc<AtomicU64>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let mut held = VecDeque::new();
+    let mut target = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(2));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let Some(addr) = target else {
+            target = webhook_pod_address(&client).await.ok();
+            if target.is_none() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            continue;
+        };
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(source, 0))?;
+        match tokio::time::timeout(Duration::from_millis(300), socket.connect(addr)).await {
+            Ok(Ok(stream)) => {
+                opened.fetch_add(1, Ordering::Relaxed);
+                held.push_back(stream);
+                if held.len() > 400 {
+                    held.pop_front();
+                }
+            }
+            // refused or silent: the replica is gone, or at its limit; look again
+            _ => target = None,
+        }
+    }
+}
+
+/// Records each CA the webhook's Secret holds (the first, then one per rotation).
+async fn watch_ca(client: Client, seen: Arc<Mutex<BTreeSet<String>>>, stop: CancellationToken) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client, NAMESPACE);
+    loop {
+        if let Ok(Some(s)) = secrets.get_opt(&format!("{RELEASE}-webhook-tls")).await
+            && let Ok(certs) = nodewarden_certs::read_tls_secret(&s)
+            && let Ok(mut seen) = seen.lock()
+        {
+            seen.insert(certs.ca.cert_pem.clone());
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+async fn delete_webhook_pod(client: &Client) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await?;
+    let pod = list
+        .items
+        .iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .context("no webhook pod to delete")?;
+    pods.delete(&pod.name_any(), &DeleteParams::default()).await?;
+    Ok(format!("webhook pod {} deleted (graceful)", pod.name_any()))
+}
+
+fn kill_webhook_process(cluster: &RealCluster) -> Result<String> {
+    let pids = node_processes(cluster, "nodewarden-webhook");
+    let pid = *pids.first().context("no webhook process on the node")?;
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -KILL {pid}");
+    Ok(format!("webhook process {pid} killed (SIGKILL)"))
+}
+
+async fn helm_upgrade(helm: &Helm, round: u32) -> Result<String> {
+    let out = helm
+        .run(&[
+            "upgrade".to_string(),
+            RELEASE.to_string(),
+            nodewarden_tests::helm::chart_dir().display().to_string(),
+            "--namespace".to_string(),
+            NAMESPACE.to_string(),
+            "--reuse-values".to_string(),
+            "--set".to_string(),
+            format!("webhook.podAnnotations.soak-round=\"{round}\""),
+        ])
+        .await?;
+    ensure!(out.success, "helm upgrade: {}\n{}", out.stdout, out.stderr);
+    Ok(format!("helm upgrade (round {round}): the webhook rolls out"))
+}
+
+async fn patch_churn_template(client: &Client, round: u32) -> Result<()> {
+    Api::<DaemonSet>::namespaced(client.clone(), SOAK_NS)
+        .patch(
+            CHURN,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {
+                "soak.nodewarden.io/rollout": round.to_string()
+            }}}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Pids of the processes named `program` (argv[0]'s file name) in the real node's cgroups.
+fn node_processes(cluster: &RealCluster, program: &str) -> Vec<u32> {
+    let root = cluster.nodes[0].cgroup_root.trim_start_matches('/').to_string();
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        let name = String::from_utf8_lossy(argv0);
+        if name.rsplit('/').next() != Some(program) {
+            continue;
+        }
+        let in_node = std::fs::read_to_string(entry.path().join("cgroup")).is_ok_and(|c| c.contains(&root));
+        if in_node {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Resident memory (bytes) and open files of a process, if it still exists.
+fn process_figures(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    Some((rss_kib * 1024, fds))
+}
+
+#[derive(Default)]
+struct Sample {
+    webhook: Vec<(u64, u64)>,
+    agent: Vec<u64>,
+}
+
+fn sample_processes(cluster: &RealCluster) -> Sample {
+    Sample {
+        webhook: node_processes(cluster, "nodewarden-webhook")
+            .into_iter()
+            .filter_map(process_figures)
+            .collect(),
+        agent: node_processes(cluster, "nodewarden-agent")
+            .into_iter()
+            .filter_map(process_figures)
+            .map(|(rss, _)| rss)
+            .collect(),
+    }
+}
+
+/// One minute of the soak.
+#[derive(Default, Clone)]
+struct Minute {
+    pods: u64,
+    claims: u64,
+    reviews: u64,
+    p99_ms: f64,
+    webhook_rss_max: u64,
+    webhook_fds_max: u64,
+    agent_rss_max: u64,
+    connections: u64,
+}
+
+impl Minute {
+    fn absorb(&mut self, s: &Sample) {
+        for (rss, fds) in &s.webhook {
+            self.webhook_rss_max = self.webhook_rss_max.max(*rss);
+            self.webhook_fds_max = self.webhook_fds_max.max(*fds);
+        }
+        for rss in &s.agent {
+            self.agent_rss_max = self.agent_rss_max.max(*rss);
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{} pods, {} claims, {} reviews (p99 ≤ {:.0} ms), webhook RSS max {:.1} MiB, fds max {}, agent RSS max {:.1} MiB, \
+             attacker {} connections",
+            self.pods,
+            self.claims,
+            self.reviews,
+            self.p99_ms,
+            self.webhook_rss_max as f64 / MIB as f64,
+            self.webhook_fds_max,
+            self.agent_rss_max as f64 / MIB as f64,
+            self.connections
+        )
+    }
+}
+
+fn write_csv(minutes: &[Minute]) -> Result<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/soak");
+    std::fs::create_dir_all(&dir)?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let path = dir.join(format!("soak-{stamp}.csv"));
+    let mut text = String::from(
+        "minute,pods,claims,reviews,p99_ms,webhook_rss_max_mib,webhook_fds_max,agent_rss_max_mib,attacker_connections\n",
+    );
+    for (i, m) in minutes.iter().enumerate() {
+        text.push_str(&format!(
+            "{},{},{},{},{:.1},{:.2},{},{:.2},{}\n",
+            i + 1,
+            m.pods,
+            m.claims,
+            m.reviews,
+            m.p99_ms,
+            m.webhook_rss_max as f64 / MIB as f64,
+            m.webhook_fds_max,
+            m.agent_rss_max as f64 / MIB as f64,
+            m.connections
+        ));
+    }
+    std::fs::write(&path, text)?;
+    std::fs::write(path.with_extension("svg"), memory_plot(minutes))?;
+    Ok(path)
+}
+
+/// The webhook's and the agent's resident memory per minute (each minute's highest sample), as
+/// an SVG line chart: what docs/benchmarks.md shows for the hour-long soak.
+fn memory_plot(minutes: &[Minute]) -> String {
+    const W: f64 = 640.0;
+    const H: f64 = 240.0;
+    const LEFT: f64 = 48.0;
+    const BOTTOM: f64 = 28.0;
+    let mib = |b: u64| b as f64 / MIB as f64;
+    let top = minutes
+        .iter()
+        .map(|m| mib(m.webhook_rss_max).max(mib(m.agent_rss_max)))
+        .fold(8.0f64, f64::max);
+    let top = (top / 8.0).ceil() * 8.0;
+    let x = |i: usize| LEFT + (W - LEFT - 8.0) * (i as f64 + 1.0) / minutes.len().max(1) as f64;
+    let y = |v: f64| (H - BOTTOM) - (H - BOTTOM - 8.0) * v / top;
+    let line = |value: &dyn Fn(&Minute) -> f64| {
+        minutes
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("{:.1},{:.1}", x(i), y(value(m))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n"
+    );
+    for k in 0..=4 {
+        let v = top * k as f64 / 4.0;
+        svg.push_str(&format!(
+            "<line x1=\"{LEFT}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"4\" y=\"{:.1}\">{v:.0} MiB</text>\n",
+            W - 8.0,
+            y(v) + 4.0,
+            y = y(v)
+        ));
+    }
+    svg.push_str(&format!(
+        "<text x=\"{LEFT}\" y=\"{}\">minute 1</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">minute {}</text>\n",
+        H - 8.0,
+        W - 8.0,
+        H - 8.0,
+        minutes.len()
+    ));
+    svg.push_str(&format!(
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n\
+         <polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"2\" points=\"{}\"/>\n\
+         <text x=\"{}\" y=\"20\" fill=\"#1f77b4\">nodewarden-webhook (each minute's highest replica)</text>\n\
+         <text x=\"{}\" y=\"34\" fill=\"#ff7f0e\">nodewarden-agent</text>\n</svg>\n",
+        line(&|m| mib(m.webhook_rss_max)),
+        line(&|m| mib(m.agent_rss_max)),
+        LEFT + 8.0,
+        LEFT + 8.0
+    ));
+    svg
+}
+
+/// The API server's own figures for nodewarden's webhooks: reviews, failed-open calls and the
+/// latency histogram (cumulative buckets, summed over the webhooks).
+#[derive(Clone, Default)]
+struct ApiserverFigures {
+    reviews: u64,
+    failed_open: u64,
+    buckets: BTreeMap<u64, f64>,
+}
+
+impl ApiserverFigures {
+    /// The 99th percentile between `before` and now, in ms (the bucket's upper bound).
+    fn p99_ms_since(&self, before: &ApiserverFigures) -> f64 {
+        let deltas: Vec<(u64, f64)> = self
+            .buckets
+            .iter()
+            .map(|(le, n)| (*le, n - before.buckets.get(le).copied().unwrap_or(0.0)))
+            .collect();
+        let total = deltas.last().map(|(_, n)| *n).unwrap_or(0.0);
+        if total <= 0.0 {
+            return 0.0;
+        }
+        deltas
+            .iter()
+            .find(|(_, n)| *n >= total * 0.99)
+            .map(|(le, _)| *le as f64 / 1000.0)
+            .unwrap_or(f64::INFINITY)
+    }
+}
+
+async fn apiserver_webhook_metrics(client: &Client) -> Result<ApiserverFigures> {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    let mut f = ApiserverFigures::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if !series.contains("nodewarden.io") {
+            continue;
+        }
+        let value: f64 = value.parse().unwrap_or(0.0);
+        let name = series.split('{').next().unwrap_or_default();
+        match name {
+            "apiserver_admission_webhook_request_total" => f.reviews += value as u64,
+            "apiserver_admission_webhook_fail_open_count" => f.failed_open += value as u64,
+            "apiserver_admission_webhook_admission_duration_seconds_bucket" => {
+                let le = series
+                    .split("le=\"")
+                    .nth(1)
+                    .and_then(|s| s.split('"').next())
+                    .unwrap_or("+Inf");
+                // microseconds as the key; +Inf last
+                let key = if le == "+Inf" {
+                    u64::MAX
+                } else {
+                    (le.parse::<f64>().unwrap_or(0.0) * 1e6) as u64
+                };
+                *f.buckets.entry(key).or_default() += value;
+            }
+            _ => {}
+        }
+    }
+    Ok(f)
+}
+
+/// The plot has a line per program with a point per minute, inside the chart, and a scale that
+/// covers the highest figure.
+#[test]
+fn memory_plot_has_a_point_per_minute_for_each_program() {
+    let minutes: Vec<Minute> = [(20, 8), (24, 9), (23, 9)]
+        .into_iter()
+        .map(|(w, a)| Minute {
+            webhook_rss_max: w * MIB,
+            agent_rss_max: a * MIB,
+            ..Minute::default()
+        })
+        .collect();
+    let svg = memory_plot(&minutes);
+    let lines: Vec<&str> = svg
+        .lines()
+        .filter_map(|l| l.split("points=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(lines.len(), 2, "{svg}");
+    for points in lines {
+        let xy: Vec<(f64, f64)> = points
+            .split(' ')
+            .filter_map(|p| {
+                let (x, y) = p.split_once(',')?;
+                Some((x.parse().ok()?, y.parse().ok()?))
+            })
+            .collect();
+        assert_eq!(xy.len(), 3, "{points}");
+        assert!(
+            xy.iter()
+                .all(|(x, y)| (0.0..=640.0).contains(x) && (0.0..=240.0).contains(y))
+        );
+    }
+    assert!(
+        svg.contains(">24 MiB<"),
+        "the scale reaches the highest figure: {svg}"
+    );
+    assert!(svg.contains("minute 3"), "{svg}");
+}
