@@ -695,8 +695,17 @@ async fn attack(
             }
             continue;
         };
-        let socket = tokio::net::TcpSocket::new_v4()?;
-        socket.bind(SocketAddr::new(source, 0))?;
+        // out of local ports or files (a long run): the attacker waits and goes on
+        let socket = match tokio::net::TcpSocket::new_v4().and_then(|s| {
+            s.bind(SocketAddr::new(source, 0))?;
+            Ok(s)
+        }) {
+            Ok(s) => s,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         match tokio::time::timeout(Duration::from_millis(300), socket.connect(addr)).await {
             Ok(Ok(stream)) => {
                 opened.fetch_add(1, Ordering::Relaxed);
