@@ -279,11 +279,11 @@ async fn soak(
     let after = apiserver_webhook_metrics(&client).await?;
     let csv = write_csv(&minutes)?;
     let good = checked.good.load(Ordering::Relaxed);
-    let (lost_after_kill, lost) = after_kills(checked.lost(), &kills);
+    let (lost_after_kill, lost) = after_kills(checked.lost(), &kills, started);
     let wrong = claims.wrong.lock().map(|w| w.clone()).unwrap_or_default();
-    let (refused_after_kill, wrong) = after_kills(wrong, &kills);
+    let (refused_after_kill, wrong) = after_kills(wrong, &kills, started);
     let reports = refused_reports.lock().map(|r| r.clone()).unwrap_or_default();
-    let (reports_after_kill, reports_refused) = after_kills(reports, &kills);
+    let (reports_after_kill, reports_refused) = after_kills(reports, &kills, started);
     let made = good + (lost_after_kill.len() + lost.len()) as u64;
     let failed_open = after.failed_open - apiserver_before.failed_open;
     eprintln!(
@@ -489,14 +489,20 @@ impl Checked {
 /// and the endpoint is no longer ready (docs/server.md, "Faults").
 const KILL_WINDOW: Duration = Duration::from_secs(20);
 
-/// Splits `events` (when, what) into those within [`KILL_WINDOW`] after one of `kills` and the rest.
-fn after_kills(events: Vec<(Instant, String)>, kills: &[Instant]) -> (Vec<String>, Vec<String>) {
+/// Splits `events` (when, what) into those within [`KILL_WINDOW`] after one of `kills` and the
+/// rest, each said with its time since `started` (to match it with the disruptions printed).
+fn after_kills(
+    events: Vec<(Instant, String)>,
+    kills: &[Instant],
+    started: Instant,
+) -> (Vec<String>, Vec<String>) {
     let (near, far): (Vec<_>, Vec<_>) = events
         .into_iter()
         .partition(|(t, _)| kills.iter().any(|k| *t >= *k && *t - *k <= KILL_WINDOW));
+    let said = |(t, e): (Instant, String)| format!("at {:.0}s: {e}", (t - started).as_secs_f64());
     (
-        near.into_iter().map(|(_, e)| e).collect(),
-        far.into_iter().map(|(_, e)| e).collect(),
+        near.into_iter().map(said).collect(),
+        far.into_iter().map(said).collect(),
     )
 }
 
