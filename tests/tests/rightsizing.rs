@@ -553,7 +553,7 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
                                 )
                                 .await?;
                             let target = report_row(report, name, node)?["target"].clone();
-                            let given = requests_json(&answered);
+                            let given = requests_json(&answered)?;
                             if given != target {
                                 *last.lock().unwrap_or_else(|p| p.into_inner()) =
                                     format!("{name} on {node}: report {target}, dry run {given}");
@@ -599,7 +599,7 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
             for node in &nodes {
                 let row = report_row(&report, name, node)?;
                 let pod = &pods[node];
-                let given = requests_json(pod);
+                let given = requests_json(pod)?;
                 ensure!(
                     row["target"] == given,
                     "{name} on {node}: the report says {}, the webhook gave the new pod {given} \
@@ -661,21 +661,9 @@ fn report_row<'a>(
 }
 
 /// A pod's first container's requests as the report writes a target.
-fn requests_json(pod: &Pod) -> serde_json::Value {
-    let requests = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.resources.as_ref())
-        .and_then(|r| r.requests.clone())
-        .unwrap_or_default();
-    let milli = |k: &str| {
-        requests
-            .get(k)
-            .and_then(|q| nodewarden_api::quantity::parse_milli(&q.0))
-            .unwrap_or(0) as i64
-    };
-    json!({"cpuMillis": milli("cpu"), "memoryBytes": milli("memory") / 1000})
+fn requests_json(pod: &Pod) -> Result<serde_json::Value> {
+    let (cpu, memory) = nodewarden_tests::shipper::container_requests(pod)?;
+    Ok(json!({"cpuMillis": cpu, "memoryBytes": memory}))
 }
 
 async fn grant_agent_writes(env: &TestEnv) -> Result<()> {
