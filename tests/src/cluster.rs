@@ -269,6 +269,37 @@ pub async fn create_ready_node(
     .await
 }
 
+/// What an agent publishes for `container` of the autoscaler `namespace/autoscaler`: a target of
+/// `cpu` and `memory` (quantities) over a day of samples, no bounds.
+pub fn target_recommendation(
+    namespace: &str,
+    autoscaler: &str,
+    container: &str,
+    cpu: &str,
+    memory: &str,
+) -> nodewarden_api::rightsizing::ContainerRecommendation {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    nodewarden_api::rightsizing::ContainerRecommendation {
+        autoscaler: nodewarden_api::rightsizing::AutoscalerRef {
+            namespace: namespace.to_string(),
+            name: autoscaler.to_string(),
+        },
+        container_name: container.to_string(),
+        target: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.to_string())),
+            ("memory".to_string(), Quantity(memory.to_string())),
+        ])),
+        lower_bound: None,
+        upper_bound: None,
+        uncapped_target: None,
+        sample_count: 1440,
+        first_sample_time: None,
+        last_sample_time: None,
+        oom_count: 0,
+        capped: None,
+    }
+}
+
 /// The node a DaemonSet pod is meant for (`nodewarden_api::domain::rightsizing::daemonset_pod_node`).
 pub fn daemonset_pod_target_node(pod: &Pod) -> Option<String> {
     nodewarden_api::domain::rightsizing::daemonset_pod_node(pod)

@@ -33,7 +33,7 @@ pub mod webhooks;
 pub use cgroupfs::{container_scope, write_container};
 pub use cluster::{
     TestEnv, apply_crds, chart_crd_files, create_namespace, create_ready_node, daemonset_pod_target_node,
-    e2e, read_crds, simple_daemonset, unique_name, wait_for_daemonset_pods,
+    e2e, read_crds, simple_daemonset, target_recommendation, unique_name, wait_for_daemonset_pods,
 };
 pub use controlplane::{Binaries, ControlPlane, Impersonate, KubeVersion};
 pub use node::{ContainerCgroup, HostSnapshot, RealCluster, RealClusterConfig, RealNode, require_real_nodes};

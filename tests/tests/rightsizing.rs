@@ -22,9 +22,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use nodewarden_api::rightsizing::{
-    AutoscalerRef, ContainerRecommendation, DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec,
-};
+use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation, NodeRecommendationSpec};
 use nodewarden_tests::process::{free_ports, write_file};
 use nodewarden_tests::{
     Hook, LoopbackEndpoint, TestEnv, apply_crds, chart_crd_files, create_ready_node,
@@ -421,24 +419,8 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
         for (node, (cpu, memory)) in nodes.iter().zip(figures) {
             let entries = cases
                 .iter()
-                .map(|(name, _)| ContainerRecommendation {
-                    autoscaler: AutoscalerRef {
-                        namespace: env.namespace.clone(),
-                        name: name.to_string(),
-                    },
-                    container_name: "agent".to_string(),
-                    target: Some(BTreeMap::from([
-                        ("cpu".to_string(), Quantity(cpu.to_string())),
-                        ("memory".to_string(), Quantity(memory.to_string())),
-                    ])),
-                    lower_bound: None,
-                    upper_bound: None,
-                    uncapped_target: None,
-                    sample_count: 1440,
-                    first_sample_time: None,
-                    last_sample_time: None,
-                    oom_count: 0,
-                    capped: None,
+                .map(|(name, _)| {
+                    nodewarden_tests::target_recommendation(&env.namespace, name, "agent", cpu, memory)
                 })
                 .collect();
             let rec = NodeRecommendation::new(
@@ -724,25 +706,13 @@ async fn publish(env: &TestEnv, client: &Client, node: &str, cpu: &str, memory: 
             update_time: None,
             pods: Vec::new(),
             summary: None,
-            recommendations: vec![ContainerRecommendation {
-                autoscaler: AutoscalerRef {
-                    namespace: env.namespace.clone(),
-                    name: DS.to_string(),
-                },
-                container_name: "agent".to_string(),
-                target: Some(BTreeMap::from([
-                    ("cpu".to_string(), Quantity(cpu.to_string())),
-                    ("memory".to_string(), Quantity(memory.to_string())),
-                ])),
-                lower_bound: None,
-                upper_bound: None,
-                uncapped_target: None,
-                sample_count: 1440,
-                first_sample_time: None,
-                last_sample_time: None,
-                oom_count: 0,
-                capped: None,
-            }],
+            recommendations: vec![nodewarden_tests::target_recommendation(
+                &env.namespace,
+                DS,
+                "agent",
+                cpu,
+                memory,
+            )],
         },
     );
     let mut rec = rec;
@@ -1005,25 +975,7 @@ async fn native_sidecars_get_their_node_figures() {
         // each of the first two nodes' agents measured the container and both sidecars, and (as
         // no agent would publish, but to show it is not used) the init container; the third
         // node has nothing
-        let entry = |container: &str, (cpu, memory): (&str, &str)| ContainerRecommendation {
-            autoscaler: AutoscalerRef {
-                namespace: env.namespace.clone(),
-                name: DS.to_string(),
-            },
-            container_name: container.to_string(),
-            target: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity(cpu.to_string())),
-                ("memory".to_string(), Quantity(memory.to_string())),
-            ])),
-            lower_bound: None,
-            upper_bound: None,
-            uncapped_target: None,
-            sample_count: 1440,
-            first_sample_time: None,
-            last_sample_time: None,
-            oom_count: 0,
-            capped: None,
-        };
+        let entry = |container: &str, (cpu, memory): (&str, &str)| nodewarden_tests::target_recommendation(&env.namespace, DS, container, cpu, memory);
         // (agent, log-forwarder, mesh) per node
         let figures = [
             [("300m", "200Mi"), ("40m", "48Mi"), ("30m", "24Mi")],

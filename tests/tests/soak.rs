@@ -43,13 +43,10 @@ use anyhow::{Context, Result, bail, ensure};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use nodewarden_api::rightsizing::{
-    AutoscalerRef, ContainerRecommendation, NodeRecommendation, NodeRecommendationSpec,
-};
+use nodewarden_api::rightsizing::{NodeRecommendation, NodeRecommendationSpec};
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images;
 use nodewarden_tests::shipper::{NAMESPACE, RELEASE, container_requests, install_chart, running_pods};
@@ -411,25 +408,13 @@ async fn publish(
                 update_time: None,
                 pods: Vec::new(),
                 summary: None,
-                recommendations: vec![ContainerRecommendation {
-                    autoscaler: AutoscalerRef {
-                        namespace: SOAK_NS.to_string(),
-                        name: CHURN.to_string(),
-                    },
-                    container_name: "worker".to_string(),
-                    target: Some(BTreeMap::from([
-                        ("cpu".to_string(), Quantity(format!("{cpu}m"))),
-                        ("memory".to_string(), Quantity(memory.to_string())),
-                    ])),
-                    lower_bound: None,
-                    upper_bound: None,
-                    uncapped_target: None,
-                    sample_count: 1440,
-                    first_sample_time: None,
-                    last_sample_time: None,
-                    oom_count: 0,
-                    capped: None,
-                }],
+                recommendations: vec![nodewarden_tests::target_recommendation(
+                    SOAK_NS,
+                    CHURN,
+                    "worker",
+                    &format!("{cpu}m"),
+                    &memory.to_string(),
+                )],
             },
         );
         let params = PatchParams::apply("soak-agent").force();
