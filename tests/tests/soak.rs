@@ -30,6 +30,11 @@
 //! processes' resident memory and open files, the agent's resident memory, the attacker's
 //! connections.
 //!
+//! When a call failed, the API server's own words for it (`Failed calling webhook …`: refused,
+//! reset, EOF, a certificate, a timeout) are printed with their time since the start, beside the
+//! disruptions' times. `NODEWARDEN_SOAK_DISRUPTION_SECONDS` sets the disruptions' interval (to look
+//! for a rare loss after one kind).
+//!
 //! Needs Linux and root (a real node); elsewhere it says so loudly and passes, except under
 //! `CI=true`.
 
@@ -85,7 +90,22 @@ async fn soak_nothing_lost() -> Result<()> {
         self_signed_kubelets: vec![],
     })
     .await?;
-    let result = soak(&cluster, &images, Duration::from_secs(seconds), rate, simulated).await;
+    // a disruption every this many seconds instead of min(duration/6, 180 s), to look for a rare
+    // loss after one kind of disruption (0: the default)
+    let disrupt_every = match env_number("NODEWARDEN_SOAK_DISRUPTION_SECONDS", 0u64)? {
+        0 => None,
+        s if (20..=3_600).contains(&s) => Some(Duration::from_secs(s)),
+        s => bail!("NODEWARDEN_SOAK_DISRUPTION_SECONDS={s}: 20-3600, or 0 for the default"),
+    };
+    let result = soak(
+        &cluster,
+        &images,
+        Duration::from_secs(seconds),
+        rate,
+        simulated,
+        disrupt_every,
+    )
+    .await;
     let details = match &result {
         Err(_) => cluster.cp.log_tails(40),
         Ok(()) => String::new(),
@@ -119,6 +139,7 @@ async fn soak(
     duration: Duration,
     rate: u64,
     simulated: usize,
+    disrupt_every: Option<Duration>,
 ) -> Result<()> {
     let cp = &cluster.cp;
     let client = cp.admin_client().await?;
@@ -196,6 +217,7 @@ async fn soak(
 
     let apiserver_before = apiserver_webhook_metrics(&client).await?;
     let started = Instant::now();
+    let started_wall = std::time::SystemTime::now();
     let claims = Arc::new(ClaimCounts::default());
     let attacks = Arc::new(AtomicU64::new(0));
     tasks.spawn(churn(client.clone(), rate, stop.clone()));
@@ -213,7 +235,10 @@ async fn soak(
     tasks.spawn(watch_ca(client.clone(), rotations.clone(), stop.clone()));
 
     // the disruptions, and a sample of the processes every 5 s, minute by minute
-    let interval = (duration / 6).min(Duration::from_secs(180));
+    let interval = match disrupt_every {
+        Some(every) => every,
+        None => (duration / 6).min(Duration::from_secs(180)),
+    };
     let mut next_disruption = started + interval;
     let mut disruptions = Vec::new();
     let mut kills = Vec::new();
@@ -312,6 +337,11 @@ async fn soak(
     }
     for r in &reports_after_kill {
         eprintln!("soak: write refused after a disruption (retried): {}", short(r));
+    }
+    // why the API server failed a call: its own words, with their time since the start
+    let apiserver_log = std::fs::read_to_string(cp.dir().join("kube-apiserver.log")).unwrap_or_default();
+    for line in failed_calls(&apiserver_log, started_wall) {
+        eprintln!("soak: API server: {line}");
     }
 
     // what a user would notice
@@ -489,6 +519,37 @@ fn after_kills(
         near.into_iter().map(said).collect(),
         far.into_iter().map(said).collect(),
     )
+}
+
+/// The API server's log lines about webhook calls that failed (klog's `Failed calling webhook`,
+/// which says whether it failed open and why: refused, reset, EOF, a certificate, a timeout),
+/// each with its time since `started` (klog writes the time of day; this machine's clock is UTC),
+/// at most 50, each cut at 400 characters.
+fn failed_calls(log: &str, started: std::time::SystemTime) -> Vec<String> {
+    let day = 86_400.0;
+    let start = started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() % day)
+        .unwrap_or(0.0);
+    log.lines()
+        .filter(|l| l.contains("Failed calling webhook") || l.contains("failed calling webhook"))
+        .take(50)
+        .map(|l| {
+            // "W1128 16:05:01.123456 ..." : the time of day is bytes 6..21
+            let since = l.get(6..21).and_then(|t| {
+                let mut parts = t.split(':');
+                let h: f64 = parts.next()?.parse().ok()?;
+                let m: f64 = parts.next()?.parse().ok()?;
+                let s: f64 = parts.next()?.parse().ok()?;
+                Some((h * 3600.0 + m * 60.0 + s - start).rem_euclid(day))
+            });
+            let line: String = l.chars().take(400).collect();
+            match since {
+                Some(s) => format!("at {s:.1}s: {line}"),
+                None => line,
+            }
+        })
+        .collect()
 }
 
 /// Checks each churn pod the first time it is seen: its requests are one of its node's
@@ -1080,4 +1141,23 @@ fn memory_plot_has_a_point_per_minute_for_each_program() {
         "the scale reaches the highest figure: {svg}"
     );
     assert!(svg.contains("minute 3"), "{svg}");
+}
+
+#[test]
+fn failed_calls_are_timed_from_the_start() {
+    let start = std::time::UNIX_EPOCH + Duration::from_secs(20_000 * 86_400 + 16 * 3600 + 5 * 60);
+    let log = "I1128 16:04:00.000000   77 logs.go:1] unrelated\n\
+               W1128 16:05:12.500000   77 dispatcher.go:210] Failed calling webhook, failing open pods.nodewarden.io: \
+               failed calling webhook \"pods.nodewarden.io\": Post \"https://10.0.0.5:8443/mutate/pods\": EOF\n\
+               W1128 16:04:59.000000   77 dispatcher.go:210] Failed calling webhook, failing open: before the start\n";
+    let lines = failed_calls(log, start);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].starts_with("at 12.5s: W1128 16:05:12.500000"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].ends_with(": EOF"), "{}", lines[0]);
+    // a line from before the start wraps to the day's end rather than going negative
+    assert!(lines[1].starts_with("at 86399.0s:"), "{}", lines[1]);
 }
