@@ -21,6 +21,7 @@ pub mod helm;
 pub mod images;
 pub mod node;
 pub mod process;
+pub mod procfs;
 pub mod prometheus;
 pub mod recorder;
 pub mod release;
@@ -34,6 +35,7 @@ pub use cgroupfs::{container_scope, write_container};
 pub use cluster::{
     TestEnv, apply_crds, chart_crd_files, create_namespace, create_ready_node, daemonset_pod_target_node,
     e2e, read_crds, simple_daemonset, target_recommendation, unique_name, wait_for_daemonset_pods,
+    wait_for_event,
 };
 pub use controlplane::{Binaries, ControlPlane, Impersonate, KubeVersion};
 pub use node::{ContainerCgroup, HostSnapshot, RealCluster, RealClusterConfig, RealNode, require_real_nodes};

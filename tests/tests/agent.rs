@@ -16,7 +16,7 @@ use nodewarden_agent::config::Config;
 use nodewarden_api::rightsizing::{DaemonSetAutoscaler, NodeRecommendation};
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::{
-    TestEnv, apply_crds, cgroupfs, chart_crd_files, daemonset_pod_target_node, e2e, read_crds,
+    TestEnv, apply_crds, cgroupfs, chart_crd_files, daemonset_pod_target_node, e2e, procfs, read_crds,
     simple_daemonset,
 };
 use serde_json::json;
@@ -353,33 +353,6 @@ async fn agent_with_a_token_bound_to_a_pod_on_node_x_writes_node_recommendation_
     .await;
 }
 
-/// `utime + stime` of a process, in seconds (all its threads).
-fn process_cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let hz: f64 = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0);
-    Ok(ticks as f64 / hz)
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
 /// Benchmark of the real `nodewarden-agent` binary (not a timed test: it prints figures and
 /// checks only that all containers were published). 100 autoscaled containers in one DaemonSet
 /// pod on node X, sampled every 10 s; counters move every 10 s. Run by hand:
@@ -473,10 +446,10 @@ async fn agent_binary_footprint_with_100_containers() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(120);
-        let cpu0 = process_cpu_seconds(pid)?;
+        let cpu0 = procfs::cpu_seconds(pid).context("the agent process is gone")?;
         let started = std::time::Instant::now();
         tokio::time::sleep(Duration::from_secs(seconds)).await;
-        let cpu1 = process_cpu_seconds(pid)?;
+        let cpu1 = procfs::cpu_seconds(pid).context("the agent process is gone")?;
         let wall = started.elapsed().as_secs_f64();
         let rec = recs.get(&node).await?;
         // what the agent reads: the pod as a watch event or an answer carries it, and its
@@ -509,10 +482,10 @@ async fn agent_binary_footprint_with_100_containers() {
             if chart_env.is_empty() { "none".to_string() } else { chart_env.join(" ") },
             cpu1 - cpu0,
             (cpu1 - cpu0) / wall * 1000.0,
-            status_kib(pid, "VmRSS:"),
-            status_kib(pid, "RssAnon:"),
-            status_kib(pid, "RssFile:"),
-            status_kib(pid, "VmHWM:"),
+            procfs::status_kib(pid, "VmRSS:"),
+            procfs::status_kib(pid, "RssAnon:"),
+            procfs::status_kib(pid, "RssFile:"),
+            procfs::status_kib(pid, "VmHWM:"),
             rec.resource_version().unwrap_or_default(),
             rec.spec.recommendations.len(),
         );

@@ -53,12 +53,12 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use nodewarden_api::rightsizing::{NodeRecommendation, NodeRecommendationSpec};
 use nodewarden_tests::helm::Helm;
-use nodewarden_tests::images;
 use nodewarden_tests::shipper::{NAMESPACE, RELEASE, container_requests, install_chart, running_pods};
 use nodewarden_tests::{
     RealCluster, RealClusterConfig, apply_crds, chart_crd_files, create_namespace, create_ready_node,
     daemonset_pod_target_node, failure_with, read_crds, require_real_nodes,
 };
+use nodewarden_tests::{images, procfs};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -852,44 +852,7 @@ async fn patch_churn_template(client: &Client, round: u32) -> Result<()> {
 
 /// Pids of the processes named `program` (argv[0]'s file name) in the real node's cgroups.
 fn node_processes(cluster: &RealCluster, program: &str) -> Vec<u32> {
-    let root = cluster.nodes[0].cgroup_root.trim_start_matches('/').to_string();
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-        let name = String::from_utf8_lossy(argv0);
-        if name.rsplit('/').next() != Some(program) {
-            continue;
-        }
-        let in_node = std::fs::read_to_string(entry.path().join("cgroup")).is_ok_and(|c| c.contains(&root));
-        if in_node {
-            out.push(pid);
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
-/// Resident memory (bytes) and open files of a process, if it still exists.
-fn process_figures(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-    Some((rss_kib * 1024, fds))
+    procfs::processes_in(&cluster.nodes[0].cgroup_root, program)
 }
 
 #[derive(Default)]
@@ -902,11 +865,11 @@ fn sample_processes(cluster: &RealCluster) -> Sample {
     Sample {
         webhook: node_processes(cluster, "nodewarden-webhook")
             .into_iter()
-            .filter_map(process_figures)
+            .filter_map(procfs::rss_and_open_files)
             .collect(),
         agent: node_processes(cluster, "nodewarden-agent")
             .into_iter()
-            .filter_map(process_figures)
+            .filter_map(procfs::rss_and_open_files)
             .map(|(rss, _)| rss)
             .collect(),
     }
