@@ -97,22 +97,7 @@ impl TestEnv {
     /// Waits for an `events.k8s.io` Event in the test's namespace about the `kind` object `name`
     /// with `reason`, as `kubectl describe` would list it, and returns its note.
     pub async fn wait_for_event(&self, kind: &str, name: &str, reason: &str) -> Result<String> {
-        let api: Api<k8s_openapi::api::events::v1::Event> = self.api();
-        self.cp
-            .poll(&format!("an Event {reason} on {kind} {name}"), || {
-                let api = api.clone();
-                async move {
-                    let events = api.list(&Default::default()).await?;
-                    Ok(events.items.into_iter().find_map(|e| {
-                        let regarding = e.regarding.as_ref()?;
-                        (regarding.kind.as_deref() == Some(kind)
-                            && regarding.name.as_deref() == Some(name)
-                            && e.reason.as_deref() == Some(reason))
-                        .then(|| e.note.clone().unwrap_or_default())
-                    }))
-                }
-            })
-            .await
+        wait_for_event(self.cp, &self.client, &self.namespace, kind, name, reason).await
     }
 
     /// The `nodeSelector` that picks this test's fake nodes.
@@ -469,6 +454,33 @@ pub fn simple_daemonset(name: &str, node_selector: &BTreeMap<String, String>) ->
             },
         },
     }))?)
+}
+
+/// Waits (two minutes, [`ControlPlane::poll`]) for an `events.k8s.io` Event in `namespace` about
+/// the `kind` object `name` with `reason`, as `kubectl describe` would list it, and returns its note.
+pub async fn wait_for_event(
+    cp: &ControlPlane,
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    reason: &str,
+) -> Result<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+    cp.poll(&format!("an Event {reason} on {kind} {name}"), || {
+        let api = api.clone();
+        async move {
+            let events = api.list(&Default::default()).await?;
+            Ok(events.items.into_iter().find_map(|e| {
+                let regarding = e.regarding.as_ref()?;
+                (regarding.kind.as_deref() == Some(kind)
+                    && regarding.name.as_deref() == Some(name)
+                    && e.reason.as_deref() == Some(reason))
+                .then(|| e.note.clone().unwrap_or_default())
+            }))
+        }
+    })
+    .await
 }
 
 #[cfg(test)]

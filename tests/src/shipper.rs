@@ -151,19 +151,7 @@ pub async fn recreate_shipper_pod(client: &Client, node: &str) -> Result<Pod> {
 /// to at least that request.
 pub async fn resize_in_place(client: &Client, node: &str, min_cpu_milli: u64) -> Result<(Pod, Pod)> {
     let before = wait_for_running_shipper(client, node, None).await?;
-    let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> = Api::namespaced(client.clone(), SHIPPER_NS);
-    autoscalers
-        .patch(
-            SHIPPER,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {
-                "updatePolicy": {"updateMode": "InPlace"},
-                "resourcePolicy": {"containerPolicies": [
-                    {"containerName": "*", "minAllowed": {"cpu": format!("{min_cpu_milli}m")}}
-                ]},
-            }})),
-        )
-        .await?;
+    in_place_with_cpu_floor(client, min_cpu_milli).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -187,6 +175,43 @@ pub async fn resize_in_place(client: &Client, node: &str, min_cpu_milli: u64) ->
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The shipper's autoscaler set to `updateMode: InPlace` with a CPU floor for every container.
+async fn in_place_with_cpu_floor(client: &Client, min_cpu_milli: u64) -> Result<()> {
+    let autoscalers: Api<nodewarden_api::DaemonSetAutoscaler> = Api::namespaced(client.clone(), SHIPPER_NS);
+    autoscalers
+        .patch(
+            SHIPPER,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {
+                "updatePolicy": {"updateMode": "InPlace"},
+                "resourcePolicy": {"containerPolicies": [
+                    {"containerName": "*", "minAllowed": {"cpu": format!("{min_cpu_milli}m")}}
+                ]},
+            }})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// On a Kubernetes that serves no `pods/resize` (before 1.33 with its defaults): sets the
+/// shipper's autoscaler to `InPlace` with a CPU floor of `min_cpu_milli`, which acts as
+/// `Recreate` there. Waits for the agent to evict the running shipper pod on `node` and for the
+/// DaemonSet controller's new one to run there. Returns the evicted pod, the new one and the
+/// eviction Event's note (docs/compatibility.md, "In-place resize before 1.33").
+pub async fn recreated_for_cpu_floor(
+    cp: &crate::ControlPlane,
+    client: &Client,
+    node: &str,
+    min_cpu_milli: u64,
+) -> Result<(Pod, Pod, String)> {
+    let before = wait_for_running_shipper(client, node, None).await?;
+    in_place_with_cpu_floor(client, min_cpu_milli).await?;
+    let note = crate::wait_for_event(cp, client, SHIPPER_NS, "Pod", &before.name_any(), "Evicted").await?;
+    // the agent evicts within the DaemonSet's maxUnavailable (1): the other node's pod may go first
+    let after = wait_for_running_shipper(client, node, before.uid()).await?;
+    Ok((before, after, note))
 }
 
 /// The id and restart count of `pod`'s first container: the same after an in-place resize.

@@ -51,12 +51,12 @@ use nodewarden_tests::seeding::{
 };
 use nodewarden_tests::shipper::{
     BUSY, NAMESPACE, QUIET, RELEASE, SHIPPER_NS, container_limits, container_requests, create_autoscaler,
-    create_shipper_daemonset, describe_pods, install_chart, recreate_shipper_pod, resize_in_place,
-    running_container, running_pods, wait_for_kubelet_gates, wait_for_running_shipper,
+    create_shipper_daemonset, describe_pods, install_chart, recreate_shipper_pod, recreated_for_cpu_floor,
+    resize_in_place, running_container, running_pods, wait_for_kubelet_gates, wait_for_running_shipper,
 };
 use nodewarden_tests::{
     HostSnapshot, RealCluster, RealClusterConfig, apply_crds, chart_crd_files, failure_with,
-    kubectl_nodewarden, read_crds, require_real_nodes,
+    kubectl_nodewarden, read_crds, require_real_nodes, wait_for_event,
 };
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
@@ -206,6 +206,10 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
             "agent.extraEnv[0].name=NODEWARDEN_REFRESH_INTERVAL".to_string(),
             "--set".to_string(),
             "agent.extraEnv[0].value=5s".to_string(),
+            // where InPlace acts as Recreate (no pods/resize before 1.33), the second node's
+            // eviction, held back by the DaemonSet's maxUnavailable, is retried within seconds
+            "--set".to_string(),
+            "agent.update.evictionRetryInterval=10s".to_string(),
         ])
         .await?;
     ensure!(
@@ -217,34 +221,62 @@ async fn scenario(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     let live_started = Instant::now();
 
     // …InPlace: with a CPU floor above both nodes' figures, each node's agent resizes its
-    //    running pod in place; the kubelet applies it to the same container, without a restart
+    //    running pod in place; the kubelet applies it to the same container, without a restart.
+    //    Where the API server serves no pods/resize (before 1.33), InPlace acts as Recreate: the
+    //    agent evicts the pod, its Event names the version, and the new pod gets the floor.
     let floor = seeded.iter().map(|s| s.figures.target.0).max().unwrap_or(0) + 100;
-    let resized = futures::future::try_join_all(
-        nodes
-            .iter()
-            .map(|(node, _)| resize_in_place(&client, &node.name, floor)),
-    )
+    let version = cp.kube_version().clone();
+    let raised = futures::future::try_join_all(nodes.iter().map(|(node, _)| {
+        let (client, version) = (client.clone(), &version);
+        async move {
+            if version.resize_by_default() {
+                let (before, after) = resize_in_place(&client, &node.name, floor).await?;
+                Ok::<_, anyhow::Error>((before, after, None))
+            } else {
+                let (before, after, note) = recreated_for_cpu_floor(cp, &client, &node.name, floor).await?;
+                Ok((before, after, Some(note)))
+            }
+        }
+    }))
     .await?;
-    for ((node, _), (before, after)) in nodes.iter().zip(resized) {
+    for ((node, _), (before, after, evicted)) in nodes.iter().zip(raised) {
         let container = running_container;
-        ensure!(
-            container(&before) == container(&after),
-            "resized in place on {}: same container, no restart ({:?} → {:?})",
-            node.name,
-            container(&before),
-            container(&after)
-        );
+        match &evicted {
+            None => ensure!(
+                container(&before) == container(&after),
+                "resized in place on {}: same container, no restart ({:?} → {:?})",
+                node.name,
+                container(&before),
+                container(&after)
+            ),
+            Some(note) => ensure!(
+                note.contains("not in place") && note.contains(&version.text),
+                "the shipper pod on {} was evicted with an Event naming the missing resize and {version}: {note}",
+                node.name
+            ),
+        }
         let request = container_requests(&after)?.0;
+        ensure!(
+            request >= floor,
+            "the shipper on {} requests at least the {floor}m floor: {request}m",
+            node.name
+        );
         let applied = node.container_cgroup(&after)?;
         ensure!(
             applied.cpu_matches_request(request),
             "the running container's cgroup on {} has the CPU weight of its new {request}m request: {applied:?}",
             node.name
         );
-        eprintln!(
-            "realnode: {} resized in place to {request}m CPU (floor {floor}m), same container, cgroup {applied:?}",
-            node.name
-        );
+        match evicted {
+            None => eprintln!(
+                "realnode: {} resized in place to {request}m CPU (floor {floor}m), same container, cgroup {applied:?}",
+                node.name
+            ),
+            Some(note) => eprintln!(
+                "realnode: {} on {version}: evicted ({note}), the new pod requests {request}m CPU (floor {floor}m), cgroup {applied:?}",
+                node.name
+            ),
+        }
     }
 
     // …and the live agents' figures are close to the seeded ones (docs/history.md, "Tolerances")
@@ -390,7 +422,9 @@ fn container_ids(pod: &Pod) -> Vec<(String, Option<String>, i32)> {
 /// init container with `restartPolicy: Always` beside its container, as log and mesh agents ship.
 /// With `InPlace` and a CPU floor above both, each node's agent resizes the container and the
 /// sidecar of its running pod in one PATCH of `pods/resize`; the kubelet applies both (read back
-/// from each one's cgroup) without restarting either.
+/// from each one's cgroup) without restarting either. Where the API server serves no
+/// `pods/resize` (before 1.33), the agent evicts the pod instead (its Event names the version)
+/// and the new pod's container and sidecar get the floor from the webhook.
 async fn native_sidecar_resized_in_place(
     cluster: &RealCluster,
     client: &kube::Client,
@@ -427,7 +461,7 @@ async fn native_sidecar_resized_in_place(
         .create(&PostParams::default(), &ds)
         .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
-    let running_on = |node: String| {
+    let running_on = |node: String, not_uid: Option<String>| {
         let (pods, client) = (pods.clone(), client.clone());
         async move {
             let deadline = Instant::now() + Duration::from_secs(180);
@@ -439,6 +473,8 @@ async fn native_sidecar_resized_in_place(
                     .into_iter()
                     .find(|p| {
                         p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+                            && p.uid() != not_uid
+                            && p.metadata.deletion_timestamp.is_none()
                             && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                             && container_ids(p).iter().all(|(_, id, _)| id.is_some())
                             && container_ids(p).len() == 2
@@ -457,7 +493,7 @@ async fn native_sidecar_resized_in_place(
     };
     let mut before = Vec::new();
     for node in &cluster.nodes {
-        before.push(running_on(node.name.clone()).await?);
+        before.push(running_on(node.name.clone(), None).await?);
     }
     Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), SHIPPER_NS)
         .create(
@@ -476,7 +512,46 @@ async fn native_sidecar_resized_in_place(
             }))?,
         )
         .await?;
+    let version = cluster.cp.kube_version();
     for (node, first) in cluster.nodes.iter().zip(&before) {
+        if !version.resize_by_default() {
+            // no pods/resize: InPlace acts as Recreate; the new pod gets the floor for both
+            let note = wait_for_event(
+                &cluster.cp,
+                client,
+                SHIPPER_NS,
+                "Pod",
+                &first.name_any(),
+                "Evicted",
+            )
+            .await?;
+            ensure!(
+                note.contains("not in place") && note.contains(&version.text),
+                "the relay pod on {} was evicted with an Event naming the missing resize and {version}: {note}",
+                node.name
+            );
+            let recreated = running_on(node.name.clone(), first.uid()).await?;
+            for name in [RELAY, "forwarder"] {
+                let request = cpu_of(&recreated, name).0.unwrap_or_default();
+                ensure!(
+                    request >= FLOOR,
+                    "the new relay pod's {name} on {} requests at least the {FLOOR}m floor: {request}m",
+                    node.name
+                );
+                let applied = node.container_cgroup_of(&recreated, Some(name))?;
+                ensure!(
+                    applied.cpu_matches_request(request),
+                    "the cgroup of {name} on {} has the CPU weight of its {request}m request: {applied:?}",
+                    node.name
+                );
+                eprintln!(
+                    "realnode: {name} (sidecar: {}) on {} on {version}: evicted, re-created with {request}m, cgroup {applied:?}",
+                    name == "forwarder",
+                    node.name
+                );
+            }
+            continue;
+        }
         let deadline = Instant::now() + Duration::from_secs(180);
         let resized = loop {
             let pod = pods.get(&first.name_any()).await?;
@@ -875,5 +950,185 @@ async fn child_holds_a_real_node() -> Result<()> {
     println!("{CHILD_READY}");
     // wait for SIGKILL; never stop the node here
     std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Benchmark (issue 42; not a timed test: it prints figures and checks only what a user would
+/// notice, every container published): the agent's footprint on a real node with 30 autoscaled
+/// containers (three DaemonSets of ten, as a node's log, metrics and mesh agents), the chart's
+/// default values but for the images (its default 10 s sample interval). Over
+/// `NODEWARDEN_BENCH_SECONDS` (600) after every container is published: the agent process's
+/// resident memory (mean, peak, last, sampled every 10 s) and its CPU (millicores on average),
+/// against the goal of 10 MiB and 2 millicores. Runs on whichever cgroup version the host has,
+/// and at `NODEWARDEN_KUBE_VERSION`. Run by hand (about 13 minutes):
+///
+/// ```sh
+/// cargo test -p nodewarden-tests --test realnode -- --ignored --nocapture agent_footprint
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run by hand, figures go to docs/benchmarks.md"]
+async fn agent_footprint_on_a_real_node_with_30_containers() -> Result<()> {
+    if !require_real_nodes("agent_footprint_on_a_real_node_with_30_containers")? {
+        return Ok(());
+    }
+    let seconds: u64 = match std::env::var("NODEWARDEN_BENCH_SECONDS") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|s| (30..=86_400).contains(s))
+            .with_context(|| format!("NODEWARDEN_BENCH_SECONDS={v}: 30 to 86400"))?,
+        Err(_) => 600,
+    };
+    let images = images::build_test_images().await?;
+    let cluster = RealCluster::start(&RealClusterConfig {
+        nodes: 1,
+        images: images.archives(),
+        sandbox_image: images.testbox_ref(),
+        self_signed_kubelets: vec![],
+    })
+    .await?;
+    let result = footprint(&cluster, &images, Duration::from_secs(seconds)).await;
+    let details = match &result {
+        Err(_) => failure_details(&cluster).await,
+        Ok(()) => String::new(),
+    };
+    let restored = cluster.shutdown();
+    result.map_err(|e| failure_with(e, "agent_footprint_on_a_real_node_with_30_containers", &details))?;
+    restored
+}
+
+async fn footprint(cluster: &RealCluster, images: &TestImages, span: Duration) -> Result<()> {
+    const NS: &str = "agents";
+    const PER_DAEMONSET: usize = 10;
+    let cp = &cluster.cp;
+    let node = &cluster.nodes[0];
+    let client = cp.admin_client().await?;
+    apply_crds(cp, &client, &read_crds(&chart_crd_files()?)?).await?;
+    nodewarden_tests::create_namespace(cp, &client, NS).await?;
+    let names = ["logs", "metrics", "mesh"];
+    for name in names {
+        let containers: Vec<serde_json::Value> = (0..PER_DAEMONSET)
+            .map(|i| {
+                json!({
+                    "name": format!("{name}-{i}"), "image": images.testbox_ref(), "imagePullPolicy": "Never",
+                    "args": ["burn", "--cpu-millicores", (2 + i % 4).to_string(), "--memory-mib", "4"],
+                    "resources": {"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+                })
+            })
+            .collect();
+        let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"terminationGracePeriodSeconds": 1, "containers": containers},
+                },
+            },
+        }))?;
+        Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), NS)
+            .create(&PostParams::default(), &ds)
+            .await?;
+        Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), NS)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+                    "metadata": {"name": name},
+                    "spec": {"targetRef": {"kind": "DaemonSet", "name": name},
+                             "updatePolicy": {"updateMode": "Initial"}},
+                }))?,
+            )
+            .await?;
+    }
+    // the chart's defaults but for the images and a fresh checkpoint folder
+    let helm = Helm::for_control_plane(cp)?;
+    let mut install: Vec<String> = [
+        "install",
+        RELEASE,
+        &nodewarden_tests::helm::chart_dir().display().to_string(),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]
+    .map(String::from)
+    .to_vec();
+    install.extend(images.helm_set_args());
+    install.extend([
+        "--set".to_string(),
+        format!(
+            "agent.checkpoint.hostPath={}",
+            cluster.fresh_checkpoint_dir()?.display()
+        ),
+    ]);
+    let out = helm.run(&install).await?;
+    ensure!(
+        out.success,
+        "helm install failed:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    // every container published (the first CPU sample needs two readings, 10 s apart)
+    let wanted = names.len() * PER_DAEMONSET;
+    let recs: Api<nodewarden_api::NodeRecommendation> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let published = recs
+            .get_opt(&node.name)
+            .await?
+            .map_or(0, |r| r.spec.recommendations.len());
+        if published >= wanted {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the agent published {published} of {wanted} containers after 300 s:\n{}",
+            describe_pods(&client, NS).await
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let pids = nodewarden_tests::procfs::processes_in(&node.cgroup_root, "nodewarden-agent");
+    let [pid] = pids[..] else {
+        bail!("one agent process on the node, found {pids:?}");
+    };
+    let cpu_before = nodewarden_tests::procfs::cpu_seconds(pid).context("the agent process is gone")?;
+    let began = Instant::now();
+    let mut rss_kib = Vec::new();
+    while began.elapsed() < span {
+        rss_kib.push(nodewarden_tests::procfs::status_kib(pid, "VmRSS:"));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    let cpu_after = nodewarden_tests::procfs::cpu_seconds(pid)
+        .context("the agent process ended during the measurement (restarted?)")?;
+    let elapsed = began.elapsed().as_secs_f64();
+    let millicores = (cpu_after - cpu_before) / elapsed * 1000.0;
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let mean = rss_kib.iter().sum::<u64>() as f64 / rss_kib.len().max(1) as f64;
+    let peak = rss_kib.iter().copied().max().unwrap_or(0);
+    let last = rss_kib.last().copied().unwrap_or(0);
+    let cgroup = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "cgroup v2"
+    } else {
+        "cgroup v1"
+    };
+    let published = recs.get(&node.name).await?.spec.recommendations.len();
+    eprintln!(
+        "footprint: the agent on a real node ({cgroup}, Kubernetes {}), {published} autoscaled containers, \
+         over {elapsed:.0} s: resident memory mean {:.1} MiB, peak {:.1} MiB, last {:.1} MiB (VmHWM {:.1} MiB); \
+         CPU {millicores:.2} millicores on average (goal: 10 MiB, 2 millicores)",
+        cp.kube_version(),
+        mib(mean as u64),
+        mib(peak),
+        mib(last),
+        mib(nodewarden_tests::procfs::status_kib(pid, "VmHWM:")),
+    );
+    ensure!(
+        published >= wanted,
+        "every container is still published: {published} of {wanted}"
+    );
     Ok(())
 }
