@@ -368,6 +368,29 @@ pub struct DaemonSetAutoscalerStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// Condition of an autoscaler whose DaemonSet a VerticalPodAutoscaler (`autoscaling.k8s.io`)
+/// also targets. `True` (reason [`VPA_UPDATES_PODS`]): that VPA's `updateMode` is not `Off`, so
+/// it writes the pods' resources itself, and nodewarden yields: the webhook leaves new pods as
+/// they are and the agents leave running ones, while the agents go on measuring and publishing
+/// (docs/vpa.md). `False`: the VPAs there only recommend (`updateMode: Off`), or none is left.
+pub const VPA_CONFLICT: &str = "VPAConflict";
+/// Reason of [`VPA_CONFLICT`] `True`.
+pub const VPA_UPDATES_PODS: &str = "VPAUpdatesPods";
+
+impl DaemonSetAutoscaler {
+    /// When a VerticalPodAutoscaler that updates pods targets this autoscaler's DaemonSet
+    /// (condition [`VPA_CONFLICT`] `True`, written by the webhook's status controller): the
+    /// condition's message, naming the VPA. nodewarden then leaves the DaemonSet's pods alone.
+    pub fn yields_to_vpa(&self) -> Option<&str> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == VPA_CONFLICT && c.status == "True")
+            .map(|c| c.message.as_str())
+    }
+}
+
 /// The fleet figure of one container.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

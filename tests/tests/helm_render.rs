@@ -583,6 +583,14 @@ async fn default_render_holds_no_certificate_and_least_privilege_rbac() -> Resul
         "the webhook only gets pods (the eviction guard reads the evicted pod): {:?}",
         rules_for(webhook_cr, "pods")
     );
+    ensure!(
+        rules_for(webhook_cr, "verticalpodautoscalers")
+            == [
+                &json!({"apiGroups": ["autoscaling.k8s.io"], "resources": ["verticalpodautoscalers"], "verbs": ["list"]})
+            ],
+        "the webhook only lists VerticalPodAutoscalers (condition VPAConflict): {:?}",
+        rules_for(webhook_cr, "verticalpodautoscalers")
+    );
 
     let webhook_role = r.get("Role", "nodewarden-webhook")?;
     for rule in rules_for(webhook_role, "secrets") {

@@ -194,6 +194,135 @@ async fn daemonset_pods_get_their_node_figures() {
     .await;
 }
 
+/// A VerticalPodAutoscaler on the same DaemonSet (docs/vpa.md): while it updates pods
+/// (`updateMode: Auto`), the autoscaler's condition `VPAConflict` is True and names it (a Warning
+/// Event says it once), and the webhook leaves new pods as the template says, with an annotation
+/// saying why; once the VPA only recommends (`updateMode: Off`), the condition turns False and new
+/// pods get their node's figures again. The VPA API is a CustomResourceDefinition of VPA's group
+/// and kind with an open schema, as far as nodewarden reads it (`spec.targetRef`,
+/// `spec.updatePolicy.updateMode`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vpa_that_updates_the_daemonsets_pods_is_given_way_until_it_only_recommends() {
+    e2e("rightsizing-vpa", |env| async move {
+        let mut crds = read_crds(&chart_crd_files()?)?;
+        crds.push(serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            // a *.k8s.io group needs the approval VPA's own CRD carries
+            "metadata": {"name": "verticalpodautoscalers.autoscaling.k8s.io",
+                         "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes/kubernetes/pull/63797"}},
+            "spec": {
+                "group": "autoscaling.k8s.io", "scope": "Namespaced",
+                "names": {"kind": "VerticalPodAutoscaler", "plural": "verticalpodautoscalers",
+                          "singular": "verticalpodautoscaler", "listKind": "VerticalPodAutoscalerList",
+                          "shortNames": ["vpa"]},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                              "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                                  "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                                  "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}],
+            },
+        }))?);
+        apply_crds(env.cp, &env.client, &crds).await?;
+        let nodes = env.create_nodes(1).await?;
+        let a = nodes[0].clone();
+        grant_agent_writes(&env).await?;
+        let ports = free_ports(2)?;
+        let cert_dir = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
+        register(&env, ports[0]).await?;
+        let agent_a = agent_client(&env, &a).await?;
+        publish(&env, &agent_a, &a, "250m", "300Mi").await?;
+
+        let vpas: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            env.client.clone(),
+            &env.namespace,
+            &kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("autoscaling.k8s.io", "v1", "VerticalPodAutoscaler"),
+                "verticalpodautoscalers",
+            ),
+        );
+        // what a VPA user has: the DaemonSet's own VPA, updating its pods
+        vpas.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "autoscaling.k8s.io/v1", "kind": "VerticalPodAutoscaler",
+                "metadata": {"name": "agent-vpa"},
+                "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": DS},
+                         "updatePolicy": {"updateMode": "Auto"}},
+            }))?,
+        )
+        .await?;
+        let autoscalers: Api<DaemonSetAutoscaler> = env.api();
+        autoscalers
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+                    "metadata": {"name": DS},
+                    "spec": {"targetRef": {"kind": "DaemonSet", "name": DS}},
+                }))?,
+            )
+            .await?;
+        let vpa_condition = |s: &serde_json::Value| {
+            s["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "VPAConflict")
+                .cloned()
+        };
+        let status = wait_for_status(&env, |s| {
+            vpa_condition(s).is_some_and(|c| c["status"] == "True") && s["nodesWithRecommendation"] == 1
+        })
+        .await?;
+        let conflict = vpa_condition(&status).unwrap_or_default();
+        let message = conflict["message"].as_str().unwrap_or_default().to_string();
+        ensure!(
+            conflict["reason"] == "VPAUpdatesPods"
+                && message.contains("VerticalPodAutoscaler agent-vpa (updateMode Auto)")
+                && message.contains("updateMode to Off"),
+            "{conflict}"
+        );
+        let note = env.wait_for_event("DaemonSetAutoscaler", DS, "VPAUpdatesPods").await?;
+        ensure!(note.starts_with("VPAConflict is True"), "{note}");
+
+        // the webhook leaves the pod to the VPA (the template's requests), and says why
+        env.api::<DaemonSet>()
+            .create(&PostParams::default(), &simple_daemonset(DS, &env.node_selector())?)
+            .await?;
+        let pods = wait_for_daemonset_pods(env.cp, &env.client, &env.namespace, DS, &nodes).await?;
+        expect_resources(&pods[&a], ("100m", "64Mi"), ("200m", "128Mi"))?;
+        expect_annotation(
+            &pods[&a],
+            "rightsizing.nodewarden.io/skipped",
+            &format!("resources left as the template says: {message}"),
+        )?;
+
+        // the VPA only recommends: nodewarden sizes the pods again
+        vpas.patch(
+            "agent-vpa",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"updatePolicy": {"updateMode": "Off"}}})),
+        )
+        .await?;
+        let status = wait_for_status(&env, |s| vpa_condition(s).is_some_and(|c| c["status"] == "False")).await?;
+        ensure!(
+            vpa_condition(&status).is_some_and(|c| c["reason"] == "VPARecommendsOnly"),
+            "{status}"
+        );
+        let sized = recreate_until(&env, &a, &nodes, |p| {
+            !p.annotations().contains_key("rightsizing.nodewarden.io/skipped")
+        })
+        .await?;
+        expect_resources(&sized, ("250m", "300Mi"), ("500m", "600Mi"))?;
+        webhook.stop().await?;
+        Ok(())
+    })
+    .await;
+}
+
 /// Node groups (`coldStart: Group`, nodes grouped by instance type): a node of each type with
 /// history, then a new node of each type whose pod gets its group's figure; then the nodes
 /// with history are deleted (and their recommendations with them, as the garbage collector

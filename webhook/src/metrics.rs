@@ -36,7 +36,7 @@ struct ClaimDecisionLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RightsizingPodLabels {
-    /// `resized`, `unchanged`, `update-mode-off` or `no-target-node`.
+    /// `resized`, `unchanged`, `update-mode-off`, `no-target-node` or `yields-to-vpa`.
     reason: &'static str,
 }
 
@@ -177,7 +177,7 @@ impl Metrics {
         let rightsizing_pods = Family::<RightsizingPodLabels, Counter>::default();
         registry.register(
             "rightsizing_pods",
-            "DaemonSet pods an autoscaler applied to, by reason (resized, unchanged, update-mode-off, no-target-node)",
+            "DaemonSet pods an autoscaler applied to, by reason (resized, unchanged, update-mode-off, no-target-node, yields-to-vpa)",
             rightsizing_pods.clone(),
         );
         let rightsizing_containers = Family::<RightsizingContainerLabels, Counter>::default();

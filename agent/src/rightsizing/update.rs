@@ -268,6 +268,11 @@ impl Updater {
             if mode == RunningPods::Untouched {
                 continue;
             }
+            // a VerticalPodAutoscaler that updates pods targets the same DaemonSet (the
+            // autoscaler's VPAConflict condition): its pods are left to it
+            if autoscaler.yields_to_vpa().is_some() {
+                continue;
+            }
             // no in-place resize on this cluster: such pods are recreated instead, within the
             // same budget as `Recreate` (the autoscaler's InPlaceResize condition says so)
             let mut no_resize = None;

@@ -20,14 +20,14 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::{Api, Client, Resource, ResourceExt};
 use nodewarden_api::domain::sizing::{Amounts, Targets, fleet_from_nodes, fleet_percentile, format_amount};
 use nodewarden_api::rightsizing::{
     DaemonSetAutoscaler, DaemonSetAutoscalerStatus, FleetRecommendation, GroupRecommendation, ResourceName,
-    RunningPods,
+    RunningPods, VPA_CONFLICT, VPA_UPDATES_PODS,
 };
 use nodewarden_runtime::discovery::{ResizeSupport, ResizeSupportCache};
 use tokio_util::sync::CancellationToken;
@@ -384,6 +384,115 @@ pub fn changed_conditions<'a>(old: &[Condition], new: &'a [Condition]) -> Vec<&'
         .collect()
 }
 
+/// A VerticalPodAutoscaler that targets an autoscaler's DaemonSet: its name and `updateMode`
+/// (VPA's default, `Auto`, when it sets none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vpa {
+    /// The VPA's name (in the autoscaler's namespace).
+    pub name: String,
+    /// Its `spec.updatePolicy.updateMode`.
+    pub update_mode: String,
+}
+
+/// The VPA API the status controller reads (`autoscaling.k8s.io/v1`).
+fn vpa_resource() -> ApiResource {
+    ApiResource {
+        group: "autoscaling.k8s.io".to_string(),
+        version: "v1".to_string(),
+        api_version: "autoscaling.k8s.io/v1".to_string(),
+        kind: "VerticalPodAutoscaler".to_string(),
+        plural: "verticalpodautoscalers".to_string(),
+    }
+}
+
+/// The VerticalPodAutoscalers of `vpas` (objects of the VPA API) whose `targetRef` is DaemonSet
+/// `daemonset`, by name.
+pub fn vpas_targeting(vpas: &[DynamicObject], daemonset: &str) -> Vec<Vpa> {
+    let mut found: Vec<Vpa> = vpas
+        .iter()
+        .filter(|v| {
+            let target = &v.data["spec"]["targetRef"];
+            target["kind"] == "DaemonSet" && target["name"] == daemonset
+        })
+        .map(|v| Vpa {
+            name: v.name_any(),
+            update_mode: v.data["spec"]["updatePolicy"]["updateMode"]
+                .as_str()
+                .unwrap_or("Auto")
+                .to_string(),
+        })
+        .collect();
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    found
+}
+
+/// The [`VPA_CONFLICT`] condition for the VPAs that target the autoscaler's DaemonSet (`None`:
+/// the API server serves no VPA API). `True` while one of them updates pods (any `updateMode`
+/// but `Off`, `Initial` included: it writes new pods' resources); `False` once they only
+/// recommend or are gone; absent when there never was one.
+pub fn vpa_condition(
+    autoscaler: &DaemonSetAutoscaler,
+    vpas: Option<&[Vpa]>,
+    now: &Time,
+) -> Option<Condition> {
+    let old = autoscaler
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let had = old.iter().any(|c| c.type_ == VPA_CONFLICT);
+    let generation = autoscaler.metadata.generation;
+    let target = &autoscaler.spec.target_ref.name;
+    let vpas = vpas.unwrap_or_default();
+    let updating: Vec<String> = vpas
+        .iter()
+        .filter(|v| v.update_mode != "Off")
+        .map(|v| format!("{} (updateMode {})", v.name, v.update_mode))
+        .collect();
+    if !updating.is_empty() {
+        return Some(condition(
+            old,
+            VPA_CONFLICT,
+            "True",
+            VPA_UPDATES_PODS,
+            format!(
+                "VerticalPodAutoscaler {} sizes DaemonSet {target} too: nodewarden leaves its pods to it and \
+                 only publishes its figures; set the VPA's updateMode to Off, or delete it, to hand the pods \
+                 to nodewarden (docs/vpa.md)",
+                updating.join(", ")
+            ),
+            generation,
+            now,
+        ));
+    }
+    if !vpas.is_empty() {
+        let names: Vec<&str> = vpas.iter().map(|v| v.name.as_str()).collect();
+        return Some(condition(
+            old,
+            VPA_CONFLICT,
+            "False",
+            "VPARecommendsOnly",
+            format!(
+                "VerticalPodAutoscaler {} has updateMode Off: it only recommends, nodewarden sizes the pods",
+                names.join(", ")
+            ),
+            generation,
+            now,
+        ));
+    }
+    had.then(|| {
+        condition(
+            old,
+            VPA_CONFLICT,
+            "False",
+            "NoVPA",
+            format!("no VerticalPodAutoscaler targets DaemonSet {target}"),
+            generation,
+            now,
+        )
+    })
+}
+
 /// Name of the status controller (the `controller` label of the reconcile metrics).
 pub const CONTROLLER: &str = "autoscaler-status";
 /// Reconciliations of different autoscalers run at once at most.
@@ -421,6 +530,15 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The VerticalPodAutoscalers of the namespace could not be listed.
+    #[error("listing the VerticalPodAutoscalers of namespace {namespace}: {source}")]
+    ListVpas {
+        /// The autoscaler's namespace.
+        namespace: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
     /// The status could not be written.
     #[error("writing the status of DaemonSetAutoscaler {namespace}/{name}: {source}")]
     WriteStatus {
@@ -439,6 +557,7 @@ impl ReconcileError for Error {
         match self {
             Error::Compute(_) => "compute",
             Error::ReadTarget { .. } => "read-target",
+            Error::ListVpas { .. } => "list-vpas",
             Error::WriteStatus { .. } => "write-status",
         }
     }
@@ -530,6 +649,8 @@ async fn reconcile_status(
             source,
         })?
         .is_some();
+    let vpas = vpas_in(client, &namespace).await?;
+    let vpas = vpas.map(|all| vpas_targeting(&all, &autoscaler.spec.target_ref.name));
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     // a pass over every node's targets takes milliseconds at thousands of nodes: off the thread
     // that answers admission reviews. One pass at a time: each copies every node's targets for
@@ -551,6 +672,9 @@ async fn reconcile_status(
     desired
         .conditions
         .extend(resize_condition(&autoscaler, resize, &now));
+    desired
+        .conditions
+        .extend(vpa_condition(&autoscaler, vpas.as_deref(), &now));
     let autoscaler = autoscaler.as_ref();
     if autoscaler.status.as_ref() == Some(&desired) {
         return Ok(());
@@ -572,7 +696,8 @@ async fn reconcile_status(
         .unwrap_or_default();
     for c in changed_conditions(old, &desired.conditions) {
         let warning = (c.type_ == CONFIG_UNSUPPORTED && c.status == "True")
-            || (c.type_ == IN_PLACE_RESIZE && c.status == "False");
+            || (c.type_ == IN_PLACE_RESIZE && c.status == "False")
+            || (c.type_ == VPA_CONFLICT && c.status == "True");
         let note = format!("{} is {}: {}", c.type_, c.status, c.message);
         events::publish(
             recorder,
@@ -585,6 +710,24 @@ async fn reconcile_status(
         .await;
     }
     Ok(())
+}
+
+/// Every VerticalPodAutoscaler of `namespace`; `None` when the API server serves no VPA API
+/// (404) or the webhook may not read it (403: its ClusterRole lacks the rule; said in the log).
+async fn vpas_in(client: &Client, namespace: &str) -> Result<Option<Vec<DynamicObject>>, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &vpa_resource());
+    match api.list(&Default::default()).await {
+        Ok(list) => Ok(Some(list.items)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::warn!(namespace, error = %e.message, "may not list VerticalPodAutoscalers: a VPA on the same DaemonSet is not noticed");
+            Ok(None)
+        }
+        Err(source) => Err(Error::ListVpas {
+            namespace: namespace.to_string(),
+            source,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -605,6 +748,13 @@ mod tests {
                     source: kube::Error::TlsRequired,
                 },
                 "read-target",
+            ),
+            (
+                Error::ListVpas {
+                    namespace: "obs".to_string(),
+                    source: kube::Error::TlsRequired,
+                },
+                "list-vpas",
             ),
             (
                 Error::WriteStatus {
@@ -635,6 +785,84 @@ mod tests {
             observed_generation: None,
             last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         }
+    }
+
+    fn vpa(name: &str, kind: &str, target: &str, mode: Option<&str>) -> DynamicObject {
+        let mut spec = serde_json::json!({"targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": target}});
+        if let Some(mode) = mode {
+            spec["updatePolicy"] = serde_json::json!({"updateMode": mode});
+        }
+        DynamicObject::new(name, &vpa_resource())
+            .within("obs")
+            .data(serde_json::json!({"spec": spec}))
+    }
+
+    fn autoscaler_for_logs(conditions: Vec<Condition>) -> DaemonSetAutoscaler {
+        let mut a: DaemonSetAutoscaler = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
+            "metadata": {"name": "logs", "namespace": "obs", "generation": 3},
+            "spec": {"targetRef": {"kind": "DaemonSet", "name": "logs"}},
+        }))
+        .unwrap();
+        a.status = Some(DaemonSetAutoscalerStatus {
+            conditions,
+            ..Default::default()
+        });
+        a
+    }
+
+    #[test]
+    fn only_vpas_on_the_same_daemonset_count_and_a_missing_mode_is_vpas_default() {
+        let all = [
+            vpa("b-vpa", "DaemonSet", "logs", None),
+            vpa("a-vpa", "DaemonSet", "logs", Some("Off")),
+            vpa("deploy", "Deployment", "logs", Some("Auto")),
+            vpa("other", "DaemonSet", "metrics", Some("Recreate")),
+        ];
+        let found = vpas_targeting(&all, "logs");
+        let said: Vec<(&str, &str)> = found
+            .iter()
+            .map(|v| (v.name.as_str(), v.update_mode.as_str()))
+            .collect();
+        assert_eq!(said, [("a-vpa", "Off"), ("b-vpa", "Auto")]);
+    }
+
+    #[test]
+    fn a_vpa_that_updates_pods_makes_nodewarden_yield_until_it_only_recommends() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let fresh = autoscaler_for_logs(Vec::new());
+        // no VPA API, or none on this DaemonSet: no condition at all
+        assert_eq!(vpa_condition(&fresh, None, &now), None);
+        assert_eq!(vpa_condition(&fresh, Some(&[]), &now), None);
+        assert!(fresh.yields_to_vpa().is_none());
+
+        for mode in ["Auto", "Recreate", "Initial", "InPlaceOrRecreate"] {
+            let vpas = [Vpa {
+                name: "logs-vpa".to_string(),
+                update_mode: mode.to_string(),
+            }];
+            let c = vpa_condition(&fresh, Some(&vpas), &now).expect("a condition");
+            assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", VPA_UPDATES_PODS), "{mode}");
+            assert!(c.message.contains(&format!("logs-vpa (updateMode {mode})")), "{}", c.message);
+            assert!(c.message.contains("updateMode to Off"), "{}", c.message);
+            let yielding = autoscaler_for_logs(vec![c.clone()]);
+            assert_eq!(yielding.yields_to_vpa(), Some(c.message.as_str()));
+        }
+
+        let off = [Vpa {
+            name: "logs-vpa".to_string(),
+            update_mode: "Off".to_string(),
+        }];
+        let c = vpa_condition(&fresh, Some(&off), &now).expect("a condition");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "VPARecommendsOnly"));
+        assert!(autoscaler_for_logs(vec![c.clone()]).yields_to_vpa().is_none());
+
+        // once there was one, its end is said too (and nothing yields)
+        let was = autoscaler_for_logs(vec![c]);
+        let gone = vpa_condition(&was, Some(&[]), &now).expect("a condition");
+        assert_eq!((gone.status.as_str(), gone.reason.as_str()), ("False", "NoVPA"));
+        let api_gone = vpa_condition(&was, None, &now).expect("a condition");
+        assert_eq!(api_gone.reason, "NoVPA");
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub enum Reason {
     UpdateModeOff,
     /// The pod names no single node.
     NoTargetNode,
+    /// A VerticalPodAutoscaler that updates pods targets the same DaemonSet: nodewarden yields.
+    YieldsToVpa,
 }
 
 impl Reason {
@@ -49,6 +51,7 @@ impl Reason {
             Reason::Unchanged => "unchanged",
             Reason::UpdateModeOff => "update-mode-off",
             Reason::NoTargetNode => "no-target-node",
+            Reason::YieldsToVpa => "yields-to-vpa",
         }
     }
 }
@@ -116,6 +119,19 @@ pub fn mutate_on(
             patch: annotation_patch(pod, &annotations, &AddPatch::new()),
             annotations,
             reason: Reason::UpdateModeOff,
+            node: None,
+            sources: Vec::new(),
+        };
+    }
+    if let Some(why) = autoscaler.yields_to_vpa() {
+        annotations.insert(
+            ANNOTATION_SKIPPED.to_string(),
+            format!("resources left as the template says: {why}"),
+        );
+        return Decision {
+            patch: annotation_patch(pod, &annotations, &AddPatch::new()),
+            annotations,
+            reason: Reason::YieldsToVpa,
             node: None,
             sources: Vec::new(),
         };
