@@ -217,7 +217,7 @@ impl App {
         let admin_task = admin::serve(admin_listener, admin_app, stop_admin.clone());
 
         let app = self.router();
-        let stop_serving = CancellationToken::new();
+        let stop_serving = server::Shutdown::default();
         let serve_task = tokio::spawn(server::serve_tls_with(
             listener,
             tls,
@@ -238,8 +238,11 @@ impl App {
         shutdown.cancelled().await;
         tracing::info!(?delay, "shutting down: readiness is now false");
         readiness.set(READY_NOT_TERMINATING, false);
+        // while the endpoint's removal spreads, callers still reaching this replica are answered
+        // and told to go elsewhere (HTTP/1.1 Connection: close, HTTP/2 GOAWAY)
+        stop_serving.retire.cancel();
         tokio::time::sleep(delay).await;
-        stop_serving.cancel();
+        stop_serving.stop.cancel();
         serve_task.await.context("admission server task")?;
         stop_kube.cancel();
         let _ = kube_task.await;

@@ -514,6 +514,33 @@ pub const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// `stalest-at-limit` (an idle older connection closed to make room).
 pub type Closed = Arc<dyn Fn(&'static str) + Send + Sync>;
 
+/// How the server ends: `stop` stops accepting and drains (in-flight requests get the grace
+/// period). `retire`, cancelled first (the webhook does so when it turns unready, a
+/// `--shutdown-delay` before `stop`), tells its callers to go elsewhere while it still answers
+/// every request: each HTTP/1.1 answer carries `Connection: close`, so a client's kept-alive
+/// connection ends after its next answer instead of being closed under a request at `stop` (the
+/// API server's HTTP/1.1 client does not retry a POST on a connection closed under it, and a
+/// connection to a Service's ClusterIP stays with its pod, ready or not); each HTTP/2 connection
+/// gets a GOAWAY (its streams in flight finish, the client opens a new connection for the next
+/// ones). New connections are still accepted and served until `stop`.
+#[derive(Clone, Debug, Default)]
+pub struct Shutdown {
+    /// Cancelled when the server is to send its callers elsewhere (see above).
+    pub retire: CancellationToken,
+    /// Cancelled when the server is to stop accepting and drain.
+    pub stop: CancellationToken,
+}
+
+impl From<CancellationToken> for Shutdown {
+    /// A server that drains at `stop` with no retiring phase before.
+    fn from(stop: CancellationToken) -> Self {
+        Shutdown {
+            retire: CancellationToken::new(),
+            stop,
+        }
+    }
+}
+
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled; then stops accepting,
 /// lets in-flight requests finish for at most `grace`, and returns.
 pub async fn serve_tls(
@@ -536,15 +563,20 @@ pub async fn serve_tls(
 }
 
 /// [`serve_tls`] with the given limits.
+/// `shutdown` is a [`Shutdown`], or the token that stops it (no retiring phase).
 pub async fn serve_tls_with(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     app: Router,
-    shutdown: CancellationToken,
+    shutdown: impl Into<Shutdown>,
     grace: Duration,
     limits: ServerLimits,
     closed: Closed,
 ) {
+    let Shutdown {
+        retire,
+        stop: shutdown,
+    } = shutdown.into();
     let acceptor = TlsAcceptor::from(tls);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -657,6 +689,7 @@ pub async fn serve_tls_with(
         let builder = builder.clone();
         let draining = draining.clone();
         let closing = closing.clone();
+        let retire = retire.clone();
         let requests = requests.clone();
         let activity = Arc::new(Activity::new());
         let evicted = CancellationToken::new();
@@ -684,13 +717,20 @@ pub async fn serve_tls_with(
                 }
             };
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            // an HTTP/2 connection open when retiring begins gets a GOAWAY then; one opened
+            // while retiring is served (its GOAWAY comes at the stop, as every connection's)
+            let goaway_on_retire = h2 && !retire.is_cancelled();
             let per_request = activity.clone();
+            let retiring = retire.clone();
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let (in_flight, first) = InFlight::begin(&per_request);
                 // a connection's first request in flight never waits; others take a turn of
                 // the whole server's (an atomic when one is free)
                 let turns = (!first).then(|| requests.clone());
                 let answer = app.clone().oneshot(request.map(Body::new));
+                // retiring when the request began: this HTTP/1.1 connection ends after its
+                // answer (hyper closes it once written), the client's next request opens a new one
+                let close = !h2 && retiring.is_cancelled();
                 async move {
                     let answered = tokio::time::timeout(limits.request_timeout, async {
                         let _turn = match &turns {
@@ -702,11 +742,17 @@ pub async fn serve_tls_with(
                     })
                     .await;
                     let unsent = in_flight.answered();
-                    let response = match answered {
+                    let mut response = match answered {
                         Ok(Ok(response)) => response,
                         Ok(Err(never)) => match never {},
                         Err(_) => timed_out(limits.request_timeout),
                     };
+                    if close {
+                        response.headers_mut().insert(
+                            axum::http::header::CONNECTION,
+                            axum::http::HeaderValue::from_static("close"),
+                        );
+                    }
                     Ok::<_, std::convert::Infallible>(response.map(|body| Answer {
                         body,
                         unsent: Some(unsent),
@@ -761,6 +807,11 @@ pub async fn serve_tls_with(
                         return;
                     }
                     _ = draining.cancelled(), if !asked_to_close => true,
+                    // retiring: an HTTP/2 client is told (GOAWAY) to open its next streams elsewhere
+                    _ = retire.cancelled(), if goaway_on_retire && !asked_to_close => {
+                        tracing::debug!(%peer, "retiring: GOAWAY to an HTTP/2 connection");
+                        true
+                    }
                     _ = idle_for(&activity, limits.idle_timeout), if !asked_to_close => {
                         tracing::debug!(%peer, "closing an idle connection");
                         true

@@ -15,7 +15,7 @@ use nodewarden_webhook::certificates::{
     CertReloader, CertResolver, ClientVerifier, Reload, server_config, server_config_with,
 };
 use nodewarden_webhook::metrics::Metrics;
-use nodewarden_webhook::server::{ServerLimits, serve_tls_with};
+use nodewarden_webhook::server::{ServerLimits, Shutdown, serve_tls_with};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -53,6 +53,8 @@ fn slow_or_fast(req: &AdmissionRequest) -> AdmissionResponse {
 struct Server {
     addr: SocketAddr,
     stop: CancellationToken,
+    /// Starts the retiring phase (what the webhook does when it turns unready).
+    retire: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     /// The reasons of the connections the server closed early, as its metric counts them.
     closed_early: Arc<std::sync::Mutex<Vec<&'static str>>>,
@@ -85,7 +87,8 @@ async fn start_authenticating(
         Arc::new(Metrics::new()),
         1 << 20,
     );
-    let stop = CancellationToken::new();
+    let shutdown = Shutdown::default();
+    let (stop, retire) = (shutdown.stop.clone(), shutdown.retire.clone());
     let tls = match client_auth {
         Some(verifier) => server_config_with(resolver, Some(verifier)),
         None => server_config(resolver),
@@ -97,7 +100,7 @@ async fn start_authenticating(
         listener,
         tls,
         app,
-        stop.clone(),
+        shutdown,
         Duration::from_secs(5),
         limits,
         Arc::new(move |reason| log.lock().expect("lock").push(reason)),
@@ -105,6 +108,7 @@ async fn start_authenticating(
     Server {
         addr,
         stop,
+        retire,
         task,
         closed_early,
     }
@@ -241,6 +245,25 @@ impl Connected {
 }
 
 impl Connected {
+    /// Posts a review; returns the answer's `connection` header, if any.
+    async fn review_connection_header(&mut self) -> Result<Option<String>, String> {
+        let req = http::Request::post("https://nodewarden-webhook.nodewarden.svc/review")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(POD_REVIEW)))
+            .expect("request");
+        let resp = match &mut self.sender {
+            Sender::H1(s) => s.send_request(req).await,
+            Sender::H2(s) => s.send_request(req).await,
+        }
+        .map_err(|e| with_sources(&e))?;
+        let header = resp
+            .headers()
+            .get(http::header::CONNECTION)
+            .map(|v| v.to_str().unwrap_or_default().to_string());
+        let _ = resp.into_body().collect().await;
+        Ok(header)
+    }
+
     /// Posts `body` as is; returns the HTTP status.
     async fn post(&mut self, body: Bytes) -> Result<http::StatusCode, String> {
         let req = http::Request::post("https://nodewarden-webhook.nodewarden.svc/review")
@@ -589,6 +612,64 @@ async fn shutdown_lets_in_flight_reviews_finish_and_refuses_new_connections() {
         client.connect(server.addr).await.is_err(),
         "no new connections after shutdown"
     );
+}
+
+/// The retiring phase (the webhook's `--shutdown-delay`, after it turned unready): every request
+/// is still answered, but a kept-alive HTTP/1.1 connection ends after its next answer
+/// (`Connection: close`) and an HTTP/2 connection gets a GOAWAY, so callers reconnect (to a ready
+/// replica, once the endpoint is gone) rather than having a connection closed under a request at
+/// the stop. New connections are still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retiring_sends_kept_alive_callers_elsewhere_and_still_answers() {
+    let ca = ca("nodewarden-test-ca");
+    let server = start(resolver_with(&serving(&ca, "a.example"))).await;
+    let mut h1 = Client::new(&ca.cert_pem);
+    h1.alpn = vec![b"http/1.1".to_vec()];
+    let mut h2 = Client::new(&ca.cert_pem);
+    h2.alpn = vec![b"h2".to_vec()];
+    let mut old_h1 = h1.connect(server.addr).await.expect("connect");
+    let mut old_h2 = h2.connect(server.addr).await.expect("connect");
+    // before: kept alive, no header
+    for _ in 0..2 {
+        assert_eq!(old_h1.review_connection_header().await, Ok(None));
+    }
+    assert!(old_h2.review("default").await.expect("h2 review").1);
+
+    server.retire.cancel();
+    // the HTTP/2 connection is told to go away, and closes once it has no stream left
+    assert!(
+        sender_closed(&old_h2.sender).await,
+        "the HTTP/2 connection stayed open while retiring"
+    );
+    // the kept-alive HTTP/1.1 connection gets its answer, then ends
+    assert_eq!(
+        old_h1.review_connection_header().await,
+        Ok(Some("close".to_string()))
+    );
+    assert!(
+        sender_closed(&old_h1.sender).await,
+        "the HTTP/1.1 connection stayed open after Connection: close"
+    );
+    // new callers are still answered (one request a connection over HTTP/1.1)
+    let mut new_h1 = h1.connect(server.addr).await.expect("connect while retiring");
+    assert_eq!(
+        new_h1.review_connection_header().await,
+        Ok(Some("close".to_string()))
+    );
+    let mut new_h2 = h2.connect(server.addr).await.expect("connect while retiring");
+    assert!(
+        new_h2
+            .review("default")
+            .await
+            .expect("h2 review while retiring")
+            .1
+    );
+
+    server.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server.task)
+        .await
+        .expect("server stops")
+        .expect("join");
 }
 
 impl Sender {

@@ -788,7 +788,8 @@ mod tests {
     }
 
     fn vpa(name: &str, kind: &str, target: &str, mode: Option<&str>) -> DynamicObject {
-        let mut spec = serde_json::json!({"targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": target}});
+        let mut spec =
+            serde_json::json!({"targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": target}});
         if let Some(mode) = mode {
             spec["updatePolicy"] = serde_json::json!({"updateMode": mode});
         }
@@ -842,8 +843,16 @@ mod tests {
                 update_mode: mode.to_string(),
             }];
             let c = vpa_condition(&fresh, Some(&vpas), &now).expect("a condition");
-            assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", VPA_UPDATES_PODS), "{mode}");
-            assert!(c.message.contains(&format!("logs-vpa (updateMode {mode})")), "{}", c.message);
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("True", VPA_UPDATES_PODS),
+                "{mode}"
+            );
+            assert!(
+                c.message.contains(&format!("logs-vpa (updateMode {mode})")),
+                "{}",
+                c.message
+            );
             assert!(c.message.contains("updateMode to Off"), "{}", c.message);
             let yielding = autoscaler_for_logs(vec![c.clone()]);
             assert_eq!(yielding.yields_to_vpa(), Some(c.message.as_str()));
@@ -854,7 +863,10 @@ mod tests {
             update_mode: "Off".to_string(),
         }];
         let c = vpa_condition(&fresh, Some(&off), &now).expect("a condition");
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "VPARecommendsOnly"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "VPARecommendsOnly")
+        );
         assert!(autoscaler_for_logs(vec![c.clone()]).yields_to_vpa().is_none());
 
         // once there was one, its end is said too (and nothing yields)
