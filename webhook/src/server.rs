@@ -519,8 +519,9 @@ pub type Closed = Arc<dyn Fn(&'static str) + Send + Sync>;
 /// `--shutdown-delay` before `stop`), tells its callers to go elsewhere while it still answers
 /// every request: each HTTP/1.1 answer carries `Connection: close`, so a client's kept-alive
 /// connection ends after its next answer instead of being closed under a request at `stop` (the
-/// API server's HTTP/1.1 client does not retry a POST on a connection closed under it, and a
-/// connection to a Service's ClusterIP stays with its pod, ready or not); each HTTP/2 connection
+/// API server's HTTP/1.1 client does not retry a POST on a connection closed under it, and it
+/// resolves a webhook Service to an endpoint only when it opens a connection, so a kept-alive
+/// connection stays with its pod after the endpoint is gone); each HTTP/2 connection
 /// gets a GOAWAY (its streams in flight finish, the client opens a new connection for the next
 /// ones). New connections are still accepted and served until `stop`.
 #[derive(Clone, Debug, Default)]
