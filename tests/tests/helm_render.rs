@@ -1145,14 +1145,11 @@ async fn webhook_limits_and_timeouts_reach_the_env_only_when_set() -> Result<()>
             "NODEWARDEN_HTTP2_KEEP_ALIVE_TIMEOUT",
         ),
     ];
-    let config = std::fs::read_to_string(chart_dir().join("../../webhook/src/config.rs"))?;
+    let reads = env_names::<nodewarden_webhook::config::Config>();
     let default = render_default().await?;
     let c = container(default.get("Deployment", "nodewarden-webhook")?, "webhook")?;
     for (_, _, var) in vars {
-        ensure!(
-            config.contains(&format!("env = \"{var}\"")),
-            "the webhook reads no {var}"
-        );
+        ensure!(reads.contains(var), "the webhook reads no {var}");
         ensure!(env_entry(c, var).is_none(), "{var} rendered by default");
     }
     let set: Vec<String> = vars
@@ -1872,18 +1869,12 @@ async fn agent_history_values_reach_the_env_only_with_a_url() -> Result<()> {
         ("maxSeries", "48", "NODEWARDEN_HISTORY_MAX_SERIES"),
         ("maxAnswerSize", "8Mi", "NODEWARDEN_HISTORY_MAX_ANSWER_SIZE"),
     ];
-    // the agent's flags: the common ones, and right-sizing's (seeding among them)
-    let mut config = std::fs::read_to_string(chart_dir().join("../../agent/src/config.rs"))?;
-    config.push_str(&std::fs::read_to_string(
-        chart_dir().join("../../agent/src/rightsizing/args.rs"),
-    )?);
+    // the agent's flags: the common ones and each capability's, flattened in (seeding among them)
+    let reads = env_names::<nodewarden_agent::config::Config>();
     let default = render_default().await?;
     let c = container(default.get("DaemonSet", "nodewarden-agent")?, "agent")?;
     for (_, _, var) in vars {
-        ensure!(
-            config.contains(&format!("env = \"{var}\"")),
-            "the agent reads no {var}"
-        );
+        ensure!(reads.contains(var), "the agent reads no {var}");
         ensure!(env_entry(c, var).is_none(), "{var} rendered by default");
     }
     let set: Vec<String> = vars
@@ -2363,4 +2354,14 @@ async fn security_contexts_and_affinity_are_checked_by_the_kubernetes_schemas() 
         }
     }
     Ok(())
+}
+
+/// The environment variables a program's flags read, from its clap definition (`env = …` of
+/// each argument, flattened structs included).
+fn env_names<C: clap::CommandFactory>() -> std::collections::BTreeSet<String> {
+    C::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect()
 }
