@@ -11,7 +11,7 @@
 //! - OOM kills: `max by (…) (max_over_time(container_oom_events_total{…}[step]))`, the
 //!   counter's rises counted on this side (VPA reads no OOM kills from Prometheus; the agent
 //!   counts the cgroup's counter the same way). Optional: a kubelet without it gives none.
-//! - OOM kills from kube-state-metrics (`crate::kube_state_metrics`): the steps in which a
+//! - OOM kills from kube-state-metrics (`crate::kube_state_metrics`, joined by `crate::usage`): the steps in which a
 //!   container's restart count rose while its last run ended `OOMKilled`, its node from
 //!   `kube_pod_info`; merged with the counter's, a kill both saw counted once. Optional too.
 //! - `{…}` is `namespace="…", pod=~"…", container!="", container!="POD"`: no pod-level and no
@@ -222,44 +222,6 @@ pub fn counter_rises(points: &[(i64, f64)]) -> Vec<(i64, u64)> {
             (n > 0).then_some((at, n))
         })
         .collect()
-}
-
-/// CPU, memory and OOM kills of every container of the pods of `namespace` whose names match
-/// `pods` (a regular expression, e.g. [`daemonset_pods`]s joined by `|`), ordered by pod and
-/// container (containers with OOM kills from kube-state-metrics alone last).
-pub async fn read(
-    prometheus: &Prometheus,
-    labels: &Labels,
-    namespace: &str,
-    pods: &str,
-    window: &Window,
-) -> Result<Vec<ContainerUsage>, Error> {
-    read_on(prometheus, labels, namespace, pods, None, window).await
-}
-
-/// [`read`] narrowed to the series of one node (`node="…"` in every query), as an agent reads
-/// its own node's history: series without a node label are then left out.
-pub async fn read_on(
-    prometheus: &Prometheus,
-    labels: &Labels,
-    namespace: &str,
-    pods: &str,
-    node: Option<&str>,
-    window: &Window,
-) -> Result<Vec<ContainerUsage>, Error> {
-    let read = |kind| async move {
-        let q = query(kind, labels, namespace, pods, node, window);
-        prometheus
-            .query_range(&q, window.start_ms, window.end_ms, window.step)
-            .await
-    };
-    let cpu = read(Kind::Cpu).await?;
-    let memory = read(Kind::Memory).await?;
-    let oom = read(Kind::Oom).await?;
-    let restarts = crate::kube_state_metrics::read(prometheus, labels, namespace, pods, node, window).await?;
-    let mut usage = join(labels, cpu, memory, oom);
-    crate::kube_state_metrics::add_kills(labels, &mut usage, restarts, window);
-    Ok(usage)
 }
 
 /// Whether the series every read needs are there over the window: the first one missing is

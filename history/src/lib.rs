@@ -24,6 +24,7 @@
 pub mod cadvisor;
 mod client;
 pub mod kube_state_metrics;
+pub mod usage;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -10,7 +10,6 @@ use nodewarden_runtime::duration::{parse_duration, parse_interval};
 use nodewarden_runtime::telemetry::LogFormat;
 
 use crate::certificates::CertArgs;
-use crate::claims::ServiceAccountName;
 use crate::node_reports::NodeReportsArgs;
 
 /// The command line and environment of `nodewarden-webhook`.
@@ -267,14 +266,6 @@ impl Config {
             })
             .transpose()
     }
-}
-
-/// A service account, or nothing for an empty entry (an empty list in an environment variable).
-pub(crate) fn parse_service_account(s: &str) -> Result<Option<ServiceAccountName>, String> {
-    if s.trim().is_empty() {
-        return Ok(None);
-    }
-    s.parse().map(Some)
 }
 
 #[cfg(test)]

@@ -29,10 +29,8 @@ pub use run::{object, run};
 /// How a scraped body becomes text (size limit, UTF-8); public for the fuzz targets only.
 #[doc(hidden)]
 pub use scrape::read_bounded;
-pub use scrape::{ScrapeError, Scraper, classify};
-pub use trust::{
-    KubeletReader, KubeletTrust, PinnedCertificate, parse_serving_certificate, read_serving_certificate,
-};
+pub use scrape::{KubeletTrust, PinnedCertificate, ScrapeError, Scraper, classify};
+pub use trust::{KubeletReader, parse_serving_certificate, read_serving_certificate};
 
 /// The metric that carries feature gates.
 pub const METRIC: &str = "kubernetes_feature_enabled";

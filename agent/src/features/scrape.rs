@@ -1,6 +1,7 @@
 //! Reading one component's `/metrics`: the kubelet over HTTPS with the service-account token,
 //! kube-proxy over plain HTTP on loopback.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kube::Client;
@@ -11,7 +12,6 @@ use kube::config::{
 use nodewarden_api::features::ReadFailure;
 
 use super::GatesArgs;
-use super::trust::KubeletTrust;
 
 /// Most bytes of a `/metrics` answer read (a kubelet's is 100–500 KiB); a larger one is an error.
 pub const MAX_SCRAPE_BYTES: u64 = 4 * 1024 * 1024;
@@ -73,6 +73,29 @@ pub fn classify(error: &kube::Error) -> ReadFailure {
         };
     }
     ReadFailure::Other
+}
+
+/// How the kubelet's serving certificate is verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeletTrust {
+    /// Against the CA bundle in this file.
+    Ca(PathBuf),
+    /// Against the kubelet's own certificate.
+    Pinned(PinnedCertificate),
+    /// Not at all.
+    Insecure,
+}
+
+/// The kubelet's own serving certificate, read from its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinnedCertificate {
+    /// Every certificate of the file, DER: the roots the kubelet is verified against.
+    pub certificates: Vec<Vec<u8>>,
+    /// The first certificate's first subject alternative name (DNS name or IP): the name the
+    /// connection is verified for.
+    pub server_name: String,
+    /// Where it was read from.
+    pub file: PathBuf,
 }
 
 /// Reads one component's `/metrics`.

@@ -10,38 +10,15 @@
 //! is trusted, and no key leaves the node: the agent reads the public certificate alone. Or, on
 //! explicit request, nothing is verified (`--kubelet-insecure-skip-verify`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nodewarden_api::features::ReadFailure;
 
 use super::GatesArgs;
-use super::scrape::{ScrapeError, Scraper};
+use super::scrape::{KubeletTrust, PinnedCertificate, ScrapeError, Scraper};
 
 /// Most bytes of a serving-certificate file read (a kubelet's is about 2.5 KiB).
 pub const MAX_CERT_FILE_BYTES: u64 = 64 * 1024;
-
-/// How the kubelet's serving certificate is verified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubeletTrust {
-    /// Against the CA bundle in this file.
-    Ca(PathBuf),
-    /// Against the kubelet's own certificate.
-    Pinned(PinnedCertificate),
-    /// Not at all.
-    Insecure,
-}
-
-/// The kubelet's own serving certificate, read from its file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PinnedCertificate {
-    /// Every certificate of the file, DER: the roots the kubelet is verified against.
-    pub certificates: Vec<Vec<u8>>,
-    /// The first certificate's first subject alternative name (DNS name or IP): the name the
-    /// connection is verified for.
-    pub server_name: String,
-    /// Where it was read from.
-    pub file: PathBuf,
-}
 
 /// Reads a kubelet's serving certificate file (PEM).
 pub fn read_serving_certificate(file: &Path) -> Result<PinnedCertificate, String> {

@@ -291,7 +291,7 @@ async fn load_noting(
             .map(|ds| cadvisor::daemonset_pods(ds))
             .collect::<Vec<_>>()
             .join("|");
-        let read = || cadvisor::read_on(prometheus, &labels, ns, &regex, Some(node), window);
+        let read = || nodewarden_history::usage::read_on(prometheus, &labels, ns, &regex, Some(node), window);
         let usage = read
             .retry(retry_backoff())
             .when(transient)

@@ -213,7 +213,7 @@ pub async fn snapshot(
             .map(|&i| cadvisor::daemonset_pods(&daemonsets[i].name_any()))
             .collect::<Vec<_>>()
             .join("|");
-        let read = cadvisor::read(&prometheus, &request.labels, ns, &regex, &window).await?;
+        let read = nodewarden_history::usage::read(&prometheus, &request.labels, ns, &regex, &window).await?;
         for c in read {
             any_cpu |= !c.cpu.is_empty();
             any_memory |= !c.memory.is_empty();

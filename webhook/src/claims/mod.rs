@@ -85,8 +85,8 @@ pub struct ClaimsArgs {
 
     /// Service accounts allowed to write reserved claims, comma-separated, each
     /// `namespace:name` or `system:serviceaccount:namespace:name`.
-    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS", value_delimiter = ',', value_parser = crate::config::parse_service_account)]
-    pub claims_allowed_service_accounts: Vec<Option<nodewarden_api::domain::names::ServiceAccountName>>,
+    #[arg(long, env = "NODEWARDEN_CLAIMS_ALLOWED_SERVICE_ACCOUNTS", value_delimiter = ',', value_parser = parse_service_account)]
+    pub claims_allowed_service_accounts: Vec<Option<ServiceAccountName>>,
 
     /// Accept an RFC 1123 DNS subdomain (under 128 characters) as the value of
     /// `cluster.clusterset.k8s.io`, as the published standard permits; otherwise it must be a
@@ -174,4 +174,12 @@ impl fmt::Display for Shape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.group(), self.kind())
     }
+}
+
+/// A service account, or nothing for an empty entry (an empty list in an environment variable).
+fn parse_service_account(s: &str) -> Result<Option<ServiceAccountName>, String> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    s.parse().map(Some)
 }
