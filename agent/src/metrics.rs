@@ -123,6 +123,7 @@ pub struct Metrics {
     pods_running: Family<AutoscalerLabels, Gauge>,
     pods_up_to_date: Family<AutoscalerLabels, Gauge>,
     update_rounds: Counter,
+    pods_left: Family<ReasonLabels, Gauge>,
     history_seed: Family<OutcomeLabels, Gauge>,
     history_seed_samples: Gauge,
 }
@@ -284,6 +285,14 @@ impl Metrics {
             "Update rounds over this node's running pods (one per --update-interval while the agent works)",
             update_rounds.clone(),
         );
+        let pods_left = Family::<ReasonLabels, Gauge>::default();
+        registry.register(
+            "update_pods_left",
+            "Running pods the last update round left as they are, by reason (mode, up-to-date, resize-underway, \
+             too-young, small-change, short-history: figures on less CPU history than --update-min-history \
+             would lower them)",
+            pods_left.clone(),
+        );
         let history_seed = Family::<OutcomeLabels, Gauge>::default();
         registry.register(
             "history_seed",
@@ -305,6 +314,7 @@ impl Metrics {
             pods_running,
             pods_up_to_date,
             update_rounds,
+            pods_left,
             gate_scrapes,
             feature_report_writes,
             registry,
@@ -397,6 +407,16 @@ impl Metrics {
         }
         self.samples.remove(&container_labels(key));
         self.oom_kills.remove(&container_labels(key));
+    }
+
+    /// After an update round: how many running pods it left as they are, per reason (the
+    /// [`Leave`](nodewarden_api::domain::update::Leave) labels; a reason absent this round reads 0).
+    pub fn pods_left(&self, reasons: &[&'static str], left: &std::collections::BTreeMap<&'static str, i64>) {
+        for reason in reasons {
+            self.pods_left
+                .get_or_create(&ReasonLabels { reason })
+                .set(left.get(reason).copied().unwrap_or(0));
+        }
     }
 
     /// After an update round: per autoscaler, its running pods here and how many are up to date.

@@ -703,8 +703,8 @@ pub struct Capped {
     /// What capped `upperBound` (with a single CPU sample VPA's is unbounded: then always the cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upper_bound: Option<CappedResources>,
-    /// The CPU history behind the figures, first to last sample (`2m`, `3d4h`): VPA's bounds
-    /// are wide when it is short.
+    /// The CPU history behind the figures, first to last sample (`2m`, `3d4h`; `1 sample`, or
+    /// `no CPU sample` for an OOM kill alone): VPA's bounds are wide when it is short.
     #[schemars(length(max = 32))]
     pub history: String,
 }

@@ -830,6 +830,18 @@ async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
         );
         let note = env.wait_for_event("Pod", &resized.name_any(), "Resized").await?;
         assert!(note.contains("cpu 100m/200m"), "{note}");
+        // from then on the pod is held by its short history (its CPU would be lowered), as the
+        // agent's metric of pods left says
+        cp.poll("the pod counted as left for its short history", || async {
+            let held = agent_counter(
+                agent.admin,
+                "nodewarden_agent_update_pods_left",
+                &["reason=\"short-history\""],
+            )
+            .await?;
+            Ok((held == 1.0).then_some(()))
+        })
+        .await?;
 
         stop.cancel();
         agent.task.await??;

@@ -229,7 +229,12 @@ pub fn entry(
         target: some(target_why),
         lower_bound: some(lower_why),
         upper_bound: some(upper_why),
-        history: history_text(history.last_sample_ms - history.first_sample_ms),
+        // a span of 0 is one sample (or an OOM kill alone): said as such, not as "0s"
+        history: match history.sample_count {
+            0 => "no CPU sample".to_string(),
+            1 => "1 sample".to_string(),
+            _ => history_text(history.last_sample_ms - history.first_sample_ms),
+        },
     };
     let any = capped.target.is_some() || capped.lower_bound.is_some() || capped.upper_bound.is_some();
     Some(Entry {
@@ -698,7 +703,7 @@ mod tests {
                 memory: Some(CapReason::NodeAllocatable),
             })
         );
-        assert_eq!(capped.history, "0s");
+        assert_eq!(capped.history, "1 sample");
         assert_eq!((capped.target, capped.lower_bound), (None, None));
         // lower: the floor (VPA's factor is 0); target: the one sample's bucket plus the margin
         assert_eq!(e.lower.cpu_milli, Some(25));

@@ -339,6 +339,13 @@ impl Updater {
             };
             out.push((name, outcome));
         }
+        let mut left: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for (_, outcome) in &out {
+            if let Outcome::Left(label) = outcome {
+                *left.entry(label).or_default() += 1;
+            }
+        }
+        self.metrics.pods_left(&Leave::LABELS, &left);
         self.metrics.update_round(&counts);
         if let Some(report) = &self.report {
             let pods: Vec<NodePods> = counts

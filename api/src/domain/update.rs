@@ -252,6 +252,16 @@ pub enum Leave {
 }
 
 impl Leave {
+    /// Every label of [`label`](Self::label).
+    pub const LABELS: [&'static str; 6] = [
+        "mode",
+        "up-to-date",
+        "resize-underway",
+        "too-young",
+        "small-change",
+        "short-history",
+    ];
+
     /// A short, bounded label (metrics).
     pub fn label(self) -> &'static str {
         match self {
@@ -776,6 +786,20 @@ mod tests {
     /// requesting 500m, measured for two minutes at 100m, is not shrunk (VPA would resize it
     /// by drift once the pod is 12 h old, its upper bound being unbounded); a memory request
     /// below the lower bound is still raised, and the resize keeps the CPU request.
+    #[test]
+    fn every_leave_label_is_listed() {
+        let all = [
+            Leave::Mode,
+            Leave::UpToDate,
+            Leave::ResizeUnderway,
+            Leave::TooYoung,
+            Leave::SmallChange { diff: 0.0 },
+            Leave::ShortHistory,
+        ];
+        let labels: Vec<&str> = all.iter().map(|l| l.label()).collect();
+        assert_eq!(labels, Leave::LABELS);
+    }
+
     #[test]
     fn a_short_history_only_raises() {
         let th = Thresholds::default();

@@ -141,6 +141,8 @@ pub fn history(h: &HistorySpan) -> String {
         h.seconds % 3600 / 60,
     );
     match (days, hours, minutes) {
+        // one sample, or samples less than a minute apart
+        (0, 0, 0) => "<1m".to_string(),
         (0, 0, m) => format!("{m}m"),
         (0, h, 0) => format!("{h}h"),
         (0, h, m) => format!("{h}h{m}m"),
