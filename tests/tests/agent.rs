@@ -586,8 +586,20 @@ fn start_agent_with(
     min_history: &str,
 ) -> Result<Agent> {
     let tmp = tempfile::tempdir()?;
+    synthetic_cgroup_tree(&tmp.path().join("cgroup"), pod_uid, 1)?;
+    launch_agent(env, node, tmp, kube, stop, min_history)
+}
+
+/// Starts an in-process agent over the cgroup tree `tmp`/cgroup (see [`start_agent_with`]).
+fn launch_agent(
+    env: &TestEnv,
+    node: &str,
+    tmp: tempfile::TempDir,
+    kube: kube::Config,
+    stop: &CancellationToken,
+    min_history: &str,
+) -> Result<Agent> {
     let cgroup_root = tmp.path().join("cgroup");
-    synthetic_cgroup_tree(&cgroup_root, pod_uid, 1)?;
     let checkpoint_dir = tmp.path().join("checkpoint");
     let config = agent_config(
         node,
@@ -618,6 +630,13 @@ struct Agent {
     _tmp: tempfile::TempDir,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
     admin: std::net::SocketAddr,
+}
+
+impl Agent {
+    /// The cgroup scope of container `i` of pod `pod_uid` in the agent's tree.
+    fn scope(&self, pod_uid: &str, i: usize) -> PathBuf {
+        scope(&self._tmp.path().join("cgroup"), pod_uid, i)
+    }
 }
 
 /// A counter of the agent's `/metrics` (the sum over its series that carry every label of
@@ -783,6 +802,87 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
 /// The chart's default `--update-min-history` (24h): on seconds of history an InPlace resize
 /// raises the memory request that is below the recommendation's lower bound (64Mi, the floor
 /// 250Mi) and keeps the CPU request (100m) that the node's target (the 25m floor) would lower.
+/// Nothing before the first measurement (issue 43): with VPA's rules from the first sample
+/// (`--update-min-history 0s`) and `InPlace`, a container whose CPU the agent cannot read yet
+/// (its `cpu.stat` missing) gets no NodeRecommendation entry, and its pod keeps its 100m request
+/// over five sample ticks, where an entry would take it to the 25m floor; once its CPU is read,
+/// its figures are published and the pod is resized to them.
+#[tokio::test]
+async fn nothing_is_published_or_resized_before_the_first_cpu_sample() {
+    e2e("agent-first-sample", |env| async move {
+        test_log();
+        let cp = env.cp;
+        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+        let node = env.create_nodes(1).await?.remove(0);
+        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        let pod_uid = autoscaled_pod_with_mode(&env, &node, 1, "InPlace").await?;
+        let tmp = tempfile::tempdir()?;
+        synthetic_cgroup_tree(&tmp.path().join("cgroup"), &pod_uid, 1)?;
+        std::fs::remove_file(scope(&tmp.path().join("cgroup"), &pod_uid, 0).join("cpu.stat"))?;
+        let stop = CancellationToken::new();
+        let kube = cp.config_with_token(&token).await?;
+        let agent = launch_agent(&env, &node, tmp, kube, &stop, "0s")?;
+
+        // five sample ticks pass, each failing to read the container's CPU (the pod and the
+        // cgroup are there: the agent tracks the container and counts each failed reading)
+        cp.poll("five readings of the container that failed", || async {
+            let failed =
+                agent_counter(agent.admin, "nodewarden_agent_unreadable_containers_total", &[]).await?;
+            Ok((failed >= 5.0).then_some(()))
+        })
+        .await?;
+        let recs: Api<NodeRecommendation> = Api::all(env.client.clone());
+        let entries = recs
+            .get_opt(&node)
+            .await?
+            .map(|r| r.spec.recommendations)
+            .unwrap_or_default();
+        assert!(
+            entries.is_empty(),
+            "nothing is published for a container without a CPU sample: {entries:?}"
+        );
+        let pods = env.api::<Pod>();
+        let find = || {
+            let (pods, uid) = (pods.clone(), pod_uid.clone());
+            async move {
+                let list = pods.list(&Default::default()).await?;
+                list.items
+                    .into_iter()
+                    .find(|p| p.uid().as_deref() == Some(uid.as_str()))
+                    .ok_or_else(|| anyhow!("the DaemonSet pod is gone"))
+            }
+        };
+        assert_eq!(
+            requests_of(&find().await?),
+            ("100m".to_string(), "64Mi".to_string()),
+            "a pod never measured keeps its requests"
+        );
+
+        // its CPU becomes readable: figures, then the pod follows them
+        cgroupfs::write_container(&agent.scope(&pod_uid, 0), 5_000_000, 300 * MIB)?;
+        let resized = cp
+            .poll("the pod resized to its first figures", || async {
+                let pod = find().await?;
+                Ok((requests_of(&pod).0 != "100m").then_some(pod))
+            })
+            .await?;
+        let rec = recs.get(&node).await?;
+        let entry = &rec.spec.recommendations[0];
+        assert!(entry.sample_count >= 1, "{entry:?}");
+        let target = entry.target.clone().unwrap_or_default();
+        assert_eq!(
+            requests_of(&resized).0,
+            target["cpu"].0,
+            "resized to the node's target"
+        );
+
+        stop.cancel();
+        agent.task.await??;
+        Ok(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
     e2e("agent-short-history", |env| async move {
