@@ -93,6 +93,19 @@ pub struct RealClusterConfig {
     pub self_signed_kubelets: Vec<usize>,
 }
 
+impl RealClusterConfig {
+    /// `nodes` real nodes with nodewarden's images and the test image (the sandbox too), every
+    /// kubelet serving a certificate of the cluster CA.
+    pub fn with_images(nodes: usize, images: &crate::images::TestImages) -> Self {
+        RealClusterConfig {
+            nodes,
+            images: images.archives(),
+            sandbox_image: images.testbox_ref(),
+            self_signed_kubelets: vec![],
+        }
+    }
+}
+
 /// Where a kubelet keeps its certificates unless told otherwise (`--cert-dir`), and where the
 /// chart's agent looks for the kubelet's own serving certificate.
 pub const KUBELET_DEFAULT_CERT_DIR: &str = "/var/lib/kubelet/pki";

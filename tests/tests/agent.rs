@@ -81,6 +81,15 @@ fn synthetic_cgroup_tree(root: &Path, pod_uid: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The chart's CRDs, one Ready node, and a token of the agent's identity (the chart's rules)
+/// bound to a pod on it: (node, token).
+async fn node_with_an_agent_token(env: &TestEnv) -> Result<(String, String)> {
+    apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
+    let node = env.create_nodes(1).await?.remove(0);
+    let (_, token) = agent_identity(env, &node, chart_agent_rules().await?).await?;
+    Ok((node, token))
+}
+
 /// Creates the agent's service account bound to a ClusterRole `<id>-agent` with `rules`, and
 /// the agent's own pod on `node`; returns a token bound to that pod (and so to the node).
 async fn agent_identity(env: &TestEnv, node: &str, rules: Vec<PolicyRule>) -> Result<(String, String)> {
@@ -370,9 +379,7 @@ async fn agent_binary_footprint_with_100_containers() {
     e2e("agent-bench", |env| async move {
         const N: usize = 100;
         let cp = env.cp;
-        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
-        let node = env.create_nodes(1).await?.remove(0);
-        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        let (node, token) = node_with_an_agent_token(&env).await?;
         // `NODEWARDEN_BENCH_UPDATE_MODE=InPlace` has the agent also resize the running pod
         let mode = std::env::var("NODEWARDEN_BENCH_UPDATE_MODE").unwrap_or_else(|_| "Initial".to_string());
         let pod_uid = autoscaled_pod_with_mode(&env, &node, N, &mode).await?;
@@ -812,9 +819,7 @@ async fn nothing_is_published_or_resized_before_the_first_cpu_sample() {
     e2e("agent-first-sample", |env| async move {
         test_log();
         let cp = env.cp;
-        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
-        let node = env.create_nodes(1).await?.remove(0);
-        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        let (node, token) = node_with_an_agent_token(&env).await?;
         let pod_uid = autoscaled_pod_with_mode(&env, &node, 1, "InPlace").await?;
         let tmp = tempfile::tempdir()?;
         synthetic_cgroup_tree(&tmp.path().join("cgroup"), &pod_uid, 1)?;
@@ -888,9 +893,7 @@ async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
     e2e("agent-short-history", |env| async move {
         test_log();
         let cp = env.cp;
-        apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
-        let node = env.create_nodes(1).await?.remove(0);
-        let (_, token) = agent_identity(&env, &node, chart_agent_rules().await?).await?;
+        let (node, token) = node_with_an_agent_token(&env).await?;
         let pod_uid = autoscaled_pod_with_mode(&env, &node, 1, "InPlace").await?;
         let stop = CancellationToken::new();
         let kube = cp.config_with_token(&token).await?;

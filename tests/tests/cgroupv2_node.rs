@@ -90,13 +90,7 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
         "cgroupv2_node: the release checked and unpacked, test image built, {:.1}s after the start",
         began.elapsed().as_secs_f64()
     );
-    let cluster = RealCluster::start(&RealClusterConfig {
-        nodes: 1,
-        images: images.archives(),
-        sandbox_image: images.testbox_ref(),
-        self_signed_kubelets: vec![],
-    })
-    .await?;
+    let cluster = RealCluster::start(&RealClusterConfig::with_images(1, &images)).await?;
     // the webhook's image is not needed there: the taint keeps the webhook off the VM node
     let config = VmConfig::new(
         VM_NODE,

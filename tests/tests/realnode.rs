@@ -980,13 +980,7 @@ async fn agent_footprint_on_a_real_node_with_30_containers() -> Result<()> {
         Err(_) => 600,
     };
     let images = images::build_test_images().await?;
-    let cluster = RealCluster::start(&RealClusterConfig {
-        nodes: 1,
-        images: images.archives(),
-        sandbox_image: images.testbox_ref(),
-        self_signed_kubelets: vec![],
-    })
-    .await?;
+    let cluster = RealCluster::start(&RealClusterConfig::with_images(1, &images)).await?;
     let result = footprint(&cluster, &images, Duration::from_secs(seconds)).await;
     let details = match &result {
         Err(_) => failure_details(&cluster).await,

@@ -48,13 +48,7 @@ async fn daemonset_pods_get_their_node_figures() {
         let (a, b, c) = (nodes[0].clone(), nodes[1].clone(), nodes[2].clone());
         grant_agent_writes(&env).await?;
 
-        let ports = free_ports(2)?;
-        let cert_dir = tempfile::tempdir()?;
-        let cert = env.cp.issue_loopback_serving_cert()?;
-        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
-        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
-        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
-        register(&env, ports[0]).await?;
+        let webhook = Webhook::serving(&env).await?;
 
         // the agents of A and B publish, each with a token bound to a pod on its own node
         let agent_a = agent_client(&env, &a).await?;
@@ -225,13 +219,7 @@ async fn a_vpa_that_updates_the_daemonsets_pods_is_given_way_until_it_only_recom
         let nodes = env.create_nodes(1).await?;
         let a = nodes[0].clone();
         grant_agent_writes(&env).await?;
-        let ports = free_ports(2)?;
-        let cert_dir = tempfile::tempdir()?;
-        let cert = env.cp.issue_loopback_serving_cert()?;
-        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
-        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
-        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
-        register(&env, ports[0]).await?;
+        let webhook = Webhook::serving(&env).await?;
         let agent_a = agent_client(&env, &a).await?;
         publish(&env, &agent_a, &a, "250m", "300Mi").await?;
 
@@ -349,13 +337,7 @@ async fn new_nodes_get_their_group_figure_after_the_group_nodes_are_gone() {
         let big_old = node("big-0", "big").await?;
         let small_old = node("small-0", "small").await?;
 
-        let ports = free_ports(2)?;
-        let cert_dir = tempfile::tempdir()?;
-        let cert = env.cp.issue_loopback_serving_cert()?;
-        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
-        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
-        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
-        register(&env, ports[0]).await?;
+        let webhook = Webhook::serving(&env).await?;
 
         publish(
             &env,
@@ -516,13 +498,7 @@ async fn the_report_shows_what_the_webhook_gives_each_node() {
             )
             .await?;
 
-        let ports = free_ports(2)?;
-        let cert_dir = tempfile::tempdir()?;
-        let cert = env.cp.issue_loopback_serving_cert()?;
-        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
-        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
-        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
-        register(&env, ports[0]).await?;
+        let webhook = Webhook::serving(&env).await?;
 
         let cases: [(&str, serde_json::Value); 6] = [
             ("node-template", json!({"coldStart": "Template"})),
@@ -1025,9 +1001,25 @@ async fn register(env: &TestEnv, port: u16) -> Result<()> {
 struct Webhook {
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<()>>,
+    /// Its serving certificate's folder (read again while it runs).
+    _certs: Option<tempfile::TempDir>,
 }
 
 impl Webhook {
+    /// The webhook in this process on free loopback ports, with a serving certificate of the
+    /// cluster CA, once ready, and registered with kube-apiserver for this test's objects.
+    async fn serving(env: &TestEnv) -> Result<Self> {
+        let ports = free_ports(2)?;
+        let certs = tempfile::tempdir()?;
+        let cert = env.cp.issue_loopback_serving_cert()?;
+        write_file(&certs.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
+        write_file(&certs.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
+        let mut webhook = Webhook::start(env, certs.path(), ports[0], ports[1]).await?;
+        webhook._certs = Some(certs);
+        register(env, ports[0]).await?;
+        Ok(webhook)
+    }
+
     async fn start(env: &TestEnv, cert_dir: &Path, listen_port: u16, admin_port: u16) -> Result<Self> {
         let args = vec![
             "nodewarden-webhook".to_string(),
@@ -1045,7 +1037,11 @@ impl Webhook {
         let config = Config::from_args(&args).map_err(|e| anyhow!("webhook flags: {e}"))?;
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(nodewarden_webhook::run(config, shutdown.clone()));
-        let webhook = Webhook { shutdown, task };
+        let webhook = Webhook {
+            shutdown,
+            task,
+            _certs: None,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             match readyz(admin_port).await {
@@ -1093,13 +1089,7 @@ async fn native_sidecars_get_their_node_figures() {
     e2e("rightsizing-sidecars", |env| async move {
         apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
         let nodes = env.create_nodes(3).await?;
-        let ports = free_ports(2)?;
-        let cert_dir = tempfile::tempdir()?;
-        let cert = env.cp.issue_loopback_serving_cert()?;
-        write_file(&cert_dir.path().join("tls.crt"), cert.cert_pem.as_bytes(), false)?;
-        write_file(&cert_dir.path().join("tls.key"), cert.key_pem.as_bytes(), true)?;
-        let webhook = Webhook::start(&env, cert_dir.path(), ports[0], ports[1]).await?;
-        register(&env, ports[0]).await?;
+        let webhook = Webhook::serving(&env).await?;
 
         // each of the first two nodes' agents measured the container and both sidecars, and (as
         // no agent would publish, but to show it is not used) the init container; the third

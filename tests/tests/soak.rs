@@ -83,13 +83,7 @@ async fn soak_nothing_lost() -> Result<()> {
         "NODEWARDEN_SOAK_SECONDS 60-86400, NODEWARDEN_SOAK_RATE 1-50, NODEWARDEN_SOAK_NODES 1-200"
     );
     let images = images::build_test_images().await?;
-    let cluster = RealCluster::start(&RealClusterConfig {
-        nodes: 1,
-        images: images.archives(),
-        sandbox_image: images.testbox_ref(),
-        self_signed_kubelets: vec![],
-    })
-    .await?;
+    let cluster = RealCluster::start(&RealClusterConfig::with_images(1, &images)).await?;
     // a disruption every this many seconds instead of min(duration/6, 180 s), to look for a rare
     // loss after one kind of disruption (0: the default)
     let disrupt_every = match env_number("NODEWARDEN_SOAK_DISRUPTION_SECONDS", 0u64)? {
