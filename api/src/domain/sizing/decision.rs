@@ -110,46 +110,30 @@ pub fn mutate_on(
     let name = autoscaler.metadata.name.clone().unwrap_or_default();
     let mode = autoscaler.spec.update_mode();
     let mut annotations = BTreeMap::from([(ANNOTATION_AUTOSCALER.to_string(), name)]);
+    // a pod left as the template says: only the annotations, saying why
+    let left = |mut annotations: BTreeMap<String, String>, why: String, reason: Reason| {
+        annotations.insert(ANNOTATION_SKIPPED.to_string(), why);
+        Decision {
+            patch: annotation_patch(pod, &annotations, &AddPatch::new()),
+            annotations,
+            reason,
+            node: None,
+            sources: Vec::new(),
+        }
+    };
     if mode == UpdateMode::Off {
-        annotations.insert(
-            ANNOTATION_SKIPPED.to_string(),
-            "updateMode Off: the autoscaler only recommends; resources left as the template says".to_string(),
-        );
-        return Decision {
-            patch: annotation_patch(pod, &annotations, &AddPatch::new()),
-            annotations,
-            reason: Reason::UpdateModeOff,
-            node: None,
-            sources: Vec::new(),
-        };
+        let why = "updateMode Off: the autoscaler only recommends; resources left as the template says";
+        return left(annotations, why.to_string(), Reason::UpdateModeOff);
     }
-    if let Some(why) = autoscaler.yields_to_vpa() {
-        annotations.insert(
-            ANNOTATION_SKIPPED.to_string(),
-            format!("resources left as the template says: {why}"),
-        );
-        return Decision {
-            patch: annotation_patch(pod, &annotations, &AddPatch::new()),
-            annotations,
-            reason: Reason::YieldsToVpa,
-            node: None,
-            sources: Vec::new(),
-        };
+    if let Some(vpa) = autoscaler.yields_to_vpa() {
+        let why = format!("resources left as the template says: {vpa}");
+        return left(annotations, why, Reason::YieldsToVpa);
     }
     let node = match node {
         Ok(node) => node.to_string(),
         Err(why) => {
-            annotations.insert(
-                ANNOTATION_SKIPPED.to_string(),
-                format!("no single target node, resources left as the template says: {why}"),
-            );
-            return Decision {
-                patch: annotation_patch(pod, &annotations, &AddPatch::new()),
-                annotations,
-                reason: Reason::NoTargetNode,
-                node: None,
-                sources: Vec::new(),
-            };
+            let why = format!("no single target node, resources left as the template says: {why}");
+            return left(annotations, why, Reason::NoTargetNode);
         }
     };
     annotations.insert(ANNOTATION_NODE.to_string(), node.clone());
