@@ -260,7 +260,7 @@ fn figures_stay_within_the_nodes_allocatable_and_say_why() {
         (up.cpu, up.memory),
         (Some(CapReason::NodeAllocatable), Some(CapReason::NodeAllocatable))
     );
-    assert_eq!(capped.history, "0s");
+    assert_eq!(capped.history, "1 sample");
     // a second sample: confidence above 0, VPA's bound finite but still far above the node
     set_usage(&app, 12_500_000 + 10_000_000);
     s.tick(T0 + 20_000, &t, &alive());
