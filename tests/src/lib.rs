@@ -24,6 +24,7 @@ pub mod process;
 pub mod procfs;
 pub mod prometheus;
 pub mod recorder;
+pub mod registry;
 pub mod release;
 pub mod seeding;
 pub mod shipper;

@@ -91,6 +91,9 @@ pub struct RealClusterConfig {
     /// do, into the default certificate folder [`KUBELET_DEFAULT_CERT_DIR`] (one node at most: the
     /// folder is the host's). The others serve a certificate of the cluster CA.
     pub self_signed_kubelets: Vec<usize>,
+    /// containerd's registry host folder (`config_path`: `<registry>/hosts.toml` per registry),
+    /// e.g. a mirror written by [`crate::registry::Registry::write_mirror`]; `None`: none.
+    pub registry_hosts: Option<PathBuf>,
 }
 
 impl RealClusterConfig {
@@ -102,6 +105,7 @@ impl RealClusterConfig {
             images: images.archives(),
             sandbox_image: images.testbox_ref(),
             self_signed_kubelets: vec![],
+            registry_hosts: None,
         }
     }
 }
@@ -529,7 +533,13 @@ impl RealCluster {
         let containerd_config = dir.join("containerd/config.toml");
         write_file(
             &containerd_config,
-            containerd_toml(dir, &socket, &config.sandbox_image).as_bytes(),
+            containerd_toml(
+                dir,
+                &socket,
+                &config.sandbox_image,
+                config.registry_hosts.as_deref(),
+            )
+            .as_bytes(),
             false,
         )?;
         write_file(
@@ -961,8 +971,16 @@ impl HostSnapshot {
     }
 }
 
-fn containerd_toml(dir: &Path, socket: &Path, sandbox_image: &str) -> String {
+fn containerd_toml(dir: &Path, socket: &Path, sandbox_image: &str, registry_hosts: Option<&Path>) -> String {
     let d = dir.join("containerd");
+    let registry = registry_hosts
+        .map(|hosts| {
+            format!(
+                "  [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{}\"\n",
+                hosts.display()
+            )
+        })
+        .unwrap_or_default();
     format!(
         r#"version = 2
 root = "{root}"
@@ -988,7 +1006,7 @@ state = "{state}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"
-"#,
+{registry}"#,
         root = d.join("root").display(),
         state = d.join("state").display(),
         socket = socket.display(),

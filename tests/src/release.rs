@@ -2,8 +2,9 @@
 //! cluster"): `cargo xtask release` of this machine's platform (into
 //! [`xtask::release::host_release_dir`], where the CI prefetch builds it first), checked with
 //! `sha256sum -c SHA256SUMS`; the chart's `.tgz` taken out of the chart's OCI layout as a
-//! registry client takes it (`helm pull oci://…` after `helm push`); the images' archives for the
-//! nodes' containerd; the plugin unpacked from its archive and run as kubectl runs it.
+//! registry client takes it (`helm pull oci://…` after `helm push`); the images' archives, which
+//! `crate::registry` pushes as the release workflow does; the plugin unpacked from its archive
+//! and run as kubectl runs it.
 //!
 //! The README's commands are read from the README itself ([`UserPath`]), so the README and the
 //! test that walks it cannot drift apart: `cgroupv2_node.rs` runs these very lines.
@@ -25,23 +26,19 @@ use crate::images::Image;
 pub struct UserPath;
 
 impl UserPath {
-    /// Step 0: the downloads checked.
-    pub const CHECK: &str = "sha256sum -c SHA256SUMS";
-    /// Step 1: the images on every node, then the chart.
-    pub const IMPORT_WEBHOOK: &str = "ctr -n k8s.io images import nodewarden-webhook-{version}.oci.tar";
-    pub const IMPORT_AGENT: &str = "ctr -n k8s.io images import nodewarden-agent-{version}.oci.tar";
-    pub const INSTALL: &str = "helm install nodewarden nodewarden-{chart_version}.tgz --namespace nodewarden --create-namespace --wait";
-    /// Step 3: the plugin out of its archive (then on PATH), and the report.
+    /// Step 1: the chart from the registry the release is published to; every node pulls the
+    /// chart's default images from there.
+    pub const INSTALL: &str = "helm install nodewarden oci://ghcr.io/nodewarden/charts/nodewarden --version {chart_version} --namespace nodewarden --create-namespace --wait";
+    /// Step 3: the plugin's download checked, out of its archive (then on PATH), and the report.
+    pub const CHECK: &str = "sha256sum -c --ignore-missing SHA256SUMS";
     pub const UNPACK: &str = "tar -xzf kubectl-nodewarden_{version}_linux_{arch}.tar.gz kubectl-nodewarden";
     pub const REPORT: &str = "kubectl nodewarden report -n logging";
     pub const REPORT_HTML: &str = "kubectl nodewarden report -n logging -o html > report.html";
 
     /// Every line above, in the README's order.
-    pub const LINES: [&str; 7] = [
-        Self::CHECK,
-        Self::IMPORT_WEBHOOK,
-        Self::IMPORT_AGENT,
+    pub const LINES: [&str; 5] = [
         Self::INSTALL,
+        Self::CHECK,
         Self::UNPACK,
         Self::REPORT,
         Self::REPORT_HTML,
@@ -385,9 +382,9 @@ Total: frees 25m CPU
         let chart = chart_version().unwrap();
         assert!(check_user_path(&block, &version, &chart).is_ok());
         assert!(check_user_path(&block, "9.9.9", &chart).is_err());
-        let swapped = block.replace("sha256sum -c SHA256SUMS", "").replace(
+        let swapped = block.replace(UserPath::CHECK, "").replace(
             "kubectl nodewarden report -n logging\n",
-            "kubectl nodewarden report -n logging\nsha256sum -c SHA256SUMS\n",
+            &format!("kubectl nodewarden report -n logging\n{}\n", UserPath::CHECK),
         );
         assert!(check_user_path(&swapped, &version, &chart).is_err());
         let no_autoscaler = block.replace("kind: DaemonSetAutoscaler", "kind: Deployment");

@@ -20,6 +20,7 @@
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
@@ -30,6 +31,7 @@ use tokio::net::UnixStream;
 
 use crate::node::{APISERVER_IP, ContainerCgroup, RealCluster, install_packages};
 use crate::process::{pause, write_file};
+use crate::registry::Registry;
 
 /// Debian packages the host needs to run the guest (building its image needs more: see
 /// `tests/node/vm/build.sh`).
@@ -54,6 +56,11 @@ const NODE_READY_TIMEOUT: Duration = Duration::from_secs(300);
 const CERT_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Where the guest mounts the share folder (`guest/mnt-nodewarden.mount`).
 const GUEST_SHARE: &str = "/mnt/nodewarden";
+/// The address at which the guest reaches a [`Registry`] of the host (each connection a `socat`
+/// on the host to the registry's loopback port): its serving certificate must name it.
+pub const REGISTRY_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 4);
+/// containerd's registry host folder in the guest (`config_path`), in the share folder.
+const GUEST_REGISTRY_HOSTS: &str = "/mnt/nodewarden/certs.d";
 
 /// What a [`VmNode`] starts with.
 #[derive(Clone, Debug)]
@@ -68,6 +75,9 @@ pub struct VmConfig {
     pub cpus: u32,
     /// Memory in MiB.
     pub memory_mib: u32,
+    /// A registry of the host that the guest's containerd pulls [`crate::registry::UPSTREAM`]'s
+    /// images from (a mirror, at [`REGISTRY_IP`]); its certificate must name [`REGISTRY_IP`].
+    pub registry: Option<Arc<Registry>>,
 }
 
 impl VmConfig {
@@ -79,6 +89,7 @@ impl VmConfig {
             sandbox_image: sandbox_image.to_string(),
             cpus: 2,
             memory_mib: 2048,
+            registry: None,
         }
     }
 }
@@ -112,6 +123,8 @@ pub struct VmNode {
     pub timings: VmTimings,
     dir: PathBuf,
     process: String,
+    /// The registry's port on the host, when the guest pulls from one.
+    registry_port: Option<u16>,
 }
 
 /// Builds (or finds in the cache) the guest's image with `tests/node/vm/build.sh`; returns its
@@ -167,6 +180,7 @@ impl VmNode {
             timings: VmTimings::default(),
             process: format!("vm-{}", config.name),
             dir,
+            registry_port: config.registry.as_ref().map(|r| r.port()),
         };
         let archives = node.write_share(cluster, config, &share)?;
 
@@ -328,9 +342,16 @@ impl VmNode {
         )?;
         write_file(
             &share.join("containerd.toml"),
-            containerd_toml(&config.sandbox_image).as_bytes(),
+            containerd_toml(&config.sandbox_image, config.registry.is_some()).as_bytes(),
             false,
         )?;
+        if let Some(registry) = &config.registry {
+            registry.write_mirror(
+                &share.join("certs.d"),
+                REGISTRY_IP,
+                Path::new(GUEST_REGISTRY_HOSTS),
+            )?;
+        }
         write_file(
             &share.join("cni/10-nodewarden.conflist"),
             cni_conflist().as_bytes(),
@@ -361,9 +382,16 @@ impl VmNode {
         let port = apiserver_port(cluster.cp.apiserver_url())?;
         // every connection the guest opens to the API server's address is one socat on the host;
         // `restrict=on`: nothing else leaves the guest
-        let netdev = format!(
+        let mut netdev = format!(
             "user,id=net0,restrict=on,ipv6=off,net=10.200.0.0/24,host={SLIRP_HOST},dns={SLIRP_DNS},dhcpstart={VM_NODE_IP},guestfwd=tcp:{APISERVER_IP}:{port}-cmd:socat STDIO TCP:{APISERVER_IP}:{port}"
         );
+        // and to the registry, when it pulls from one
+        if let Some(registry) = &config.registry {
+            let port = registry.port();
+            netdev.push_str(&format!(
+                ",guestfwd=tcp:{REGISTRY_IP}:{port}-cmd:socat STDIO TCP:127.0.0.1:{port}"
+            ));
+        }
         Ok(vec![
             "-name".to_string(),
             self.name.clone(),
@@ -610,10 +638,15 @@ impl VmNode {
         let killed = cluster.cp.kill_program(&self.process);
         let port = apiserver_port(cluster.cp.apiserver_url())?;
         let forwarder = format!("socat STDIO TCP:{APISERVER_IP}:{port}");
+        let registry = self
+            .registry_port
+            .map(|port| format!("socat STDIO TCP:127.0.0.1:{port}"));
         let dir = self.dir.display().to_string();
         let deadline = Instant::now() + Duration::from_secs(10);
         let left = loop {
-            let left = processes_matching(|cmdline| cmdline.contains(&dir) || cmdline == forwarder);
+            let left = processes_matching(|cmdline| {
+                cmdline.contains(&dir) || cmdline == forwarder || Some(cmdline) == registry.as_deref()
+            });
             if left.is_empty() || Instant::now() > deadline {
                 break left;
             }
@@ -760,8 +793,16 @@ registerWithTaints:
 }
 
 /// containerd 2.x (configuration version 3): runc through systemd (`SystemdCgroup = true`), the
-/// test image as the sandbox image, the CNI configuration from the share folder.
-fn containerd_toml(sandbox_image: &str) -> String {
+/// test image as the sandbox image, the CNI configuration from the share folder, and with
+/// `registry` the registry host folder there.
+fn containerd_toml(sandbox_image: &str, registry: bool) -> String {
+    let registry = if registry {
+        format!(
+            "  [plugins.'io.containerd.cri.v1.images'.registry]\n    config_path = '{GUEST_REGISTRY_HOSTS}'\n"
+        )
+    } else {
+        String::new()
+    };
     format!(
         r#"version = 3
 
@@ -769,7 +810,7 @@ fn containerd_toml(sandbox_image: &str) -> String {
   snapshotter = 'overlayfs'
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = '{sandbox_image}'
-
+{registry}
 [plugins.'io.containerd.cri.v1.runtime']
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = 'runc'

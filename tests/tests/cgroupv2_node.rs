@@ -5,14 +5,21 @@
 //! own serving certificate). See `tests/README.md`, "cgroup v2 node (virtual machine)".
 //!
 //! Everything runs from a release of this machine's platform (`cargo xtask release`, which the CI
-//! prefetch builds first), walking the README's user path ("Use it on a cluster") with the lines
-//! the README itself holds (`nodewarden_tests::release`): `sha256sum -c SHA256SUMS`; the chart
-//! taken out of its OCI layout as a registry client would, and `helm install`ed from that file;
-//! the images' archives imported into each node's containerd; the README's DaemonSetAutoscaler;
-//! the plugin unpacked from its archive, and `kubectl nodewarden report`.
+//! prefetch builds first), published as the release workflow publishes it, into a registry the
+//! harness starts (`nodewarden_tests::registry`, standing in for `ghcr.io`): the images with their
+//! index under the chart's default names, the chart as an OCI artifact. Both nodes' containerd
+//! have it as their mirror of `ghcr.io`, and no image of nodewarden's is imported on any node.
+//! Then the README's user path ("Use it on a cluster"), with the lines the README itself holds
+//! (`nodewarden_tests::release`): `sha256sum -c SHA256SUMS`; `helm install oci://…` from the
+//! registry (its host the test registry's, with its CA), with the chart's default images; the
+//! README's DaemonSetAutoscaler; the plugin unpacked from its archive, and `kubectl nodewarden
+//! report`.
 //!
 //! What a user would see:
 //! 0. The release's files check out, and the chart a registry would serve is the release's `.tgz`.
+//!    The chart installs from the registry; the webhook's pod on the host node and the agent's pod
+//!    on the VM node (which joins after the install) run the images each node pulled from the
+//!    registry by the chart's default names: their image IDs are the pushed indexes' digests.
 //! 1. The node joins and is Ready, running containerd 2.x, on cgroup v2 (`cgroup2fs`, with the
 //!    cpu and memory controllers).
 //! 2. A pod with requests and a memory limit runs there; its container's cgroup is
@@ -36,6 +43,7 @@
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -47,6 +55,7 @@ use nodewarden_api::NodeRecommendation;
 use nodewarden_cli::report::render;
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
+use nodewarden_tests::registry::{Registry, UPSTREAM};
 use nodewarden_tests::release::{self, HostRelease, UserPath};
 use nodewarden_tests::seeding::targets_while;
 use nodewarden_tests::shipper::{
@@ -90,20 +99,42 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
         "cgroupv2_node: the release checked and unpacked, test image built, {:.1}s after the start",
         began.elapsed().as_secs_f64()
     );
-    let cluster = RealCluster::start(&RealClusterConfig::with_images(1, &images)).await?;
-    // the webhook's image is not needed there: the taint keeps the webhook off the VM node
-    let config = VmConfig::new(
+    // the registry the release is published to, a mirror of ghcr.io for both nodes
+    let registry = Arc::new(Registry::prepare(&[vm::REGISTRY_IP]).await?);
+    let cluster = RealCluster::start(&RealClusterConfig {
+        nodes: 1,
+        // the pods' test image only: nodewarden's are pulled from the registry
+        images: vec![images.testbox.archive.clone()],
+        sandbox_image: images.testbox_ref(),
+        self_signed_kubelets: vec![],
+        registry_hosts: Some(registry.mirror_for_host()?),
+    })
+    .await?;
+    let pushed = match publish(&cluster, &registry, &user).await {
+        Ok(pushed) => pushed,
+        Err(e) => {
+            if let Err(r) = cluster.shutdown() {
+                eprintln!("cgroupv2_node: {r:#}");
+            }
+            return Err(e);
+        }
+    };
+    let mut config = VmConfig::new(
         VM_NODE,
-        vec![images.agent.archive.clone(), images.testbox.archive.clone()],
+        vec![images.testbox.archive.clone()],
         &images.testbox_ref(),
     );
+    config.registry = Some(registry.clone());
     // The chart is installed while the guest boots (its minutes of software emulation leave
     // the API server and the host node idle): the agent's DaemonSet gets the VM node's pod when
     // the node registers. The guest's image comes first, so its build on a fresh machine cannot
     // eat helm's --wait.
     let (vm, installed) = match vm::vm_image().await {
         Ok(_) => {
-            tokio::join!(VmNode::start(&cluster, &config), install(&cluster, &user))
+            tokio::join!(
+                VmNode::start(&cluster, &config),
+                install(&cluster, &user, &registry)
+            )
         }
         Err(e) => (Err(e), Ok(())),
     };
@@ -117,7 +148,7 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
         }
     };
     let result = match installed {
-        Ok(()) => scenario(&cluster, &vm, &images, &user).await,
+        Ok(()) => scenario(&cluster, &vm, &images, &user, &pushed).await,
         Err(e) => Err(e),
     };
     let details = match &result {
@@ -188,37 +219,155 @@ async fn user_files() -> Result<UserFiles> {
     })
 }
 
-/// The README's `helm install` of the chart a registry serves (the chart's defaults otherwise:
-/// the images as imported, `pullPolicy: IfNotPresent`), with the test's pace and an empty
-/// checkpoint folder.
-async fn install(cluster: &RealCluster, user: &UserFiles) -> Result<()> {
+/// What [`publish`] pushed: the images' references by the chart's default names, each with the
+/// digest of its index.
+struct Pushed {
+    images: Vec<(String, String)>,
+}
+
+/// The chart's reference in the README's `helm install` line (`oci://ghcr.io/…/nodewarden`).
+fn readme_chart_ref(user: &UserFiles) -> Result<String> {
+    let line = user.release.line(UserPath::INSTALL);
+    line.split_whitespace()
+        .find(|w| w.starts_with("oci://"))
+        .map(str::to_string)
+        .with_context(|| format!("`{line}` installs no chart from an OCI registry"))
+}
+
+/// The release, published into `registry` (started as a process of the cluster) as the release workflow publishes it to ghcr.io:
+/// each image with its index, under the repository the chart's values name by default and the
+/// release's version as tag; the chart under the README's path.
+async fn publish(cluster: &RealCluster, registry: &Registry, user: &UserFiles) -> Result<Pushed> {
+    let started = Instant::now();
+    registry.start(&cluster.cp).await?;
+    let values: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/nodewarden/values.yaml"),
+    )?)?;
+    ensure!(
+        values["global"]["imageRegistry"] == UPSTREAM,
+        "the chart's default registry is {}, not {UPSTREAM}",
+        values["global"]["imageRegistry"]
+    );
+    let mut images = Vec::new();
+    for (component, image) in [("webhook", &user.release.webhook), ("agent", &user.release.agent)] {
+        let repository = values[component]["image"]["repository"]
+            .as_str()
+            .with_context(|| format!("the chart's values name no {component} repository"))?;
+        let digest = registry
+            .push_image(&image.archive, repository, &user.release.version)
+            .await?;
+        images.push((
+            format!("{UPSTREAM}/{repository}:{}", user.release.version),
+            digest,
+        ));
+    }
+    let chart = readme_chart_ref(user)?;
+    let repository = chart
+        .strip_prefix(&format!("oci://{UPSTREAM}/"))
+        .and_then(|r| r.rsplit_once('/'))
+        .map(|(repository, _)| repository)
+        .with_context(|| format!("the README's chart {chart} is not under oci://{UPSTREAM}/"))?;
+    registry
+        .push_chart(&cluster.cp.helm_path(), &user.chart, repository)
+        .await?;
+    eprintln!(
+        "cgroupv2_node: pushed {images:?} and the chart to the registry (for {chart}) in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Pushed { images })
+}
+
+/// The README's `helm install` of the chart from the registry (`oci://` with the test
+/// registry's host for ghcr.io's, and its CA), the chart's defaults otherwise (the images by
+/// their ghcr.io names, which the nodes pull through their mirror), with the test's pace and an
+/// empty checkpoint folder.
+async fn install(cluster: &RealCluster, user: &UserFiles, registry: &Registry) -> Result<()> {
     let client = cluster.cp.admin_client().await?;
     let helm = Helm::for_control_plane(&cluster.cp)?;
     let line = user.release.line(UserPath::INSTALL);
-    let file = user.chart.file_name().map(|f| f.to_string_lossy().into_owned());
-    let args: Vec<String> = line
+    let chart = readme_chart_ref(user)?;
+    let here = chart.replacen(
+        &format!("oci://{UPSTREAM}/"),
+        &format!("oci://{}/", registry.host()),
+        1,
+    );
+    let mut args: Vec<String> = line
         .split_whitespace()
         .skip(1)
-        .map(|a| {
-            // helm runs elsewhere than in the user's folder
-            if Some(a) == file.as_deref() {
-                user.chart.display().to_string()
-            } else {
-                a.to_string()
-            }
-        })
+        .map(|a| if a == chart { here.clone() } else { a.to_string() })
         .collect();
-    ensure!(
-        args.contains(&user.chart.display().to_string()),
-        "`{line}` does not install {}",
-        user.chart.display()
-    );
+    ensure!(args.contains(&here), "`{line}` does not install {chart}");
+    args.extend(["--ca-file".to_string(), registry.ca_pem().display().to_string()]);
     let took = install_chart_with(&helm, &client, args, &cluster.fresh_checkpoint_dir()?).await?;
     eprintln!(
         "cgroupv2_node: {line} took {:.1}s (beside the guest's boot)",
         took.as_secs_f64()
     );
     Ok(())
+}
+
+/// The webhook's pod (on the host node) and the agent's pod on the VM node, which joined after
+/// the install, each run (its init containers too) the image by the chart's default name, with
+/// the digest of the index pushed under it: the node pulled it from the registry (no node has
+/// it otherwise).
+async fn pulled_from_the_registry(client: &Client, pushed: &Pushed) -> Result<()> {
+    let pods = Api::<Pod>::namespaced(client.clone(), "nodewarden");
+    let started = Instant::now();
+    loop {
+        let mut running = Vec::new();
+        let mut waiting = Vec::new();
+        for pod in pods.list(&Default::default()).await? {
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            let status = pod.status.unwrap_or_default();
+            let statuses = status
+                .init_container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .chain(status.container_statuses.unwrap_or_default());
+            for c in statuses {
+                let Some((_, digest)) = pushed.images.iter().find(|(name, _)| *name == c.image) else {
+                    bail!(
+                        "{node}'s container {} runs {}, not an image pushed to the registry",
+                        c.name,
+                        c.image
+                    );
+                };
+                if c.image_id.is_empty() {
+                    waiting.push(format!("{node}: {}", c.name));
+                    continue;
+                }
+                let name = c.image.rsplit_once(':').map(|(n, _)| n).unwrap_or(&c.image);
+                ensure!(
+                    c.image_id == format!("{name}@{digest}"),
+                    "{node}'s container {} runs {} as {}, not the index pushed ({digest})",
+                    c.name,
+                    c.image,
+                    c.image_id
+                );
+                running.push((node.clone(), c.image.clone()));
+            }
+        }
+        let agent_on_vm = running
+            .iter()
+            .any(|(node, image)| node == VM_NODE && image.contains("nodewarden-agent"));
+        let webhook = running
+            .iter()
+            .any(|(node, image)| node != VM_NODE && image.contains("nodewarden-webhook"));
+        if agent_on_vm && webhook {
+            eprintln!("cgroupv2_node: pulled from the registry by their chart-default names: {running:?}");
+            return Ok(());
+        }
+        ensure!(
+            started.elapsed() < POD_RUNNING_TIMEOUT,
+            "after {POD_RUNNING_TIMEOUT:?}, no agent on {VM_NODE} and webhook elsewhere run the pushed images: \
+             running {running:?}, pulling {waiting:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// `NodeRecommendation/<node>`'s target for the shipper's container: millicores and bytes.
@@ -327,9 +476,18 @@ fn readme_autoscaler(user: &UserFiles) -> Result<nodewarden_api::DaemonSetAutosc
     Ok(serde_json::from_value(autoscaler)?)
 }
 
-async fn scenario(cluster: &RealCluster, vm: &VmNode, images: &TestImages, user: &UserFiles) -> Result<()> {
+async fn scenario(
+    cluster: &RealCluster,
+    vm: &VmNode,
+    images: &TestImages,
+    user: &UserFiles,
+    pushed: &Pushed,
+) -> Result<()> {
     let client = cluster.cp.admin_client().await?;
     let image = images.testbox_ref();
+
+    // 0. nodewarden's pods run the images their nodes pulled from the registry
+    pulled_from_the_registry(&client, pushed).await?;
 
     // 1. a Ready node on cgroup v2 with containerd 2.x
     let node = Api::<Node>::all(client.clone()).get(VM_NODE).await?;

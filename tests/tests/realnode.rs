@@ -73,6 +73,7 @@ async fn chart_on_a_real_node() -> Result<()> {
         sandbox_image: images.testbox_ref(),
         // node b's kubelet signs its own serving certificate, as kubeadm's do
         self_signed_kubelets: vec![SELF_SIGNED],
+        registry_hosts: None,
     })
     .await?;
     let result = scenario(&cluster, &images).await;
@@ -919,6 +920,7 @@ async fn child_holds_a_real_node() -> Result<()> {
         images: vec![testbox.archive.clone()],
         sandbox_image: testbox.reference.clone(),
         self_signed_kubelets: vec![],
+        registry_hosts: None,
     })
     .await?;
     let client = cluster.cp.admin_client().await?;

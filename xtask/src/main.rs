@@ -328,6 +328,8 @@ const TEST_PACKAGES: &[&str] = &[
     "chromium",
     // actionlint checks the workflows' run: scripts with it (tests/tests/workflows.rs)
     "shellcheck",
+    // pushes a release into the test registry as the release workflow does (tests/src/registry.rs)
+    "skopeo",
     "containerd",
     "runc",
     "containernetworking-plugins",
@@ -345,12 +347,14 @@ fn is_root() -> bool {
 /// The builds the tests need that do not depend on the Rust build, in the order the tests ask for
 /// them: VPA's recommender model (the agent's differential test), the control plane and Helm,
 /// (as root on Linux, the cgroup v2 node's disk image: [`PREFETCH_ROOT_SCRIPTS`], next), then
-/// promtool (the alert-rule tests). Each script caches its result and lets one
+/// the registry (the cgroup v2 node's test pushes the release into it) and promtool (the
+/// alert-rule tests). Each script caches its result and lets one
 /// build run at a time, so a test that asks before the background got there waits for it, and
 /// nothing is built twice.
 const PREFETCH_SCRIPTS: &[&str] = &[
     "tests/vpa/build-recommend.sh",
     "tests/controlplane/build.sh",
+    "tests/registry/build.sh",
     "tests/promtool/build.sh",
 ];
 const PREFETCH_ROOT_SCRIPTS: &[&str] = &["tests/node/vm/build.sh"];

@@ -62,6 +62,7 @@ pub async fn start() -> Start {
         images: images.archives(),
         sandbox_image: images.testbox_ref(),
         self_signed_kubelets: vec![],
+        registry_hosts: None,
     })
     .await
     .context("starting the real nodes")?;
