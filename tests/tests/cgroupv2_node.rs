@@ -501,6 +501,18 @@ async fn scenario(
         "the VM node runs containerd 2.x: {}",
         info.container_runtime_version
     );
+    // the kubelet of the run's version (NODEWARDEN_KUBE_VERSION, else the pinned one), as the
+    // API server's: the guest's image bakes in the version's kubelet
+    let version = cluster.cp.kube_version();
+    ensure!(
+        info.kubelet_version == version.text,
+        "the VM node's kubelet is {}, the run's version {version}",
+        info.kubelet_version
+    );
+    eprintln!(
+        "cgroupv2_node: {VM_NODE} runs kubelet {} and {} on cgroup v2",
+        info.kubelet_version, info.container_runtime_version
+    );
     let fs = vm.checked(&["stat", "-fc", "%T", "/sys/fs/cgroup"]).await?;
     ensure!(fs.trim() == "cgroup2fs", "/sys/fs/cgroup in the guest is {fs:?}");
     let controllers = vm.read_file("/sys/fs/cgroup/cgroup.controllers").await?;

@@ -2,7 +2,8 @@
 # Builds the disk image of the cgroup v2 test node: a minimal Debian bookworm with systemd (unified
 # cgroup hierarchy), its kernel, Debian's runc, CNI plugins, iptables, conntrack and
 # qemu-guest-agent, containerd 2.x built from this Go module, and the kubelet and kube-proxy of
-# the control-plane build (tests/controlplane/build.sh).
+# the control-plane build (tests/controlplane/build.sh), or with NODEWARDEN_KUBE_VERSION set those
+# of that version (tests/controlplane/build-version.sh): an image of its own, as the key says.
 #
 # Output: ${NODEWARDEN_CACHE:-$HOME/.cache/nodewarden}/vm/<key>/ holding
 #   root.img     raw ext4 file system of the root (boot it behind a qcow2 overlay: never write to it)
@@ -31,7 +32,8 @@ log() { echo "vm/build.sh: $*" >&2; }
 }
 bash "$here/../packages.sh" mmdebstrap e2fsprogs util-linux >&2
 
-cp_bin="$("$here/../../controlplane/build.sh" | tail -n 1)"
+# the pinned version's (build.sh), or $NODEWARDEN_KUBE_VERSION's (the version matrix's newest)
+cp_bin="$("$here/../../controlplane/build-version.sh" "${NODEWARDEN_KUBE_VERSION:-}" kubelet kube-proxy | tail -n 1)"
 for b in kubelet kube-proxy; do
     [[ -x "$cp_bin/$b" ]] || {
         log "$cp_bin/$b is missing"
