@@ -18,7 +18,8 @@
 //!   the log says it once;
 //! * an eviction goes through the Eviction API (PodDisruptionBudgets: a 429 is retried next
 //!   round), at most one per DaemonSet on this node per `--eviction-min-interval`, and only
-//!   while the DaemonSet's disruption budget allows it (see [`Budget`]).
+//!   while the DaemonSet's disruption budget allows it (see [`Budget`]); a pod that is not
+//!   Ready (in an OOM loop, say) is unavailable already and is re-created outside the budget.
 //!
 //! Every resize and eviction is an Event on the pod and counts in
 //! `nodewarden_agent_pod_updates_total{action, outcome}`.
@@ -477,14 +478,22 @@ impl Updater {
         {
             return Outcome::Held("an earlier eviction was held back; waiting to retry".to_string());
         }
-        let lease = match self.budget(ns, ds, pod).await {
-            Ok(lease) => lease,
-            Err(held) => {
-                self.hold_back(key);
-                self.metrics.pod_update("evict", "budget");
-                tracing::info!(pod = %pod.name_any(), namespace = ns, reason = %held, "eviction held back");
-                return Outcome::Held(held);
+        // A pod that is not Ready is unavailable already: re-creating it takes nothing more
+        // down, so it needs no room in the budget (the DaemonSet controller's rolling update
+        // replaces unavailable pods outside maxUnavailable too). Without this, a pod in an OOM
+        // loop would hold the budget itself, and never get the memory it needs.
+        let lease = if ready(pod) {
+            match self.budget(ns, ds, pod).await {
+                Ok(lease) => Some(lease),
+                Err(held) => {
+                    self.hold_back(key);
+                    self.metrics.pod_update("evict", "budget");
+                    tracing::info!(pod = %pod.name_any(), namespace = ns, reason = %held, "eviction held back");
+                    return Outcome::Held(held);
+                }
             }
+        } else {
+            None
         };
         let api: Api<Pod> = Api::namespaced(self.evictions.clone(), ns);
         let name = pod.name_any();
@@ -494,8 +503,10 @@ impl Updater {
                 self.metrics.pod_update("evict", "ok");
                 self.last_eviction
                     .insert(key.clone(), tokio::time::Instant::now());
-                self.held
-                    .insert(key, (lease, pod.metadata.uid.clone().unwrap_or_default()));
+                if let Some(lease) = lease {
+                    self.held
+                        .insert(key, (lease, pod.metadata.uid.clone().unwrap_or_default()));
+                }
                 tracing::info!(pod = %name, namespace = ns, reason = label, %why, "evicted");
                 self.event(
                     pod,
@@ -508,7 +519,9 @@ impl Updater {
                 Outcome::Evicted(why.to_string())
             }
             Ok(Err(err)) => {
-                self.release(&lease).await;
+                if let Some(lease) = &lease {
+                    self.release(lease).await;
+                }
                 self.hold_back(key);
                 let blocked = matches!(&err, kube::Error::Api(s) if s.code == 429);
                 self.metrics
@@ -534,7 +547,9 @@ impl Updater {
                 Outcome::Held(said)
             }
             Err(_) => {
-                self.release(&lease).await;
+                if let Some(lease) = &lease {
+                    self.release(lease).await;
+                }
                 self.hold_back(key);
                 self.metrics.pod_update("evict", "error");
                 tracing::warn!(pod = %name, namespace = ns, "eviction timed out");
