@@ -20,6 +20,7 @@ pub mod controlplane;
 pub mod helm;
 pub mod images;
 pub mod node;
+pub mod oom;
 pub mod process;
 pub mod procfs;
 pub mod prometheus;

@@ -605,12 +605,14 @@ impl RealCluster {
             format!("--root-dir={}", dir.join("kubelet").display()),
             format!("--hostname-override={}", node.name),
             format!("--node-ip={}", node.ip),
-            // the kubelet's cAdvisor finds containerd at its default socket, where a node's own
-            // containerd is not here: without this, /metrics/cadvisor has no pod or container
-            // labels (it is a cAdvisor flag the kubelet still takes)
-            format!("--containerd={}", socket.display()),
             "--v=1".to_string(),
         ];
+        if cp.kube_version().minor < 37 {
+            // the kubelet's cAdvisor finds containerd at its default socket, where a node's own
+            // containerd is not here: without this, /metrics/cadvisor has no pod or container
+            // labels (a cAdvisor flag the kubelet took up to 1.36; 1.37 refuses it)
+            args.push(format!("--containerd={}", socket.display()));
+        }
         if self_signed {
             // no tlsCertFile: the kubelet signs its own certificate (for its host name) and writes
             // it where kubeadm's kubelets keep theirs; the host snapshot removes the folder after

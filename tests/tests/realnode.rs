@@ -45,6 +45,7 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
+use nodewarden_tests::oom;
 use nodewarden_tests::seeding::{
     Printed, check_seeded, near, report_args, report_args_until, report_figures, scrape_kubelets,
     seeded_until, seeding_values, targets_while, wait_for_publish, wait_for_whole_step,
@@ -1129,29 +1130,11 @@ async fn footprint(cluster: &RealCluster, images: &TestImages, span: Duration) -
     Ok(())
 }
 
-/// The OOM loop's DaemonSet (its own, beside no shipper).
-const HOG: &str = "hog";
-/// Its memory request and limit: the node's floor (250 MiB) as request, so that the node where
-/// it fits sees no change; the limit below what it holds on the looping node.
-const HOG_REQUEST_MIB: u64 = 250;
-const HOG_LIMIT_MIB: u64 = 300;
-/// What it holds: on the looping node more than its limit, on the other far less.
-const HOG_LOOPING_MIB: u64 = 360;
-const HOG_STEADY_MIB: u64 = 16;
-/// How long the rescued container must then run without a restart.
-const RESCUED_FOR: Duration = Duration::from_secs(20);
-const RESCUE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// A DaemonSet whose container is OOM-killed in a loop on one node (it holds more than its limit
-/// there, and little on the other), under an autoscaler in `Recreate` mode that controls memory
-/// only, made before it (VPA users report that VPA cannot rescue such pods:
-/// kubernetes/autoscaler#10141).
-/// The looping node's agent sees the kills (the pod's `OOMKilled` and the cgroup's counter),
-/// raises that node's memory figure and evicts the pod at once (a kill soon after the start);
-/// the new pod gets the raised request and a limit in proportion from the webhook, and its
-/// container runs with that limit (read back from its cgroup) without a restart for
-/// [`RESCUED_FOR`]. The other node's pod is left as it was: same pod, no restart, same requests.
-/// Prints the time from the first kill to the rescued container's start, and the kills seen.
+/// A DaemonSet container OOM-killed in a loop on node a, under a `Recreate` autoscaler for
+/// memory made before it (`nodewarden_tests::oom`): node a's agent re-creates the pod with that
+/// node's raised memory, its container runs without a restart with that limit (read back from
+/// its cgroup), and node b's pod is left as it was. Prints the time from the first kill to the
+/// rescued container's start, and the kills seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oom_loop_on_one_node_is_rescued_there() -> Result<()> {
     if !require_real_nodes("an_oom_loop_on_one_node_is_rescued_there")? {
@@ -1182,198 +1165,38 @@ async fn an_oom_loop_on_one_node_is_rescued_there() -> Result<()> {
     restored
 }
 
-/// The hog's pod on `node`, if there is one.
-async fn hog_on(pods: &Api<Pod>, node: &str) -> Result<Option<Pod>> {
-    Ok(pods
-        .list(&ListParams::default().labels(&format!("app={HOG}")))
-        .await?
-        .items
-        .into_iter()
-        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)))
-}
-
-/// The hog container's status in `pod`.
-fn hog_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == HOG)
-}
-
 async fn oom_loop(cluster: &RealCluster, images: &TestImages) -> Result<()> {
     let client = cluster.cp.admin_client().await?;
     let helm = Helm::for_control_plane(&cluster.cp)?;
     install_chart(&helm, &client, images, &cluster.fresh_checkpoint_dir()?, &[]).await?;
     let (looping, steady) = (&cluster.nodes[0], &cluster.nodes[1]);
     nodewarden_tests::shipper::create_namespace(&client, SHIPPER_NS).await?;
-    let daemonset: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": HOG},
-        "spec": {
-            "selector": {"matchLabels": {"app": HOG}},
-            "template": {
-                "metadata": {"labels": {"app": HOG}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": HOG,
-                        "image": images.testbox_ref(),
-                        "imagePullPolicy": "Never",
-                        "args": ["burn", "--cpu-millicores", "10", "--memory-mib", HOG_STEADY_MIB.to_string(),
-                                 "--per-node", format!("{}=10:{HOG_LOOPING_MIB}", looping.name)],
-                        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-                        "resources": {
-                            "requests": {"cpu": "25m", "memory": format!("{HOG_REQUEST_MIB}Mi")},
-                            "limits": {"memory": format!("{HOG_LIMIT_MIB}Mi")},
-                        },
-                    }],
-                },
-            },
+    let rescue = oom::rescue_an_oom_loop(
+        &client,
+        &oom::OomLoop {
+            namespace: SHIPPER_NS,
+            image: &images.testbox_ref(),
+            looping: &looping.name,
+            steady: Some(&steady.name),
+            tolerations: json!([]),
         },
-    }))?;
-    // the user's autoscaler, there before the DaemonSet's pods: Recreate, memory only
-    Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), SHIPPER_NS)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "nodewarden.io/v1alpha1",
-                "kind": "DaemonSetAutoscaler",
-                "metadata": {"name": HOG},
-                "spec": {
-                    "targetRef": {"kind": "DaemonSet", "name": HOG},
-                    "updatePolicy": {"updateMode": "Recreate"},
-                    "resourcePolicy": {"containerPolicies": [
-                        {"containerName": "*", "controlledResources": ["memory"]},
-                    ]},
-                },
-            }))?,
-        )
-        .await?;
-
-    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), SHIPPER_NS)
-        .create(&PostParams::default(), &daemonset)
-        .await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SHIPPER_NS);
-
-    // the loop: the first kill on the looping node, and the other pod running
-    let started = Instant::now();
-    let (first, first_kill) = loop {
-        if let Some(pod) = hog_on(&pods, &looping.name).await? {
-            let killed = hog_status(&pod)
-                .and_then(|c| c.last_state.as_ref()?.terminated.as_ref())
-                .filter(|t| t.reason.as_deref() == Some("OOMKilled"))
-                .and_then(|t| t.finished_at.clone());
-            if let Some(at) = killed {
-                break (pod, at.0);
-            }
-        }
-        ensure!(
-            started.elapsed() < RESCUE_TIMEOUT,
-            "the hog on {} was not OOM-killed within {RESCUE_TIMEOUT:?}",
-            looping.name
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let before = wait_for_hog_running(&pods, &steady.name).await?;
+    )
+    .await?;
+    let applied = looping.container_cgroup(&rescue.pod)?;
+    ensure!(
+        applied.memory_matches_limit(rescue.limit),
+        "the rescued container's cgroup has not its pod's limit {} B: {applied:?}",
+        rescue.limit
+    );
     eprintln!(
-        "realnode: the hog on {} OOM-killed at {first_kill} (holding {HOG_LOOPING_MIB} MiB under a {HOG_LIMIT_MIB} MiB limit); running on {}",
-        looping.name, steady.name
-    );
-
-    // each kill of the first pod (its finish times), until a pod of the looping node runs with
-    // more memory
-    let mut kills = std::collections::BTreeSet::from([first_kill]);
-    let rescued = loop {
-        let pod = hog_on(&pods, &looping.name).await?;
-        if let Some(pod) = &pod {
-            if pod.uid() == first.uid() {
-                if let Some(t) = hog_status(pod)
-                    .and_then(|c| c.last_state.as_ref()?.terminated.as_ref())
-                    .filter(|t| t.reason.as_deref() == Some("OOMKilled"))
-                    .and_then(|t| t.finished_at.clone())
-                {
-                    kills.insert(t.0);
-                }
-            } else if hog_status(pod).is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())) {
-                break pod.clone();
-            }
-        }
-        ensure!(
-            started.elapsed() < RESCUE_TIMEOUT,
-            "no new hog pod runs on {} {RESCUE_TIMEOUT:?} after the DaemonSet (kills seen: {})",
-            looping.name,
-            kills.len()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let (_, memory) = container_requests(&rescued)?;
-    let (_, limit) = container_limits(&rescued)?;
-    let limit = limit.context("the rescued pod keeps a memory limit")?;
-    ensure!(
-        memory > HOG_REQUEST_MIB << 20 && limit > HOG_LOOPING_MIB << 20,
-        "the rescued pod requests {memory} B with a limit of {limit} B: not above what it holds ({HOG_LOOPING_MIB} MiB)"
-    );
-    let applied = looping.container_cgroup(&rescued)?;
-    ensure!(
-        applied.memory_matches_limit(limit),
-        "the rescued container's cgroup has not its pod's limit {limit} B: {applied:?}"
-    );
-    let running_since = hog_status(&rescued)
-        .and_then(|c| c.state.as_ref()?.running.as_ref()?.started_at.clone())
-        .context("the rescued container's start time")?
-        .0;
-    // and it stays up
-    tokio::time::sleep(RESCUED_FOR).await;
-    let now = pods.get(&rescued.name_any()).await?;
-    let restarts = hog_status(&now).map_or(-1, |c| c.restart_count);
-    ensure!(
-        restarts == 0,
-        "the rescued container restarted {restarts} times within {RESCUED_FOR:?}: {:?}",
-        hog_status(&now).and_then(|c| c.last_state.clone())
-    );
-
-    // the other node's pod is as it was
-    let after = hog_on(&pods, &steady.name)
-        .await?
-        .context("the other node's hog is gone")?;
-    ensure!(
-        after.uid() == before.uid()
-            && hog_status(&after).map(|c| c.restart_count) == Some(0)
-            && container_requests(&after)? == container_requests(&before)?,
-        "the hog on {} changed: {:?} → {:?}",
-        steady.name,
-        before.spec.as_ref().map(|s| &s.containers[0].resources),
-        after.spec.as_ref().map(|s| &s.containers[0].resources)
-    );
-    let took = running_since.duration_since(first_kill).as_secs_f64();
-    eprintln!(
-        "realnode: OOM loop rescued on {}: kills seen {}, first kill → rescued container running {took:.0} s; \
+        "realnode: OOM loop rescued on {}: kills seen {}, first kill → rescued container running {:.0} s; \
          now {} MiB request, {} MiB limit (cgroup {applied:?}); the pod on {} unchanged",
         looping.name,
-        kills.len(),
-        memory >> 20,
-        limit >> 20,
+        rescue.kills,
+        rescue.took.as_secs_f64(),
+        rescue.memory >> 20,
+        rescue.limit >> 20,
         steady.name
     );
     Ok(())
-}
-
-/// The hog's pod on `node` once its container runs.
-async fn wait_for_hog_running(pods: &Api<Pod>, node: &str) -> Result<Pod> {
-    let started = Instant::now();
-    loop {
-        if let Some(pod) = hog_on(pods, node).await? {
-            if hog_status(&pod).is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())) {
-                return Ok(pod);
-            }
-        }
-        ensure!(
-            started.elapsed() < RESCUE_TIMEOUT,
-            "the hog on {node} does not run after {RESCUE_TIMEOUT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
