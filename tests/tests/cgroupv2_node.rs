@@ -38,7 +38,10 @@
 //!    the guest's kubelet runs it with them: `cpu.weight` and `memory.max` of its scope.
 //! 5. With `updateMode: InPlace` and a CPU floor above the node's figure, the agent resizes the
 //!    running pod in place; the kubelet changes `cpu.weight` of the same container, no restart.
-//! 6. The VM is gone afterwards, and the host is as before.
+//! 6. A DaemonSet container OOM-killed in a loop on the VM node (`nodewarden_tests::oom`, under a
+//!    `Recreate` autoscaler for memory) is re-created by the node's agent with the node's raised
+//!    memory, and runs with that `memory.max` without a restart.
+//! 7. The VM is gone afterwards, and the host is as before.
 //!
 //! Needs Linux and root; elsewhere it says so loudly and passes, except under `CI=true`.
 
@@ -55,6 +58,7 @@ use nodewarden_api::NodeRecommendation;
 use nodewarden_cli::report::render;
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
+use nodewarden_tests::oom;
 use nodewarden_tests::registry::{Registry, UPSTREAM};
 use nodewarden_tests::release::{self, HostRelease, UserPath};
 use nodewarden_tests::seeding::targets_while;
@@ -664,6 +668,35 @@ async fn scenario(
     );
     eprintln!(
         "cgroupv2_node: resized in place to {request}m CPU (floor {floor}m), same container, {applied:?}"
+    );
+
+    // 6. an OOM loop on the VM node, under a Recreate autoscaler for memory: the node's agent
+    //    re-creates the pod with the node's raised memory, and the guest's kubelet runs it with
+    //    that limit (memory.max of its scope), without a restart
+    let rescue = oom::rescue_an_oom_loop(
+        &client,
+        &oom::OomLoop {
+            namespace: SHIPPER_NS,
+            image: &image,
+            looping: VM_NODE,
+            steady: None,
+            tolerations: json!([{"key": VM_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]),
+        },
+    )
+    .await?;
+    let (path, applied) = vm.container_cgroup(&rescue.pod).await?;
+    ensure!(
+        applied.memory_matches_limit(rescue.limit),
+        "memory.max of the rescued container is its pod's {} B limit: {applied:?} ({path})",
+        rescue.limit
+    );
+    eprintln!(
+        "cgroupv2_node: OOM loop rescued on {VM_NODE}: kills seen {}, first kill → rescued container running {:.0} s; \
+         now {} MiB request, {} MiB limit, {applied:?}",
+        rescue.kills,
+        rescue.took.as_secs_f64(),
+        rescue.memory >> 20,
+        rescue.limit >> 20
     );
     Ok(())
 }

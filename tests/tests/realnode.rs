@@ -1154,7 +1154,10 @@ async fn an_oom_loop_on_one_node_is_rescued_there() -> Result<()> {
         Err(_) => {
             let mut details = failure_details(&cluster).await;
             if let Ok(client) = cluster.cp.admin_client().await {
-                details.push_str(&format!("pods in {SHIPPER_NS}:\n{}\n", describe_pods(&client, SHIPPER_NS).await));
+                details.push_str(&format!(
+                    "pods in {SHIPPER_NS}:\n{}\n",
+                    describe_pods(&client, SHIPPER_NS).await
+                ));
             }
             details
         }
