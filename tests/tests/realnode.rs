@@ -1151,16 +1151,7 @@ async fn an_oom_loop_on_one_node_is_rescued_there() -> Result<()> {
     .await?;
     let result = oom_loop(&cluster, &images).await;
     let details = match &result {
-        Err(_) => {
-            let mut details = failure_details(&cluster).await;
-            if let Ok(client) = cluster.cp.admin_client().await {
-                details.push_str(&format!(
-                    "pods in {SHIPPER_NS}:\n{}\n",
-                    describe_pods(&client, SHIPPER_NS).await
-                ));
-            }
-            details
-        }
+        Err(_) => failure_details(&cluster).await,
         Ok(()) => String::new(),
     };
     let restored = cluster.shutdown();
