@@ -37,6 +37,8 @@ const PROCESS: &str = "registry";
 pub struct Registry {
     dir: tempfile::TempDir,
     port: u16,
+    /// The registry program.
+    bin: PathBuf,
 }
 
 impl Registry {
@@ -46,7 +48,9 @@ impl Registry {
     /// mirror configuration ([`Registry::write_mirror`]) can be written before the cluster starts.
     pub async fn prepare(also: &[Ipv4Addr]) -> Result<Registry> {
         install_packages(REGISTRY_PACKAGES).await?;
-        tokio::task::spawn_blocking(|| cached_build("registry/build.sh", &["registry"])).await??;
+        let bin = tokio::task::spawn_blocking(|| cached_build("registry/build.sh", &["registry"]))
+            .await??
+            .join("registry");
         let dir = tempfile::Builder::new()
             .prefix("nodewarden-registry-")
             .tempdir()?;
@@ -62,7 +66,7 @@ impl Registry {
             ip_addresses,
             validity: CERT_VALIDITY,
         })?;
-        let registry = Registry { dir, port };
+        let registry = Registry { dir, port, bin };
         put(&registry.ca_pem(), ca.cert_pem.as_bytes(), false)?;
         // skopeo's --dest-cert-dir takes a folder of `*.crt` CAs
         put(
@@ -151,13 +155,10 @@ server = "https://{UPSTREAM}"
 
     /// Starts it as a process of `cp`; returns once it listens.
     pub async fn start(&self, cp: &ControlPlane) -> Result<()> {
-        let bin = tokio::task::spawn_blocking(|| cached_build("registry/build.sh", &["registry"]))
-            .await??
-            .join("registry");
         let config = self.config_path();
         cp.spawn_program(
             PROCESS,
-            &bin,
+            &self.bin,
             &["serve".to_string(), config.display().to_string()],
         )?;
         let address = self.host();
