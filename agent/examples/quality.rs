@@ -30,8 +30,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Parser;
-use nodewarden_agent::rightsizing::histogram::DecayingHistogram;
-use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
+use nodewarden_estimator::histogram::DecayingHistogram;
+use nodewarden_estimator::recommender::{EstimatorConfig, History};
 
 #[derive(Parser)]
 struct Args {

@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use nodewarden_agent::metrics::Metrics;
 use nodewarden_agent::rightsizing::pods;
-use nodewarden_agent::rightsizing::recommender::EstimatorConfig;
 use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
 use nodewarden_api::rightsizing::DaemonSetAutoscaler;
+use nodewarden_estimator::recommender::EstimatorConfig;
 use serde_json::json;
 
 #[derive(Parser)]

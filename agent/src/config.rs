@@ -62,7 +62,7 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
-    use crate::rightsizing::recommender::EstimatorConfig;
+    use nodewarden_estimator::recommender::EstimatorConfig;
 
     #[test]
     fn defaults_are_the_vpa_constants() {

@@ -111,7 +111,7 @@ async fn seed_from_history(
     config: &Config,
     targets: &[pods::Target],
     resumed: bool,
-    estimator: &rightsizing::recommender::EstimatorConfig,
+    estimator: &nodewarden_estimator::recommender::EstimatorConfig,
     metrics: &Metrics,
 ) {
     let Some(seed) = config.rightsizing.history.seed() else {
@@ -290,7 +290,8 @@ pub async fn run_with_clients(
     ));
     let event_client = client.clone();
     // the node's allocatable: no published figure goes above it
-    let (allocatable_tx, mut allocatable_rx) = watch::channel(publish::Figures::default());
+    let (allocatable_tx, mut allocatable_rx) =
+        watch::channel(nodewarden_estimator::figures::Figures::default());
     let allocatable = tokio::spawn(publish::watch_allocatable(
         client.clone(),
         config.node_name.clone(),

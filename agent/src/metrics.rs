@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::rightsizing::pods::Key;
+use nodewarden_estimator::policy::Key;
 
 /// Labels of a per-container, per-resource series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

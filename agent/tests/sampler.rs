@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nodewarden_agent::metrics::Metrics;
-use nodewarden_agent::rightsizing::pods::{self, Key, Target};
-use nodewarden_agent::rightsizing::publish::{Figures, Snapshot};
-use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, MIB};
+use nodewarden_agent::rightsizing::pods::{self, Target};
 use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
-use nodewarden_agent::rightsizing::seed::{self, Samples};
 use nodewarden_api::rightsizing::{AutoscalerRef, CapReason, DaemonSetAutoscaler};
+use nodewarden_estimator::figures::{Figures, Snapshot};
+use nodewarden_estimator::policy::Key;
+use nodewarden_estimator::recommender::{EstimatorConfig, MIB};
+use nodewarden_estimator::samples::{self, Samples};
 use serde_json::json;
 
 const T0: i64 = 1_763_700_000_000;
@@ -489,7 +490,7 @@ fn a_kill_seeded_from_prometheus_is_not_counted_again_from_the_pod_status() {
             memory: vec![(T0 - 60_000, 19.0 * MIB), (T0, 19.0 * MIB)],
             oom: vec![(kill_at, 1)],
         };
-        seed::history_of(&cfg, &samples, 64.0 * MIB).expect("history")
+        samples::history_of(&cfg, &samples, 64.0 * MIB).expect("history")
     };
     let count_after_ticks = |kill_at: i64| {
         let (_tmp, root) = fixture_copy("systemd-containerd");

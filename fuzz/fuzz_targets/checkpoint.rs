@@ -13,8 +13,9 @@ use libfuzzer_sys::fuzz_target;
 use nodewarden_agent::cgroup::{Reading, Throttling};
 use nodewarden_agent::metrics::Metrics;
 use nodewarden_agent::rightsizing::checkpoint::{self, Loaded};
-use nodewarden_agent::rightsizing::pods::{Policy, Target};
-use nodewarden_agent::rightsizing::recommender::EstimatorConfig;
+use nodewarden_agent::rightsizing::pods::Target;
+use nodewarden_estimator::policy::Policy;
+use nodewarden_estimator::recommender::EstimatorConfig;
 use nodewarden_agent::rightsizing::sampler::{PublishConfig, Sampler};
 
 const NODE: &str = "node-1";
@@ -73,7 +74,7 @@ fuzz_target!(|data: &[u8]| {
         .take(64)
         .enumerate()
         .map(|(i, e)| Target {
-            key: nodewarden_agent::rightsizing::pods::Key {
+            key: nodewarden_estimator::policy::Key {
                 autoscaler: e.autoscaler.clone(),
                 container: e.container.clone(),
             },

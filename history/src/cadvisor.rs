@@ -281,9 +281,72 @@ pub fn join(labels: &Labels, cpu: Vec<Series>, memory: Vec<Series>, oom: Vec<Ser
     out.into_values().collect()
 }
 
+/// Where a read made at `now_ms` ends its window: half the CPU rate window before now. The
+/// newest samples may still be on their way: the kubelet's cAdvisor stamps a sample with the time
+/// it measured it, and Prometheus stores it only at its next scrape, up to a scrape interval
+/// later (and `rate_window` is at least twice that interval, as the chart's value says). Ending
+/// before them, two reads of the same minute (the agent's seeding and a later
+/// `kubectl nodewarden report --prometheus`) read the same samples, not one more.
+pub fn settled_end(now_ms: i64, rate_window: Duration) -> i64 {
+    let half = i64::try_from(rate_window.as_millis() / 2).unwrap_or(i64::MAX);
+    now_ms.saturating_sub(half)
+}
+
+/// The window of `length` ending at `end_ms`, its end on a whole multiple of `resolution` at or
+/// before it (so that reads a little apart, the agent's and the report's, read the same steps).
+pub fn window(length: Duration, resolution: Duration, rate_window: Duration, end_ms: i64) -> Window {
+    let step_ms = i64::try_from(resolution.as_millis()).unwrap_or(i64::MAX).max(1);
+    let end_ms = end_ms.div_euclid(step_ms) * step_ms;
+    let length = i64::try_from(length.as_millis()).unwrap_or(i64::MAX);
+    Window {
+        start_ms: end_ms.saturating_sub(length),
+        end_ms,
+        step: resolution,
+        rate_window,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_window_ends_on_a_whole_step() {
+        let w = window(
+            Duration::from_secs(3600),
+            Duration::from_secs(60),
+            Duration::from_secs(120),
+            1_700_000_123_456,
+        );
+        assert_eq!(w.end_ms, 1_700_000_100_000);
+        assert_eq!(w.start_ms, 1_700_000_100_000 - 3_600_000);
+        assert_eq!(w.step, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_read_now_leaves_out_the_newest_half_rate_window() {
+        // 12:01:20 with a 2m rate window: samples stamped after 12:00:20 may still arrive,
+        // so the window ends at 12:00, not 12:01
+        let minute = 60_000;
+        let now = 1_700_000_040_000 + 80_000;
+        let end = settled_end(now, Duration::from_secs(120));
+        assert_eq!(end, now - minute);
+        let w = window(
+            Duration::from_secs(3600),
+            Duration::from_secs(60),
+            Duration::from_secs(120),
+            end,
+        );
+        assert_eq!(w.end_ms, 1_700_000_040_000);
+        // from 12:02:00 on, 12:01 is settled
+        let w = window(
+            Duration::from_secs(3600),
+            Duration::from_secs(60),
+            Duration::from_secs(120),
+            settled_end(1_700_000_040_000 + 2 * minute, Duration::from_secs(120)),
+        );
+        assert_eq!(w.end_ms, 1_700_000_100_000);
+    }
 
     #[test]
     fn queries_select_containers_of_the_daemonsets_pods() {

@@ -13,11 +13,10 @@
 //! `timeout`), at most [`Limits::max_points_per_series`] steps per query (longer windows are
 //! paged by time), at most [`Limits::max_series`] series per answer, and at most
 //! [`Limits::max_response_bytes`] per answer. Nothing here retries: a caller that wants backoff
-//! (the agent's seeding, `nodewarden_agent::rightsizing::seed`) wraps the reads.
+//! (the agent's seeding, its `rightsizing::seed`) wraps the reads.
 //!
 //! Shared by `kubectl nodewarden report --prometheus` and the agent's seeding; the
-//! samples go into the agent's estimator (`nodewarden_agent::rightsizing::recommender`), which
-//! this crate does not know.
+//! samples go into the estimator (`nodewarden-estimator`), which this crate does not know.
 
 #![warn(missing_docs)]
 

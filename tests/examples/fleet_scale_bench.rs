@@ -13,7 +13,7 @@
 //! * 5,000 Node objects over 8 instance types and 3 zones; 20 DaemonSetAutoscalers
 //!   (`coldStart: Group` by `node.kubernetes.io/instance-type`), 2 containers each.
 //! * Each node's NodeRecommendation (20 autoscalers × 2 containers) written the agent's way:
-//!   the object of `nodewarden_agent::rightsizing::publish::object` (owned by its Node), server-side apply
+//!   the object of `nodewarden_estimator::figures::object` (owned by its Node), server-side apply
 //!   with the agent's field manager, forced.
 //! * The webhook: the binary of its image, the chart's flags and log level, logs to a file.
 //! * Measured: how long the writes and the webhook's first sync take; the webhook's resident
@@ -167,7 +167,7 @@ async fn create_node(nodes: &Api<Node>, i: usize) -> Result<String> {
 /// Writes node `i`'s recommendation as the agent does: its object, owned by the Node, by
 /// server-side apply with the agent's field manager.
 async fn publish(recs: &Api<NodeRecommendation>, i: usize, uid: &str, round: usize) -> Result<()> {
-    let obj = nodewarden_agent::rightsizing::publish::object(&node_name(i), uid, spec(i, round));
+    let obj = nodewarden_estimator::figures::object(&node_name(i), uid, spec(i, round));
     recs.patch(
         &node_name(i),
         &PatchParams::apply(nodewarden_agent::rightsizing::publish::FIELD_MANAGER).force(),

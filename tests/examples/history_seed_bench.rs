@@ -24,10 +24,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use nodewarden_agent::config::Config;
-use nodewarden_agent::rightsizing::pods::{Key, Policy, Target};
-use nodewarden_agent::rightsizing::recommender::EstimatorConfig;
+use nodewarden_agent::rightsizing::pods::Target;
 use nodewarden_agent::rightsizing::seed;
 use nodewarden_api::rightsizing::AutoscalerRef;
+use nodewarden_estimator::policy::{Key, Policy};
+use nodewarden_estimator::recommender::EstimatorConfig;
 use nodewarden_tests::prometheus::{OomSeries, Prometheus, Synthetic};
 
 #[derive(Parser)]

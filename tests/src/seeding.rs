@@ -174,7 +174,7 @@ pub struct HistoryReady {
 }
 
 /// How long after a step its samples are settled: what a read (the agents' seeding, the report
-/// without `--end`) leaves out at the end of its window, half the rate window (`seed::settled_end`).
+/// without `--end`) leaves out at the end of its window, half the rate window (`cadvisor::settled_end` of nodewarden-history).
 pub fn settle() -> Duration {
     RATE_WINDOW / 2
 }

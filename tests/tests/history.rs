@@ -28,10 +28,9 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
-use nodewarden_agent::rightsizing::pods::Policy;
-use nodewarden_agent::rightsizing::publish::Figures;
-use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
-use nodewarden_agent::rightsizing::sampler;
+use nodewarden_estimator::figures::{self, Figures};
+use nodewarden_estimator::policy::Policy;
+use nodewarden_estimator::recommender::{EstimatorConfig, History};
 use nodewarden_tests::prometheus::{OomSeries, Prometheus, Synthetic};
 use nodewarden_tests::{e2e, kubectl_nodewarden, simple_daemonset, vpa, wait_for_daemonset_pods};
 use serde_json::Value;
@@ -167,7 +166,7 @@ fn agent_figures(samples: &NodeSamples) -> ((u64, u64), (u64, u64), (u64, u64)) 
         }
     }
     // no node allocatable and no maxAllowed: VPA knows neither, so nothing is capped
-    let e = sampler::entry(
+    let e = figures::entry(
         &h.estimate(&cfg, 1),
         &h,
         &Policy::default(),
@@ -208,7 +207,7 @@ fn vpa_trace(name: &str, samples: &NodeSamples) -> vpa::Trace {
 /// Whether the report's whole figure `ours` agrees with VPA's within VPA's rounding: VPA
 /// truncates to whole units after the percentile, the margin (15 % of it truncated again), the
 /// confidence factor `factor` and the floor; the report keeps fractions and rounds up once. So
-/// `VPA ≤ ours < VPA + 2.15 × factor + 2` (agent/tests/vpa_differential.rs gives the same bound
+/// `VPA ≤ ours < VPA + 2.15 × factor + 2` (estimator/tests/vpa_differential.rs gives the same bound
 /// before the rounding up).
 fn within_rounding(ours: u64, vpa: i64, factor: f64) -> bool {
     let (ours, vpa) = (ours as f64, vpa as f64);

@@ -42,9 +42,9 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use nodewarden_agent::config::Config;
 use nodewarden_agent::rightsizing::checkpoint::{self, Checkpoint};
-use nodewarden_agent::rightsizing::recommender::{EstimatorConfig, History};
 use nodewarden_api::quantity::parse_milli;
 use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler, NodeRecommendation};
+use nodewarden_estimator::recommender::{EstimatorConfig, History};
 use nodewarden_tests::prometheus::{OomSeries, Prometheus, Synthetic};
 use nodewarden_tests::{
     TestEnv, apply_crds, cgroupfs, chart_crd_files, e2e, kubectl_nodewarden, read_crds, simple_daemonset,

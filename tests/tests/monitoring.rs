@@ -44,7 +44,7 @@ fn exported_metrics() -> BTreeSet<String> {
     ReconcileObserver::reconciled(&webhook, "features", true, std::time::Duration::from_millis(3));
 
     let agent = nodewarden_agent::metrics::Metrics::new();
-    let key = nodewarden_agent::rightsizing::pods::Key {
+    let key = nodewarden_estimator::policy::Key {
         autoscaler: AutoscalerRef {
             namespace: "obs".to_string(),
             name: "logs".to_string(),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds cmd/recommend: VPA's recommender model and estimators (the version in go.mod) behind
-# a JSON-in/JSON-out command, for the agent's differential test (agent/tests/vpa_differential.rs).
+# a JSON-in/JSON-out command, for the agent's differential test (estimator/tests/vpa_differential.rs).
 #
 # Output: ${NODEWARDEN_CACHE:-$HOME/.cache/nodewarden}/vpa-recommend/<key>/bin/vpa-recommend,
 # where <key> hashes the Go version, go.mod, go.sum, the Go sources of cmd/recommend and this

@@ -10,9 +10,9 @@ use std::time::Duration;
 use clap::Args;
 use nodewarden_api::domain::update::Thresholds;
 use nodewarden_api::quantity::parse_milli;
+use nodewarden_estimator::recommender::{EstimatorConfig, histogram_options};
 use nodewarden_runtime::duration::{parse_duration, parse_interval};
 
-use crate::rightsizing::recommender::{EstimatorConfig, histogram_options};
 use crate::rightsizing::sampler::PublishConfig;
 
 /// Flags of per-node right-sizing.

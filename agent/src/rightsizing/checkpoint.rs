@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use nodewarden_api::rightsizing::AutoscalerRef;
 use serde::{Deserialize, Serialize};
 
-use crate::rightsizing::recommender::StoredHistory;
+use nodewarden_estimator::recommender::StoredHistory;
 
 /// Format version written by this agent. Version 2 stores the memory peaks as a decaying
 /// histogram (as VPA keeps them) instead of a list of the last eight.
@@ -247,7 +247,7 @@ pub fn save(dir: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rightsizing::recommender::{EstimatorConfig, History, MIB};
+    use nodewarden_estimator::recommender::{EstimatorConfig, History, MIB};
 
     fn sample() -> Checkpoint {
         let cfg = EstimatorConfig::default();

@@ -15,10 +15,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use nodewarden_api::domain::rightsizing::{container_policy, controlling_daemonset, precedence};
+use nodewarden_api::domain::rightsizing::{controlling_daemonset, precedence};
 use nodewarden_api::domain::sizing::is_sidecar;
 use nodewarden_api::quantity::parse_milli;
-use nodewarden_api::rightsizing::{AutoscalerRef, ContainerMode, DaemonSetAutoscaler, ResourceName};
+use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler};
+use nodewarden_estimator::policy::{Key, Policy, policy_for};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -249,49 +250,6 @@ pub struct Terminated {
 /// Annotation on a mirror pod holding the static pod's own UID (the one its cgroup uses).
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// History key: one autoscaler, one container name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    /// The autoscaler.
-    pub autoscaler: AutoscalerRef,
-    /// The container's name.
-    pub container: String,
-}
-
-/// Min/max of a container policy, in millicores and bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
-pub struct Limits {
-    /// Least CPU to recommend, in millicores.
-    pub min_cpu_milli: Option<f64>,
-    /// Most CPU to recommend, in millicores.
-    pub max_cpu_milli: Option<f64>,
-    /// Least memory to recommend, in bytes.
-    pub min_memory_bytes: Option<f64>,
-    /// Most memory to recommend, in bytes.
-    pub max_memory_bytes: Option<f64>,
-}
-
-/// What the autoscaler's policy says about one container.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Policy {
-    /// Whether CPU is recommended.
-    pub cpu: bool,
-    /// Whether memory is recommended.
-    pub memory: bool,
-    /// Bounds of the recommendation.
-    pub limits: Limits,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            cpu: true,
-            memory: true,
-            limits: Limits::default(),
-        }
-    }
-}
-
 /// One running, autoscaled container on this node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Target {
@@ -349,35 +307,6 @@ pub fn autoscaler_for<'a>(
         .filter(|a| a.namespace().as_deref() == Some(namespace) && a.spec.target_ref.name == daemonset)
         .min_by(|a, b| precedence(a, b))
         .map(|a| a.as_ref())
-}
-
-/// The policy the agent applies to `container` of the pods `dsa` autoscales: `None` when the
-/// container's mode is `Off`. `report --prometheus` applies the same.
-pub fn policy_for(dsa: &DaemonSetAutoscaler, container: &str) -> Option<Policy> {
-    let Some(p) = container_policy(dsa, container) else {
-        return Some(Policy::default());
-    };
-    if p.mode == ContainerMode::Off {
-        return None;
-    }
-    let controlled = p.controlled_resources.as_deref();
-    let has = |r: ResourceName| controlled.is_none_or(|c| c.contains(&r));
-    let q = |list: &Option<nodewarden_api::quantity::ResourceList>, name: &str, scale: f64| {
-        list.as_ref()
-            .and_then(|l| l.get(name))
-            .and_then(|q| parse_milli(&q.0))
-            .map(|m| m as f64 / scale)
-    };
-    Some(Policy {
-        cpu: has(ResourceName::Cpu),
-        memory: has(ResourceName::Memory),
-        limits: Limits {
-            min_cpu_milli: q(&p.min_allowed, "cpu", 1.0),
-            max_cpu_milli: q(&p.max_allowed, "cpu", 1.0),
-            min_memory_bytes: q(&p.min_allowed, "memory", 1000.0),
-            max_memory_bytes: q(&p.max_allowed, "memory", 1000.0),
-        },
-    })
 }
 
 fn request_of(c: &NodeContainer, name: &str) -> Option<u128> {
@@ -674,11 +603,8 @@ mod tests {
         let t = targets(&[ds_pod("DaemonSet")], &dsas);
         assert_eq!(t.len(), 1);
         assert!(!t[0].policy.cpu && t[0].policy.memory);
-        assert_eq!(
-            t[0].policy.limits.min_memory_bytes,
-            Some(1024.0 * 1024.0 * 1024.0)
-        );
-        assert_eq!(t[0].policy.limits.max_cpu_milli, Some(2000.0));
+        assert_eq!(t[0].policy.limits.min.memory, Some(1 << 30));
+        assert_eq!(t[0].policy.limits.max.cpu, Some(2000));
     }
 
     #[test]

@@ -7,16 +7,16 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use nodewarden_api::rightsizing::{
-    AutoscalerRef, CapReason, Capped, CappedResources, NodeRecommendationSpec, history_text,
-};
+use nodewarden_api::rightsizing::{AutoscalerRef, NodeRecommendationSpec};
+use nodewarden_estimator::due::{self, Reason};
+use nodewarden_estimator::figures::{self, Figures, Snapshot, entry};
+use nodewarden_estimator::policy::{Key, Policy};
+use nodewarden_estimator::recommender::{EstimatorConfig, History};
 
 use crate::cgroup::{CgroupError, Hierarchy, Locator, Reading, Unmapped};
 use crate::metrics::{self, Metrics};
 use crate::rightsizing::checkpoint::{self, Checkpoint};
-use crate::rightsizing::pods::{Key, Policy, Target};
-use crate::rightsizing::publish::{self, Entry, Figures, Reason, Snapshot};
-use crate::rightsizing::recommender::{Estimate, EstimatorConfig, History, Resources};
+use crate::rightsizing::pods::Target;
 
 /// What the sampler remembers about a container between ticks.
 #[derive(Clone, Debug, PartialEq)]
@@ -123,133 +123,6 @@ pub struct Tick {
     /// Cgroup trees found in a form the agent cannot map to containers, each said once (the
     /// run loop makes each a Warning Event on the node).
     pub unrecognised: Vec<Unmapped>,
-}
-
-fn ceil_u64(v: f64) -> u64 {
-    if v.is_finite() && v > 0.0 {
-        // saturating float → int conversion
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = v.ceil() as u64;
-        n
-    } else {
-        0
-    }
-}
-
-/// The lower of `maxAllowed` and the node's allocatable, with which one it is (maxAllowed on a
-/// tie: the user's own word).
-fn cap_of(max: Option<f64>, allocatable: Option<u64>) -> Option<(f64, CapReason)> {
-    let node = allocatable.map(|a| (a as f64, CapReason::NodeAllocatable));
-    match (max.map(|m| (m, CapReason::MaxAllowed)), node) {
-        (Some(m), Some(a)) => Some(if a.0 < m.0 { a } else { m }),
-        (m, a) => m.or(a),
-    }
-}
-
-/// One figure (millicores or bytes) within the policy and the node: raised to `minAllowed`,
-/// then held at the cap, with the cap's reason when it held it. `None`: VPA's figure is
-/// unbounded (no confidence), so the cap is the figure, or none without one.
-fn within(
-    v: Option<f64>,
-    min: Option<f64>,
-    cap: Option<(f64, CapReason)>,
-) -> (Option<u64>, Option<CapReason>) {
-    let v = v.map(|v| min.map_or(v, |m| v.max(m)));
-    match (v, cap) {
-        (Some(v), Some((c, why))) if ceil_u64(v) > ceil_u64(c) => (Some(ceil_u64(c)), Some(why)),
-        (None, Some((c, why))) => (Some(ceil_u64(c)), Some(why)),
-        (v, _) => (v.map(ceil_u64), None),
-    }
-}
-
-/// One figure of each resource within the policy and the node; `None` for a resource the
-/// autoscaler does not control or that has no measurement yet.
-fn bounded(
-    r: Option<Resources>,
-    policy: &Policy,
-    node: Figures,
-    measured: (bool, bool),
-) -> (Figures, CappedResources) {
-    let l = &policy.limits;
-    let (cpu, cpu_why) = within(
-        r.map(|r| r.cpu_cores * 1000.0),
-        l.min_cpu_milli,
-        cap_of(l.max_cpu_milli, node.cpu_milli),
-    );
-    let (memory, memory_why) = within(
-        r.map(|r| r.memory_bytes),
-        l.min_memory_bytes,
-        cap_of(l.max_memory_bytes, node.memory_bytes),
-    );
-    let cpu_on = policy.cpu && measured.0;
-    let memory_on = policy.memory && measured.1;
-    (
-        Figures {
-            cpu_milli: cpu.filter(|_| cpu_on),
-            memory_bytes: memory.filter(|_| memory_on),
-        },
-        CappedResources {
-            cpu: cpu_why.filter(|_| cpu_on),
-            memory: memory_why.filter(|_| memory_on),
-        },
-    )
-}
-
-/// The published entry for one history: the estimate within the container policy and the
-/// node's allocatable (`node`: millicores and bytes, `None` each when not known).
-///
-/// Nothing before the first measurement: `None` for a history without a CPU sample, unless an
-/// OOM kill was seen (then memory figures only: the kill is a measurement, CPU has none yet).
-/// No figure above the node's allocatable or `maxAllowed`: where VPA's is, the cap is published
-/// and `capped` says which and on how much history; with a single CPU sample VPA's upper bound
-/// is unbounded, so the upper bound is the cap (none when no cap is known).
-pub fn entry(
-    estimate: &Estimate,
-    history: &History,
-    policy: &Policy,
-    requests: (Option<u64>, Option<u64>),
-    node: Figures,
-) -> Option<Entry> {
-    let cpu_measured = history.sample_count > 0;
-    if !cpu_measured && history.oom_count == 0 {
-        return None;
-    }
-    let measured = (cpu_measured, true);
-    let (target, target_why) = bounded(Some(estimate.target), policy, node, measured);
-    let (lower, lower_why) = bounded(Some(estimate.lower_bound), policy, node, measured);
-    let (upper, upper_why) = bounded(estimate.upper_bound, policy, node, measured);
-    let upper = (upper.cpu_milli.is_some() || upper.memory_bytes.is_some()).then_some(upper);
-    let raw = |v: f64, on: bool| on.then(|| ceil_u64(v));
-    let uncapped_target = Figures {
-        cpu_milli: raw(estimate.target.cpu_cores * 1000.0, policy.cpu && cpu_measured),
-        memory_bytes: raw(estimate.target.memory_bytes, policy.memory),
-    };
-    let some = |c: CappedResources| (!c.is_empty()).then_some(c);
-    let capped = Capped {
-        target: some(target_why),
-        lower_bound: some(lower_why),
-        upper_bound: some(upper_why),
-        // a span of 0 is one sample (or an OOM kill alone): said as such, not as "0s"
-        history: match history.sample_count {
-            0 => "no CPU sample".to_string(),
-            1 => "1 sample".to_string(),
-            _ => history_text(history.last_sample_ms - history.first_sample_ms),
-        },
-    };
-    let any = capped.target.is_some() || capped.lower_bound.is_some() || capped.upper_bound.is_some();
-    Some(Entry {
-        target,
-        lower,
-        upper,
-        uncapped_target,
-        capped: any.then_some(capped),
-        request_cpu_milli: requests.0,
-        request_memory_bytes: requests.1,
-        sample_count: history.sample_count,
-        first_sample_ms: history.first_sample_ms,
-        last_sample_ms: history.last_sample_ms,
-        oom_count: history.oom_count,
-    })
 }
 
 impl Sampler {
@@ -552,7 +425,7 @@ impl Sampler {
         let decision = if too_soon {
             None
         } else {
-            publish::decide(
+            due::decide(
                 self.last_published.as_ref().map(|(s, at)| (s, *at)),
                 &snapshot,
                 now_ms,
@@ -568,12 +441,7 @@ impl Sampler {
         });
         let interval = self.publish.budget_interval_ms;
         let decision = decision.filter(|reason| {
-            if oom_rose
-                || matches!(
-                    reason,
-                    publish::Reason::First | publish::Reason::ContainersChanged
-                )
-            {
+            if oom_rose || matches!(reason, Reason::First | Reason::ContainersChanged) {
                 self.budget.spend(now_ms, interval);
                 true
             } else if self.budget.try_take(now_ms, interval) {
@@ -588,7 +456,7 @@ impl Sampler {
         });
         let publish = decision.map(|reason| {
             self.metrics.decided(reason.as_str());
-            let spec = publish::spec(&snapshot, now_ms);
+            let spec = figures::spec(&snapshot, now_ms);
             self.published(snapshot, now_ms);
             (reason, spec)
         });
@@ -638,164 +506,5 @@ impl Sampler {
             out.insert(key.clone(), e);
         }
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rightsizing::pods::Limits;
-    use crate::rightsizing::recommender::MIB;
-
-    const T0: i64 = 1_700_000_000_000;
-    const GIB: f64 = 1024.0 * MIB;
-
-    /// A node of 4 cores and 16 GiB.
-    const NODE: Figures = Figures {
-        cpu_milli: Some(4000),
-        memory_bytes: Some(16 << 30),
-    };
-
-    fn history(cpu: &[(i64, f64)], memory: &[(i64, f64)]) -> History {
-        let cfg = EstimatorConfig::default();
-        let mut h = History::new(&cfg).unwrap();
-        for &(t, v) in cpu {
-            assert!(h.add_cpu(&cfg, t, v));
-        }
-        for &(t, v) in memory {
-            assert!(h.add_memory(&cfg, t, v));
-        }
-        h
-    }
-
-    fn published(h: &History, policy: &Policy, node: Figures) -> Option<Entry> {
-        let est = h.estimate(&EstimatorConfig::default(), 1);
-        entry(&est, h, policy, (Some(500), None), node)
-    }
-
-    #[test]
-    fn nothing_is_published_before_the_first_cpu_sample() {
-        // memory only: VPA's aggregate has no sample and gives no recommendation
-        let h = history(&[], &[(T0, 300.0 * MIB)]);
-        assert_eq!(published(&h, &Policy::default(), NODE), None);
-        // an OOM kill before any CPU sample is a measurement of memory: memory figures only
-        let cfg = EstimatorConfig::default();
-        let mut h = History::new(&cfg).unwrap();
-        h.record_oom(&cfg, T0, 64.0 * MIB).unwrap();
-        let e = published(&h, &Policy::default(), NODE).expect("an entry");
-        assert_eq!(e.target.cpu_milli, None);
-        assert_eq!(e.lower.cpu_milli, None);
-        assert!(e.target.memory_bytes.unwrap() as f64 > 164.0 * MIB);
-        assert_eq!(e.uncapped_target.cpu_milli, None);
-    }
-
-    #[test]
-    fn a_single_sample_has_the_node_as_its_upper_bound() {
-        let h = history(&[(T0, 0.1)], &[(T0, 300.0 * MIB)]);
-        let e = published(&h, &Policy::default(), NODE).expect("an entry");
-        // VPA: upper unbounded (1e14); nodewarden: what the node has, and says so
-        assert_eq!(e.upper, Some(NODE));
-        let capped = e.capped.expect("capped");
-        assert_eq!(
-            capped.upper_bound,
-            Some(CappedResources {
-                cpu: Some(CapReason::NodeAllocatable),
-                memory: Some(CapReason::NodeAllocatable),
-            })
-        );
-        assert_eq!(capped.history, "1 sample");
-        assert_eq!((capped.target, capped.lower_bound), (None, None));
-        // lower: the floor (VPA's factor is 0); target: the one sample's bucket plus the margin
-        assert_eq!(e.lower.cpu_milli, Some(25));
-        assert!(e.target.cpu_milli.unwrap() < 200);
-        // without a known cap, no upper bound (as before the node was read)
-        let e = published(&h, &Policy::default(), Figures::default()).expect("an entry");
-        assert_eq!((e.upper, e.capped), (None, None));
-    }
-
-    #[test]
-    fn a_short_history_is_capped_at_the_node_and_a_long_one_is_vpas() {
-        // two minutes at 273m and 300 MiB: VPA's upper bound is hundreds of cores
-        let cpu: Vec<(i64, f64)> = (0..=12).map(|i| (T0 + i * 10_000, 0.273)).collect();
-        let h = history(&cpu, &[(T0, 300.0 * MIB)]);
-        let raw = h.estimate(&EstimatorConfig::default(), 1).upper_bound.unwrap();
-        assert!(raw.cpu_cores > 100.0 && raw.memory_bytes > 100.0 * GIB, "{raw:?}");
-        let e = published(&h, &Policy::default(), NODE).expect("an entry");
-        assert_eq!(e.upper, Some(NODE));
-        assert_eq!(e.capped.as_ref().map(|c| c.history.as_str()), Some("2m"));
-        assert_eq!(
-            e.capped.unwrap().describe(),
-            "upper cpu+memory at node allocatable (history 2m)"
-        );
-        // a day at a sample a minute: VPA's bound (twice the p95) is below the node: kept
-        let cpu: Vec<(i64, f64)> = (0..=1440).map(|i| (T0 + i * 60_000, 0.273)).collect();
-        let h = history(&cpu, &[(T0, 300.0 * MIB)]);
-        let e = published(&h, &Policy::default(), NODE).expect("an entry");
-        let raw = h.estimate(&EstimatorConfig::default(), 1).upper_bound.unwrap();
-        assert_eq!(
-            e.upper.unwrap().cpu_milli,
-            Some((raw.cpu_cores * 1000.0).ceil() as u64)
-        );
-        assert_eq!(e.capped, None);
-    }
-
-    #[test]
-    fn max_allowed_below_the_node_is_the_cap_and_named() {
-        let h = history(&[(T0, 0.1)], &[(T0, 300.0 * MIB)]);
-        let policy = Policy {
-            limits: Limits {
-                max_cpu_milli: Some(1000.0),
-                max_memory_bytes: Some(64.0 * GIB),
-                ..Limits::default()
-            },
-            ..Policy::default()
-        };
-        let e = published(&h, &policy, NODE).expect("an entry");
-        assert_eq!(
-            e.upper,
-            Some(Figures {
-                cpu_milli: Some(1000),
-                memory_bytes: NODE.memory_bytes,
-            })
-        );
-        assert_eq!(
-            e.capped.unwrap().upper_bound,
-            Some(CappedResources {
-                cpu: Some(CapReason::MaxAllowed),
-                memory: Some(CapReason::NodeAllocatable),
-            })
-        );
-        // a target above the node (a tiny node, a big minAllowed) is held at the node too
-        let policy = Policy {
-            limits: Limits {
-                min_cpu_milli: Some(8000.0),
-                ..Limits::default()
-            },
-            ..Policy::default()
-        };
-        let e = published(&h, &policy, NODE).expect("an entry");
-        assert_eq!(e.target.cpu_milli, Some(4000));
-        assert_eq!(
-            e.capped.unwrap().target.and_then(|t| t.cpu),
-            Some(CapReason::NodeAllocatable)
-        );
-    }
-
-    #[test]
-    fn an_uncontrolled_resource_has_no_figure_and_no_cap() {
-        let h = history(&[(T0, 0.1)], &[(T0, 300.0 * MIB)]);
-        let policy = Policy {
-            memory: false,
-            ..Policy::default()
-        };
-        let e = published(&h, &policy, NODE).expect("an entry");
-        assert_eq!(
-            e.upper,
-            Some(Figures {
-                cpu_milli: Some(4000),
-                memory_bytes: None
-            })
-        );
-        assert_eq!(e.capped.unwrap().upper_bound.unwrap().memory, None);
     }
 }

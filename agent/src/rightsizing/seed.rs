@@ -22,11 +22,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-use nodewarden_history::cadvisor::{self, ContainerUsage, Labels, Window};
+use nodewarden_estimator::policy::Key;
+use nodewarden_estimator::recommender::{EstimatorConfig, History};
+use nodewarden_estimator::samples::{Samples, history_of};
+use nodewarden_history::cadvisor::{self, Labels, Window};
 use nodewarden_history::{Endpoint, Error, Limits, Prometheus};
 
-use crate::rightsizing::pods::{Key, Target};
-use crate::rightsizing::recommender::{EstimatorConfig, History};
+use crate::rightsizing::pods::Target;
 
 /// One sample per this interval: the report's default resolution, so that an agent and
 /// `report --prometheus` read the same steps (and confidence counts 1440 samples to a day).
@@ -78,111 +80,6 @@ pub fn limits(timeout: Duration, max_series: usize, max_answer_bytes: usize) -> 
         max_points_per_query: (max_answer_bytes / ANSWER_BYTES_PER_POINT).max(1),
         max_points_per_read: max_points_per_read(max_series),
         ..Limits::default()
-    }
-}
-
-/// One container's samples on one node: what its node's agent would have seen.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Samples {
-    /// `(ms, cores)`, oldest first, one per time (the highest where pods overlap).
-    pub cpu: Vec<(i64, f64)>,
-    /// `(ms, bytes)`, oldest first, one per time (the highest where pods overlap).
-    pub memory: Vec<(i64, f64)>,
-    /// `(ms, OOM kills)`, oldest first (the pods' kills at the same time added up).
-    pub oom: Vec<(i64, u64)>,
-}
-
-impl Samples {
-    /// Adds the series of one pod's container (a DaemonSet's pods on a node, one after the
-    /// other, are one history).
-    pub fn extend(&mut self, usage: ContainerUsage) {
-        self.cpu.extend(usage.cpu);
-        self.memory.extend(usage.memory);
-        self.oom.extend(usage.oom);
-    }
-
-    /// Puts the samples in time order, one per time: the highest CPU and memory sample where
-    /// pods overlap, their OOM kills added up.
-    pub fn merge(&mut self) {
-        merge(&mut self.cpu);
-        merge(&mut self.memory);
-        merge_oom(&mut self.oom);
-    }
-}
-
-/// `into` in time order, the highest value kept where two share a time.
-pub fn merge(into: &mut Vec<(i64, f64)>) {
-    into.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
-    into.dedup_by_key(|p| p.0);
-}
-
-/// `into` in time order, the counts of the same time added up.
-pub fn merge_oom(into: &mut Vec<(i64, u64)>) {
-    into.sort_by_key(|p| p.0);
-    let mut out: Vec<(i64, u64)> = Vec::with_capacity(into.len());
-    for &(at, n) in into.iter() {
-        match out.last_mut() {
-            Some(last) if last.0 == at => last.1 = last.1.saturating_add(n),
-            _ => out.push((at, n)),
-        }
-    }
-    *into = out;
-}
-
-/// The estimator fed with `samples` (merged: [`Samples::merge`]) as the agent feeds it: every
-/// CPU sample, then memory samples and OOM kills in time order (at the same time the memory
-/// sample first, as in one agent tick); an OOM kill is recorded against `memory_request` bytes
-/// (the container's request, as the agent passes it) and counts its further kills of that
-/// step. `None` when `cfg`'s half-lives are not usable (never with the defaults).
-pub fn history_of(cfg: &EstimatorConfig, samples: &Samples, memory_request: f64) -> Option<History> {
-    let mut h = History::new(cfg).ok()?;
-    for &(at, cores) in &samples.cpu {
-        h.add_cpu(cfg, at, cores);
-    }
-    let mut ooms = samples.oom.iter().peekable();
-    for &(at, bytes) in &samples.memory {
-        while let Some(&&(oom_at, kills)) = ooms.peek()
-            && oom_at < at
-        {
-            record_oom(cfg, &mut h, oom_at, kills, memory_request);
-            ooms.next();
-        }
-        h.add_memory(cfg, at, bytes);
-    }
-    for &(oom_at, kills) in ooms {
-        record_oom(cfg, &mut h, oom_at, kills, memory_request);
-    }
-    Some(h)
-}
-
-fn record_oom(cfg: &EstimatorConfig, h: &mut History, at: i64, kills: u64, memory_request: f64) {
-    if kills > 0 && h.record_oom(cfg, at, memory_request).is_some() {
-        h.oom_count = h.oom_count.saturating_add(kills - 1);
-    }
-}
-
-/// Where a read made at `now_ms` ends its window: half the CPU rate window before now. The
-/// newest samples may still be on their way: the kubelet's cAdvisor stamps a sample with the time
-/// it measured it, and Prometheus stores it only at its next scrape, up to a scrape interval
-/// later (and `rate_window` is at least twice that interval, as the chart's value says). Ending
-/// before them, two reads of the same minute (the agent's seeding and a later
-/// `kubectl nodewarden report --prometheus`) read the same samples, not one more.
-pub fn settled_end(now_ms: i64, rate_window: Duration) -> i64 {
-    let half = i64::try_from(rate_window.as_millis() / 2).unwrap_or(i64::MAX);
-    now_ms.saturating_sub(half)
-}
-
-/// The window of `length` ending at `end_ms`, its end on a whole multiple of `resolution` at or
-/// before it (so that reads a little apart, the agent's and the report's, read the same steps).
-pub fn window(length: Duration, resolution: Duration, rate_window: Duration, end_ms: i64) -> Window {
-    let step_ms = i64::try_from(resolution.as_millis()).unwrap_or(i64::MAX).max(1);
-    let end_ms = end_ms.div_euclid(step_ms) * step_ms;
-    let length = i64::try_from(length.as_millis()).unwrap_or(i64::MAX);
-    Window {
-        start_ms: end_ms.saturating_sub(length),
-        end_ms,
-        step: resolution,
-        rate_window,
     }
 }
 
@@ -310,7 +207,7 @@ async fn load_noting(
                 .copied()
                 .find(|&(n, d, container)| n == *ns && d == *ds && container == c.container);
             let Some(k) = found else { continue };
-            samples.entry(k).or_default().extend(c);
+            samples.entry(k).or_default().add(c.cpu, c.memory, c.oom);
         }
         // each container's samples dropped as soon as its history is built
         while let Some((k, mut s)) = samples.pop_first() {
@@ -369,8 +266,8 @@ pub async fn seed(
 ) -> Result<Seeded, SeedError> {
     let prometheus =
         Prometheus::new(config.endpoint.clone(), config.limits).map_err(SeedError::Prometheus)?;
-    let end_ms = settled_end(now_ms, config.rate_window);
-    let window = window(config.window, RESOLUTION, config.rate_window, end_ms);
+    let end_ms = cadvisor::settled_end(now_ms, config.rate_window);
+    let window = cadvisor::window(config.window, RESOLUTION, config.rate_window, end_ms);
     let last_error = Mutex::new(None);
     let load = load_noting(&prometheus, node, targets, &window, cfg, &last_error);
     match tokio::time::timeout(config.budget, load).await {
@@ -453,77 +350,6 @@ mod tests {
     }
 
     #[test]
-    fn overlapping_pods_keep_the_highest_sample_per_time() {
-        let mut v = vec![(2, 0.1), (1, 0.5), (2, 0.3), (1, 0.2)];
-        merge(&mut v);
-        assert_eq!(v, vec![(1, 0.5), (2, 0.3)]);
-        let mut oom = vec![(2, 1), (1, 1), (2, 2)];
-        merge_oom(&mut oom);
-        assert_eq!(oom, vec![(1, 1), (2, 3)]);
-    }
-
-    #[test]
-    fn oom_kills_are_fed_between_memory_samples_as_an_agent_sees_them() {
-        let cfg = EstimatorConfig::default();
-        let mib = 1024.0 * 1024.0;
-        let t0 = 1_700_000_000_000;
-        let samples = Samples {
-            cpu: vec![(t0, 0.1)],
-            memory: vec![(t0, 300.0 * mib), (t0 + 60_000, 200.0 * mib)],
-            oom: vec![(t0, 2)],
-        };
-        let h = history_of(&cfg, &samples, 64.0 * mib).unwrap();
-        // two kills in one step: one bump, both counted
-        assert_eq!(h.oom_count, 2);
-        // the bump is on the interval's peak, 300 MiB (the memory sample of the same time first)
-        let mut agent = History::new(&cfg).unwrap();
-        agent.add_cpu(&cfg, t0, 0.1);
-        agent.add_memory(&cfg, t0, 300.0 * mib);
-        agent.record_oom(&cfg, t0, 64.0 * mib);
-        agent.oom_count += 1;
-        agent.add_memory(&cfg, t0 + 60_000, 200.0 * mib);
-        assert_eq!(h, agent);
-    }
-
-    #[test]
-    fn the_window_ends_on_a_whole_step() {
-        let w = window(
-            Duration::from_secs(3600),
-            Duration::from_secs(60),
-            Duration::from_secs(120),
-            1_700_000_123_456,
-        );
-        assert_eq!(w.end_ms, 1_700_000_100_000);
-        assert_eq!(w.start_ms, 1_700_000_100_000 - 3_600_000);
-        assert_eq!(w.step, Duration::from_secs(60));
-    }
-
-    #[test]
-    fn a_read_now_leaves_out_the_newest_half_rate_window() {
-        // 12:01:20 with a 2m rate window: samples stamped after 12:00:20 may still arrive,
-        // so the window ends at 12:00, not 12:01
-        let minute = 60_000;
-        let now = 1_700_000_040_000 + 80_000;
-        let end = settled_end(now, Duration::from_secs(120));
-        assert_eq!(end, now - minute);
-        let w = window(
-            Duration::from_secs(3600),
-            Duration::from_secs(60),
-            Duration::from_secs(120),
-            end,
-        );
-        assert_eq!(w.end_ms, 1_700_000_040_000);
-        // from 12:02:00 on, 12:01 is settled
-        let w = window(
-            Duration::from_secs(3600),
-            Duration::from_secs(60),
-            Duration::from_secs(120),
-            settled_end(1_700_000_040_000 + 2 * minute, Duration::from_secs(120)),
-        );
-        assert_eq!(w.end_ms, 1_700_000_100_000);
-    }
-
-    #[test]
     fn only_failures_that_may_pass_are_tried_again() {
         let url = || "http://p".to_string();
         assert!(transient(&Error::Unreachable {
@@ -583,7 +409,7 @@ mod tests {
             cpu_request_milli: None,
             memory_request_bytes: None,
             containers_per_pod: 1,
-            policy: crate::rightsizing::pods::Policy::default(),
+            policy: nodewarden_estimator::policy::Policy::default(),
             last_oom: None,
         };
         let cfg = EstimatorConfig::default();

@@ -14,10 +14,11 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use nodewarden_estimator::policy::Key;
+use nodewarden_estimator::recommender::EstimatorConfig;
 use tokio::task::JoinSet;
 
-use crate::rightsizing::pods::{Key, Target};
-use crate::rightsizing::recommender::EstimatorConfig;
+use crate::rightsizing::pods::Target;
 use crate::rightsizing::seed::{self, SeedError, Seeded};
 
 /// The most keys remembered per agent lifetime (seeded, tried or found with a history); keys
@@ -175,7 +176,7 @@ mod tests {
             cpu_request_milli: None,
             memory_request_bytes: None,
             containers_per_pod: 1,
-            policy: crate::rightsizing::pods::Policy::default(),
+            policy: nodewarden_estimator::policy::Policy::default(),
             last_oom: None,
         }
     }

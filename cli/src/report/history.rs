@@ -7,8 +7,8 @@
 //! otherwise (nothing installed yet) the report uses an autoscaler with every default
 //! (`scope: Node`, both resources, no bounds). Its pods' cAdvisor series over the window
 //! (`nodewarden_history::cadvisor`) go, per node and container, into the agent's own estimator
-//! (`nodewarden_agent::rightsizing::recommender::History`, the same constants); the agent's
-//! `sampler::entry` and `publish::spec` turn the estimates into the `NodeRecommendation`s the
+//! (`nodewarden_estimator::recommender::History`, the same constants); the agent's
+//! `figures::entry` and `figures::spec` turn the estimates into the `NodeRecommendation`s the
 //! node's agent would publish from the same samples, and [`super::compute`] does the rest as
 //! for a cluster where nodewarden runs. docs/history.md has the queries, window and limits.
 
@@ -19,15 +19,14 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use nodewarden_agent::rightsizing::pods::{Key, policy_for};
-use nodewarden_agent::rightsizing::publish;
-use nodewarden_agent::rightsizing::recommender::EstimatorConfig;
-use nodewarden_agent::rightsizing::sampler;
-use nodewarden_agent::rightsizing::seed::{self, Samples, history_of};
 use nodewarden_api::domain::rightsizing::precedence;
 use nodewarden_api::quantity::parse_milli;
 use nodewarden_api::rightsizing::{AutoscalerRef, DaemonSetAutoscaler, TargetKind, TargetRef};
 use nodewarden_api::{DaemonSetAutoscalerSpec, NodeRecommendation};
+use nodewarden_estimator::figures::{self, Figures};
+use nodewarden_estimator::policy::{Key, policy_for};
+use nodewarden_estimator::recommender::EstimatorConfig;
+use nodewarden_estimator::samples::{Samples, history_of};
 use nodewarden_history::cadvisor::{self, ContainerUsage, Labels, Window};
 use nodewarden_history::{Endpoint, Limits as QueryLimits, Prometheus};
 use serde::Serialize;
@@ -69,7 +68,7 @@ pub struct Request {
     /// CPU's `rate()` range.
     pub rate_window: Duration,
     /// Where the window ends (`--end`), in milliseconds since the Unix epoch; `None`: now, less
-    /// the newest samples that may still be arriving ([`seed::settled_end`]).
+    /// the newest samples that may still be arriving ([`cadvisor::settled_end`]).
     pub end_ms: Option<i64>,
     /// Only these DaemonSets (all of the namespace when empty).
     pub daemonsets: Vec<String>,
@@ -80,14 +79,14 @@ pub struct Request {
 }
 
 /// The window a run at `now_ms` reads: ending at `--end`, else where a seeding agent's read at
-/// `now_ms` would end ([`seed::settled_end`]), its end on a whole multiple of the resolution (so
+/// `now_ms` would end ([`cadvisor::settled_end`]), its end on a whole multiple of the resolution (so
 /// that runs a little apart, and a seeding agent, read the same steps): the agent's
-/// `seed::window`.
+/// `cadvisor::window`.
 pub fn window(request: &Request, now_ms: i64) -> Window {
     let end_ms = request
         .end_ms
-        .unwrap_or_else(|| seed::settled_end(now_ms, request.rate_window));
-    seed::window(request.window, request.resolution, request.rate_window, end_ms)
+        .unwrap_or_else(|| cadvisor::settled_end(now_ms, request.rate_window));
+    cadvisor::window(request.window, request.resolution, request.rate_window, end_ms)
 }
 
 /// An autoscaler with every default for `ds`, named after it: what the report assumes for a
@@ -247,23 +246,23 @@ pub async fn snapshot(
         samples
             .entry((node, i, c.container.clone()))
             .or_default()
-            .extend(c);
+            .add(c.cpu, c.memory, c.oom);
     }
 
     // each node's allocatable, as its agent caps its figures (unreadable: no cap, as the agent)
     let nodes_api: Api<Node> = Api::all(client.clone());
-    let mut allocatable: BTreeMap<String, publish::Figures> = BTreeMap::new();
+    let mut allocatable: BTreeMap<String, Figures> = BTreeMap::new();
     for (node, _, _) in samples.keys() {
         if !allocatable.contains_key(node) {
             let figures = match nodes_api.get_opt(node).await {
-                Ok(Some(n)) => publish::allocatable_of(&n),
-                _ => publish::Figures::default(),
+                Ok(Some(n)) => figures::allocatable_of(&n),
+                _ => Figures::default(),
             };
             allocatable.insert(node.clone(), figures);
         }
     }
     let cfg = EstimatorConfig::default();
-    let mut per_node: BTreeMap<String, publish::Snapshot> = BTreeMap::new();
+    let mut per_node: BTreeMap<String, figures::Snapshot> = BTreeMap::new();
     for ((node, i, container), mut s) in samples {
         let ds = &daemonsets[i];
         let dsa = &autoscalers[i];
@@ -286,7 +285,7 @@ pub async fn snapshot(
         }
         let estimate = history.estimate(&cfg, template.containers.len());
         let node_allocatable = allocatable.get(&node).copied().unwrap_or_default();
-        let Some(entry) = sampler::entry(&estimate, &history, &policy, requests, node_allocatable) else {
+        let Some(entry) = figures::entry(&estimate, &history, &policy, requests, node_allocatable) else {
             continue;
         };
         let key = Key {
@@ -300,7 +299,7 @@ pub async fn snapshot(
     }
     let recommendations: Vec<NodeRecommendation> = per_node
         .into_iter()
-        .map(|(node, snapshot)| publish::object(&node, "", publish::spec(&snapshot, now_ms)))
+        .map(|(node, snapshot)| figures::object(&node, "", figures::spec(&snapshot, now_ms)))
         .collect();
 
     let source = Source {
@@ -371,7 +370,7 @@ mod tests {
         assert_eq!(dsa.spec.target_ref.name, "shipper");
         assert_eq!(
             policy_for(&dsa, "any"),
-            Some(nodewarden_agent::rightsizing::pods::Policy::default())
+            Some(nodewarden_estimator::policy::Policy::default())
         );
     }
 

@@ -14,7 +14,7 @@
 //! has no upper bound, where VPA has its largest amount (1e14), or the floor when the
 //! histogram is empty.
 //!
-//! What the agent publishes (`sampler::entry`, here with no node allocatable and no
+//! What the agent publishes (`figures::entry`, here with no node allocatable and no
 //! `maxAllowed`: VPA knows neither) is the estimate rounded up, except where VPA's figure is
 //! absent or unbounded, and only there: a history without a CPU sample publishes nothing (VPA's
 //! recommender gives no recommendation then; the program here asks its estimators directly,
@@ -26,7 +26,7 @@
 //! cached; `NODEWARDEN_VPA_RECOMMEND` may name a prebuilt binary instead. Without Go on the
 //! PATH the test is skipped, except under `CI=true`, where that is a failure.
 //!
-//! `NODEWARDEN_WRITE_ESTIMATOR_TABLE=1 cargo test -p nodewarden-agent --test vpa_differential`
+//! `NODEWARDEN_WRITE_ESTIMATOR_TABLE=1 cargo test -p nodewarden-estimator --test vpa_differential`
 //! rewrites the table in `docs/estimator.md`.
 
 use std::io::Write;
@@ -34,10 +34,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use nodewarden_agent::rightsizing::pods::Policy;
-use nodewarden_agent::rightsizing::publish::{Entry, Figures};
-use nodewarden_agent::rightsizing::recommender::{Estimate, EstimatorConfig, History};
-use nodewarden_agent::rightsizing::sampler;
+use nodewarden_estimator::figures::{self, Entry, Figures};
+use nodewarden_estimator::policy::Policy;
+use nodewarden_estimator::recommender::{Estimate, EstimatorConfig, History};
 use serde::{Deserialize, Serialize};
 
 const T0: i64 = 1_700_000_000_000;
@@ -483,7 +482,7 @@ fn replay(cfg: &EstimatorConfig, t: &Trace) -> anyhow::Result<Ours> {
     }
     let estimate = h.estimate(cfg, t.containers);
     Ok(Ours {
-        published: sampler::entry(
+        published: figures::entry(
             &estimate,
             &h,
             &Policy::default(),
@@ -609,7 +608,7 @@ fn check_published(ours: &Ours, problems: &mut Vec<String>) {
     }
     let up = |v: f64| Some(v.ceil() as u64);
     let e = &ours.estimate;
-    let figures = |r: nodewarden_agent::rightsizing::recommender::Resources| Figures {
+    let figures = |r: nodewarden_estimator::recommender::Resources| Figures {
         cpu_milli: up(r.cpu_cores * 1000.0).filter(|_| ours.sample_count > 0),
         memory_bytes: up(r.memory_bytes),
     };

@@ -2,7 +2,7 @@
 //!
 //! It follows the VPA recommender v1.8.1 rule by rule; each rule below names the VPA file
 //! (paths under `pkg/recommender/` of k8s.io/autoscaler/vertical-pod-autoscaler) it comes
-//! from. `agent/tests/vpa_differential.rs` replays the same traces through VPA's own code
+//! from. `estimator/tests/vpa_differential.rs` replays the same traces through VPA's own code
 //! (`tests/vpa/cmd/recommend`) and checks that both agree.
 //!
 //! CPU: every sample (cores used over one sample interval, rounded up to whole millicores as
@@ -30,9 +30,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::rightsizing::histogram::{
-    DecayingHistogram, HistogramError, HistogramOptions, StoredHistogram, stored_time,
-};
+use crate::histogram::{DecayingHistogram, HistogramError, HistogramOptions, StoredHistogram, stored_time};
 
 /// One mebibyte, in bytes.
 pub const MIB: f64 = 1024.0 * 1024.0;
