@@ -10,6 +10,7 @@
 //!   [`cgroup`](crate::cgroup)),
 //! - [`seed`]: the histories of containers without a checkpointed one, from Prometheus (`--history-prometheus-url`),
 //! - [`seed_later`]: the same for containers first seen after the start, off the sampling loop,
+//! - [`run`]: the loop that ties them together on the node (started by the crate's `run`),
 //! - [`update`]: the updater: running pods of this node follow its figures (resize or evict).
 //!
 //! The estimator itself (histograms, histories, a container's policy, the published figures) is
@@ -22,6 +23,7 @@ pub mod args;
 pub mod checkpoint;
 pub mod pods;
 pub mod publish;
+pub mod run;
 pub mod sampler;
 pub mod seed;
 pub mod seed_later;
