@@ -577,12 +577,7 @@ pub fn compute(snapshot: &Snapshot) -> Report {
             spec: template_spec.cloned(),
             ..Pod::default()
         };
-        let limit_ranges: Vec<LimitRange> = snapshot
-            .limit_ranges
-            .iter()
-            .filter(|lr| lr.namespace().as_deref() == Some(namespace.as_str()))
-            .cloned()
-            .collect();
+        let limit_ranges = sizing::in_namespace(&namespace, &snapshot.limit_ranges);
         let status = sizing::status_figures(dsa);
         let group_label = dsa
             .spec

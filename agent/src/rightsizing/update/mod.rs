@@ -36,7 +36,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::Recorder;
 use kube::{Api, Client, Resource, ResourceExt};
-use nodewarden_api::domain::sizing::{ContainerSizing, sizing_on, status_figures};
+use nodewarden_api::domain::sizing::{ContainerSizing, in_namespace, sizing_on, status_figures};
 use nodewarden_api::domain::update::{Action, Leave, Thresholds, Why, decide};
 use nodewarden_api::rightsizing::{AutoscalerRef, NodePods, NodeRecommendationSpec, RunningPods};
 use nodewarden_runtime::discovery::ResizeSupportCache;
@@ -279,11 +279,7 @@ impl Updater {
             };
             let status = status_figures(autoscaler);
             let figures = status.for_node(Some(&targets), group.as_deref());
-            let ranges: Vec<LimitRange> = limit_ranges
-                .iter()
-                .filter(|lr| lr.namespace().as_deref() == Some(ns.as_str()))
-                .map(|lr| lr.as_ref().clone())
-                .collect();
+            let ranges = in_namespace(&ns, limit_ranges);
             let sizing = sizing_on(&template_pod(&template), autoscaler, figures, &ranges);
             let facts = facts(pod, bounds, &self.thresholds);
             let action = decide(mode, &sizing, &facts, &self.thresholds);

@@ -1,11 +1,26 @@
 //! The LimitRanges of the pod's namespace: their items by type, and the tightest bound of each.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use crate::quantity::amount;
 use crate::rightsizing::ResourceName;
 use k8s_openapi::api::core::v1::{LimitRange, LimitRangeItem};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+/// The LimitRanges of `namespace` among `all` (LimitRanges bind only the pods of their own
+/// namespace): what the decision takes, for callers that hold every namespace's (the agent's
+/// watch, the report's list). The webhook's cache keeps them by namespace instead.
+pub fn in_namespace<'a, L>(namespace: &str, all: impl IntoIterator<Item = &'a L>) -> Vec<LimitRange>
+where
+    L: Borrow<LimitRange> + 'a,
+{
+    all.into_iter()
+        .map(Borrow::borrow)
+        .filter(|lr| lr.metadata.namespace.as_deref() == Some(namespace))
+        .cloned()
+        .collect()
+}
 
 /// The LimitRange items of the pod's namespace, by type.
 pub(super) struct Ranges<'a> {

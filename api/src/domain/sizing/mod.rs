@@ -46,5 +46,6 @@ pub use figures::{
     FLEET_MEDIAN_MULTIPLE, Figures, StatusFigures, fleet_from_nodes, fleet_percentile, fleet_targets,
     group_targets, node_targets, p90, percentile, status_figures,
 };
+pub use limit_ranges::in_namespace;
 pub use node::{NO_SPEC, node_of, target_node};
 pub use plan::{Cap, MAX_SCALED_LIMIT, Source};

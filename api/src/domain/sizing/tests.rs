@@ -497,3 +497,22 @@ fn the_effective_request_counts_sidecars_as_the_scheduler_does() {
     );
     assert_eq!(effective_requests(&s).cpu, Some(310));
 }
+
+#[test]
+fn only_the_namespaces_own_limit_ranges_apply() {
+    let lr = |ns: &str, name: &str| LimitRange {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(ns.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let all = vec![lr("logging", "a"), lr("other", "b"), lr("logging", "c")];
+    let names = |v: Vec<LimitRange>| v.into_iter().filter_map(|l| l.metadata.name).collect::<Vec<_>>();
+    assert_eq!(names(super::in_namespace("logging", &all)), ["a", "c"]);
+    // the agent's watch holds them behind Arcs: the same answer
+    let shared: Vec<std::sync::Arc<LimitRange>> = all.into_iter().map(std::sync::Arc::new).collect();
+    assert_eq!(names(super::in_namespace("other", &shared)), ["b"]);
+    assert!(super::in_namespace("none", &shared).is_empty());
+}
