@@ -119,8 +119,8 @@ pub struct HistoryArgs {
     /// empty, as without the flag).
     #[arg(long, env = "NODEWARDEN_HISTORY_BUDGET", default_value = "2m", value_parser = parse_interval)]
     pub history_budget: Duration,
-    /// The most series one read of Prometheus may hold (pods × containers of one namespace's
-    /// autoscaled DaemonSets on this node, over the window; 1 to 2000); more fails the seeding
+    /// The most series one read of Prometheus may hold (pods × containers of one autoscaled
+    /// DaemonSet on this node, over the window; 1 to 2000); more fails the seeding
     /// (the agent starts empty). What a read holds grows with this and the window: raise the
     /// agent's memory limit with it (docs/history.md, "The agent's memory").
     #[arg(long, env = "NODEWARDEN_HISTORY_MAX_SERIES", default_value_t = crate::rightsizing::seed::MAX_SERIES, value_parser = parse_max_series)]

@@ -12,7 +12,7 @@
 //!
 //! Bounded: every query has the reader's limits (timeout, series, points, bytes), the agent's
 //! own ([`limits`]: answers of a few MiB, few series) so that a read fits its memory limit; one
-//! namespace's samples are held at a time. A failed read
+//! DaemonSet's samples are held at a time, and the freed memory is given back after. A failed read
 //! is tried again with backoff ([`retry_backoff`]: 1 s doubling, at most [`RETRIES`] retries) and
 //! the whole seeding stops after [`Config::budget`] whatever happens. A failure leaves the agent
 //! empty, as without the flag; it never stops the agent. docs/agent.md and docs/history.md.
@@ -178,17 +178,35 @@ async fn load_noting(
     }
     let labels = Labels::default();
     let mut seeded = Seeded::default();
-    // one namespace at a time: its samples become histories before the next is read, so what a
-    // seeding holds at once is one read's samples (at most `max_series` series), whatever the
-    // number of namespaces
+    // one DaemonSet at a time: its samples become histories before the next is read, so what a
+    // seeding holds at once is one DaemonSet's samples on this node (at most `max_series`
+    // series), whatever the number of DaemonSets and namespaces
     for (ns, daemonsets) in &by_namespace {
+        for ds in daemonsets {
+            read_one(prometheus, node, window, cfg, last_error, &labels, &wanted, (ns, ds), &mut seeded).await?;
+        }
+    }
+    Ok(seeded)
+}
+
+/// Reads one DaemonSet's history on this node (`key`: its namespace and name) and turns each of
+/// its wanted containers' samples into a history in `seeded`.
+#[allow(clippy::too_many_arguments)]
+async fn read_one(
+    prometheus: &Prometheus,
+    node: &str,
+    window: &Window,
+    cfg: &EstimatorConfig,
+    last_error: &Mutex<Option<String>>,
+    labels: &Labels,
+    wanted: &BTreeMap<(&str, &str, &str), &Target>,
+    (ns, ds): (&str, &str),
+    seeded: &mut Seeded,
+) -> Result<(), Error> {
+    {
         let mut samples: BTreeMap<(&str, &str, &str), Samples> = BTreeMap::new();
-        let regex = daemonsets
-            .iter()
-            .map(|ds| cadvisor::daemonset_pods(ds))
-            .collect::<Vec<_>>()
-            .join("|");
-        let read = || nodewarden_history::usage::read_on(prometheus, &labels, ns, &regex, Some(node), window);
+        let regex = cadvisor::daemonset_pods(ds);
+        let read = || nodewarden_history::usage::read_on(prometheus, labels, ns, &regex, Some(node), window);
         let usage = read
             .retry(retry_backoff())
             .when(transient)
@@ -199,13 +217,13 @@ async fn load_noting(
             .await
             .inspect_err(|err| note(last_error, err))?;
         for c in usage {
-            let Some(ds) = daemonsets.iter().find(|ds| owned_by(&c.pod, ds)) else {
+            if !owned_by(&c.pod, ds) {
                 continue;
-            };
+            }
             let found = wanted
                 .keys()
                 .copied()
-                .find(|&(n, d, container)| n == *ns && d == *ds && container == c.container);
+                .find(|&(n, d, container)| n == ns && d == ds && container == c.container);
             let Some(k) = found else { continue };
             samples.entry(k).or_default().add(c.cpu, c.memory, c.oom);
         }
@@ -238,7 +256,7 @@ async fn load_noting(
                 .push((t.key.clone(), history, t.containers_per_pod.max(1)));
         }
     }
-    Ok(seeded)
+    Ok(())
 }
 
 fn note(last_error: &Mutex<Option<String>>, err: &Error) {
@@ -256,7 +274,8 @@ pub fn owned_by(pod: &str, daemonset: &str) -> bool {
     })
 }
 
-/// Reads the history with [`load`], the whole within `config.budget`.
+/// Reads the history with [`load`], the whole within `config.budget`, then gives the memory the
+/// reads freed back to the system.
 pub async fn seed(
     config: &Config,
     node: &str,
@@ -270,7 +289,11 @@ pub async fn seed(
     let window = cadvisor::window(config.window, RESOLUTION, config.rate_window, end_ms);
     let last_error = Mutex::new(None);
     let load = load_noting(&prometheus, node, targets, &window, cfg, &last_error);
-    match tokio::time::timeout(config.budget, load).await {
+    let outcome = tokio::time::timeout(config.budget, load).await;
+    // the answers and samples are gone, the histories kept: give the freed pages back, or the
+    // allocator keeps the seeding's peak resident for the agent's whole life
+    nodewarden_sys::release_free_heap();
+    match outcome {
         Ok(Ok(mut seeded)) => {
             seeded.largest_answer_bytes = prometheus.largest_answer();
             Ok(seeded)
