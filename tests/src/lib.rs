@@ -17,6 +17,7 @@
 pub mod cgroupfs;
 pub mod cluster;
 pub mod controlplane;
+pub mod footprint;
 pub mod helm;
 pub mod images;
 pub mod node;

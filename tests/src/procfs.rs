@@ -6,15 +6,19 @@ use std::path::Path;
 /// `utime + stime` of a process, in seconds (all its threads); `None` once it is gone.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(cpu_ticks_of(&stat)? as f64 / clock_ticks_per_second())
+}
+
+/// `utime + stime` in clock ticks, from the text of a `/proc/<pid>/stat`.
+pub fn cpu_ticks_of(stat: &str) -> Option<u64> {
     // the command name, in parentheses, may hold spaces: the fields start after its last ')'
     let (_, after) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / clock_ticks_per_second())
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
 /// The kernel's clock ticks a second (`getconf CLK_TCK`; 100 on every Linux these tests run on).
-fn clock_ticks_per_second() -> f64 {
+pub fn clock_ticks_per_second() -> f64 {
     static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *HZ.get_or_init(|| {
         std::process::Command::new("getconf")
@@ -30,12 +34,16 @@ fn clock_ticks_per_second() -> f64 {
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
+        .and_then(|s| status_field_kib(&s, field))
         .unwrap_or(0)
+}
+
+/// A figure in KiB from the text of a `/proc/<pid>/status`.
+pub fn status_field_kib(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
 }
 
 /// Resident memory (bytes) and open files of a process, if it still exists.

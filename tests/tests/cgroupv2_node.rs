@@ -56,6 +56,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use nodewarden_api::NodeRecommendation;
 use nodewarden_cli::report::render;
+use nodewarden_tests::footprint;
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::oom;
@@ -165,6 +166,85 @@ async fn pod_on_a_cgroup_v2_systemd_node() -> Result<()> {
     stopped?;
     restored?;
     eprintln!("cgroupv2_node: done in {:.0}s", began.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Benchmark (issue 42; figures only, checks only that every container is published): the
+/// agent's footprint on the cgroup v2 + systemd VM node with 30 autoscaled containers, as
+/// `realnode.rs`'s `agent_footprint` on the host nodes (`nodewarden_tests::footprint`): the
+/// chart's defaults but for the images, the workload on the VM node only, the agent process read
+/// from the guest's `/proc` every 10 s for `NODEWARDEN_BENCH_SECONDS` (600) after every container
+/// is published. The guest's CPU is software-emulated, so its millicores are the emulator's, many
+/// times a real CPU's; its memory is the agent's own. Run by hand:
+///
+/// ```sh
+/// cargo test -p nodewarden-tests --test cgroupv2_node -- --ignored --nocapture agent_footprint
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run by hand, figures go to docs/benchmarks.md"]
+async fn agent_footprint_on_the_vm_node_with_30_containers() -> Result<()> {
+    if !require_real_nodes("agent_footprint_on_the_vm_node_with_30_containers")? {
+        return Ok(());
+    }
+    let span = footprint::bench_span(600)?;
+    let images = images::build_test_images().await?;
+    vm::vm_image().await?;
+    let cluster = RealCluster::start(&RealClusterConfig::with_images(1, &images)).await?;
+    let config = VmConfig::new(VM_NODE, images.archives(), &images.testbox_ref());
+    let vm = match VmNode::start(&cluster, &config).await {
+        Ok(vm) => vm,
+        Err(e) => {
+            if let Err(r) = cluster.shutdown() {
+                eprintln!("cgroupv2_node: {r:#}");
+            }
+            return Err(e);
+        }
+    };
+    let result = vm_footprint(&cluster, &vm, &images, span).await;
+    let details = match &result {
+        Err(_) => failure_details(&cluster, &vm).await,
+        Ok(()) => String::new(),
+    };
+    let stopped = vm.shutdown(&cluster);
+    let restored = cluster.shutdown();
+    result.map_err(|e| failure_with(e, "agent_footprint_on_the_vm_node_with_30_containers", &details))?;
+    stopped?;
+    restored
+}
+
+async fn vm_footprint(cluster: &RealCluster, vm: &VmNode, images: &TestImages, span: Duration) -> Result<()> {
+    let client = cluster.cp.admin_client().await?;
+    nodewarden_tests::apply_crds(
+        &cluster.cp,
+        &client,
+        &nodewarden_tests::read_crds(&nodewarden_tests::chart_crd_files()?)?,
+    )
+    .await?;
+    create_namespace(&cluster.cp, &client, NAMESPACE).await?;
+    let on_the_vm = footprint::Placement::On(
+        VM_NODE,
+        json!([{"key": VM_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]),
+    );
+    let wanted = footprint::create_workload(&client, NAMESPACE, &images.testbox_ref(), &on_the_vm).await?;
+    footprint::install_chart_defaults(cluster, images).await?;
+    // thirty containers start in an emulated guest: minutes, not seconds
+    footprint::wait_published(&client, VM_NODE, wanted, Duration::from_secs(900), || {
+        describe_pods(&client, NAMESPACE)
+    })
+    .await?;
+    let process = footprint::AgentProcess::in_guest(vm).await?;
+    let measured = footprint::measure(&process, span).await?;
+    let published = footprint::published(&client, VM_NODE).await?;
+    eprintln!(
+        "footprint: the agent on the VM node (cgroup v2, systemd driver, software-emulated CPU, Kubernetes {}), \
+         {published} autoscaled containers, {}",
+        cluster.cp.kube_version(),
+        measured.summary()
+    );
+    ensure!(
+        published >= wanted,
+        "every container is still published: {published} of {wanted}"
+    );
     Ok(())
 }
 

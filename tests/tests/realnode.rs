@@ -43,6 +43,7 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
+use nodewarden_tests::footprint;
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::images::{self, TestImages};
 use nodewarden_tests::oom;
@@ -974,17 +975,10 @@ async fn agent_footprint_on_a_real_node_with_30_containers() -> Result<()> {
     if !require_real_nodes("agent_footprint_on_a_real_node_with_30_containers")? {
         return Ok(());
     }
-    let seconds: u64 = match std::env::var("NODEWARDEN_BENCH_SECONDS") {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|s| (30..=86_400).contains(s))
-            .with_context(|| format!("NODEWARDEN_BENCH_SECONDS={v}: 30 to 86400"))?,
-        Err(_) => 600,
-    };
+    let span = footprint::bench_span(600)?;
     let images = images::build_test_images().await?;
     let cluster = RealCluster::start(&RealClusterConfig::with_images(1, &images)).await?;
-    let result = footprint(&cluster, &images, Duration::from_secs(seconds)).await;
+    let result = agent_footprint(&cluster, &images, span).await;
     let details = match &result {
         Err(_) => failure_details(&cluster).await,
         Ok(()) => String::new(),
@@ -994,134 +988,40 @@ async fn agent_footprint_on_a_real_node_with_30_containers() -> Result<()> {
     restored
 }
 
-async fn footprint(cluster: &RealCluster, images: &TestImages, span: Duration) -> Result<()> {
+async fn agent_footprint(cluster: &RealCluster, images: &TestImages, span: Duration) -> Result<()> {
     const NS: &str = "agents";
-    const PER_DAEMONSET: usize = 10;
     let cp = &cluster.cp;
     let node = &cluster.nodes[0];
     let client = cp.admin_client().await?;
     apply_crds(cp, &client, &read_crds(&chart_crd_files()?)?).await?;
     nodewarden_tests::create_namespace(cp, &client, NS).await?;
-    let names = ["logs", "metrics", "mesh"];
-    for name in names {
-        let containers: Vec<serde_json::Value> = (0..PER_DAEMONSET)
-            .map(|i| {
-                json!({
-                    "name": format!("{name}-{i}"), "image": images.testbox_ref(), "imagePullPolicy": "Never",
-                    "args": ["burn", "--cpu-millicores", (2 + i % 4).to_string(), "--memory-mib", "4"],
-                    "resources": {"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
-                })
-            })
-            .collect();
-        let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": name},
-            "spec": {
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {"terminationGracePeriodSeconds": 1, "containers": containers},
-                },
-            },
-        }))?;
-        Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), NS)
-            .create(&PostParams::default(), &ds)
-            .await?;
-        Api::<nodewarden_api::DaemonSetAutoscaler>::namespaced(client.clone(), NS)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "apiVersion": "nodewarden.io/v1alpha1", "kind": "DaemonSetAutoscaler",
-                    "metadata": {"name": name},
-                    "spec": {"targetRef": {"kind": "DaemonSet", "name": name},
-                             "updatePolicy": {"updateMode": "Initial"}},
-                }))?,
-            )
-            .await?;
-    }
-    // the chart's defaults but for the images and a fresh checkpoint folder
-    let helm = Helm::for_control_plane(cp)?;
-    let mut install: Vec<String> = [
-        "install",
-        RELEASE,
-        &nodewarden_tests::helm::chart_dir().display().to_string(),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "5m",
-    ]
-    .map(String::from)
-    .to_vec();
-    install.extend(images.helm_set_args());
-    install.extend([
-        "--set".to_string(),
-        format!(
-            "agent.checkpoint.hostPath={}",
-            cluster.fresh_checkpoint_dir()?.display()
-        ),
-    ]);
-    let out = helm.run(&install).await?;
-    ensure!(
-        out.success,
-        "helm install failed:\n{}\n{}",
-        out.stdout,
-        out.stderr
-    );
-    // every container published (the first CPU sample needs two readings, 10 s apart)
-    let wanted = names.len() * PER_DAEMONSET;
-    let recs: Api<nodewarden_api::NodeRecommendation> = Api::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let published = recs
-            .get_opt(&node.name)
-            .await?
-            .map_or(0, |r| r.spec.recommendations.len());
-        if published >= wanted {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the agent published {published} of {wanted} containers after 300 s:\n{}",
-            describe_pods(&client, NS).await
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    let wanted = footprint::create_workload(
+        &client,
+        NS,
+        &images.testbox_ref(),
+        &footprint::Placement::Everywhere,
+    )
+    .await?;
+    footprint::install_chart_defaults(cluster, images).await?;
+    footprint::wait_published(&client, &node.name, wanted, Duration::from_secs(300), || {
+        describe_pods(&client, NS)
+    })
+    .await?;
     let pids = nodewarden_tests::procfs::processes_in(&node.cgroup_root, "nodewarden-agent");
     let [pid] = pids[..] else {
         bail!("one agent process on the node, found {pids:?}");
     };
-    let cpu_before = nodewarden_tests::procfs::cpu_seconds(pid).context("the agent process is gone")?;
-    let began = Instant::now();
-    let mut rss_kib = Vec::new();
-    while began.elapsed() < span {
-        rss_kib.push(nodewarden_tests::procfs::status_kib(pid, "VmRSS:"));
-        tokio::time::sleep(Duration::from_secs(10)).await;
-    }
-    let cpu_after = nodewarden_tests::procfs::cpu_seconds(pid)
-        .context("the agent process ended during the measurement (restarted?)")?;
-    let elapsed = began.elapsed().as_secs_f64();
-    let millicores = (cpu_after - cpu_before) / elapsed * 1000.0;
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    let mean = rss_kib.iter().sum::<u64>() as f64 / rss_kib.len().max(1) as f64;
-    let peak = rss_kib.iter().copied().max().unwrap_or(0);
-    let last = rss_kib.last().copied().unwrap_or(0);
+    let measured = footprint::measure(&footprint::AgentProcess::Host(pid), span).await?;
     let cgroup = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         "cgroup v2"
     } else {
         "cgroup v1"
     };
-    let published = recs.get(&node.name).await?.spec.recommendations.len();
+    let published = footprint::published(&client, &node.name).await?;
     eprintln!(
-        "footprint: the agent on a real node ({cgroup}, Kubernetes {}), {published} autoscaled containers, \
-         over {elapsed:.0} s: resident memory mean {:.1} MiB, peak {:.1} MiB, last {:.1} MiB (VmHWM {:.1} MiB); \
-         CPU {millicores:.2} millicores on average (goal: 10 MiB, 2 millicores)",
+        "footprint: the agent on a real node ({cgroup}, Kubernetes {}), {published} autoscaled containers, {}",
         cp.kube_version(),
-        mib(mean as u64),
-        mib(peak),
-        mib(last),
-        mib(nodewarden_tests::procfs::status_kib(pid, "VmHWM:")),
+        measured.summary()
     );
     ensure!(
         published >= wanted,
