@@ -1,9 +1,14 @@
 //! Graceful shutdown: one token, cancelled on SIGTERM (the kubelet stopping the pod) or SIGINT.
 
+#[cfg(unix)]
 use anyhow::Context;
+#[cfg(unix)]
 use tokio_util::sync::CancellationToken;
 
-/// Cancels the returned token on SIGTERM or SIGINT. Needs a running tokio runtime.
+/// Cancels the returned token on SIGTERM or SIGINT. Needs a running tokio runtime. Unix only:
+/// the webhook and the agent run on Linux; the kubectl plugin, built for Windows too, links this
+/// crate for its other parts and never calls this.
+#[cfg(unix)]
 pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
     use tokio::signal::unix::{SignalKind, signal};
     let token = CancellationToken::new();

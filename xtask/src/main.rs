@@ -75,8 +75,10 @@ enum Task {
     /// a CycloneDX SBOM each, the kubectl plugin per platform with its krew manifest
     /// `nodewarden.yaml`, and `SHA256SUMS` over all of them.
     Release {
-        /// Platforms of the images and the plugin, comma-separated.
-        #[arg(long, default_value = xtask::image::target::DEFAULT_PLATFORMS)]
+        /// Platforms, comma-separated: the images' and the plugin's (linux/amd64,
+        /// linux/arm64), the plugin's alone (windows/amd64; darwin/amd64 and darwin/arm64,
+        /// which need a macOS SDK in SDKROOT).
+        #[arg(long, default_value = xtask::release::plugin::DEFAULT_PLATFORMS)]
         platform: String,
         /// Output folder (default: `<target>/release-artifacts`).
         #[arg(long)]
@@ -142,7 +144,8 @@ fn main() -> Result<()> {
             helm,
         } => {
             let mut opts = xtask::release::ReleaseOptions::for_repo(&root)?;
-            opts.build.targets = xtask::image::target::parse_platforms(&platform).context("--platform")?;
+            (opts.build.targets, opts.plugin_only) =
+                xtask::release::plugin::parse_release_platforms(&platform).context("--platform")?;
             if let Some(out) = out {
                 opts.out_dir = out;
             }
@@ -583,6 +586,20 @@ fn ci(root: &Path) -> Result<()> {
             "warnings",
         ],
     )?;
+    // the kubectl plugin also ships for windows/amd64 (`cargo xtask release`): lint it for that
+    // target too, so that a Unix-only call in a crate it links fails here, not at a release's tag
+    // (not where packages cannot be installed: elsewhere than Linux, or without root)
+    if cfg!(target_os = "linux") && is_root() {
+        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        eprintln!("==> lint (the plugin for windows/amd64)");
+        let started = std::time::Instant::now();
+        xtask::release::plugin::lint_plugin(root, &target, xtask::release::plugin::WINDOWS_AMD64)
+            .context("lint of the plugin for windows/amd64")?;
+        eprintln!(
+            "==> lint (the plugin for windows/amd64): {:.0?}",
+            started.elapsed()
+        );
+    }
     // every decoder of outside input, fuzzed for a short bound (no nightly toolchain: fails
     // under CI=true, skipped loudly elsewhere)
     fuzz::fuzz(

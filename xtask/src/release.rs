@@ -9,18 +9,19 @@
 //!   `.tgz`), for `oras cp --from-oci-layout` or to check what a push will send;
 //! - `nodewarden-{webhook,agent}-<version>.oci.tar`: the images of `cargo xtask image`, and
 //!   `nodewarden-{webhook,agent}-<version>.cdx.json`, a CycloneDX 1.5 SBOM of each ([`sbom`]);
-//! - `kubectl-nodewarden_<version>_linux_<arch>.tar.gz`: the kubectl plugin, static ([`PLUGIN_PROFILE`]), per
-//!   platform, and `nodewarden.yaml`, its krew manifest pointing at `--url-base`;
+//! - `kubectl-nodewarden_<version>_<os>_<arch>.tar.gz` (`.zip` on windows): the kubectl plugin
+//!   ([`PLUGIN_PROFILE`]) per platform, the images' and windows/amd64 by default ([`plugin`]),
+//!   and `nodewarden.yaml`, its krew manifest pointing at `--url-base`;
 //! - `SHA256SUMS` over all of the above (`sha256sum -c SHA256SUMS`).
 //!
 //! The packaging functions take already built files, so their tests run on small fakes; only
-//! [`release`] builds. Two releases into one folder take turns (a lock file beside it): the CI
+//! [`release`] builds. A release of no linux platform (`--platform windows/amd64`) has no images. Two releases into one folder take turns (a lock file beside it): the CI
 //! prefetch and the cgroup v2 node's test both write [`host_release_dir`].
 
+pub mod plugin;
 pub mod sbom;
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::image::oci::{self, Descriptor, sha256_hex};
 use crate::image::{self, BuildOptions, COMPONENTS, Target, tar};
+pub use plugin::PluginPlatform;
 
 /// Helm's media types (helm.sh/helm/v4 `pkg/registry/constants.go`).
 pub const HELM_CONFIG_MEDIA_TYPE: &str = "application/vnd.cncf.helm.config.v1+json";
@@ -59,6 +61,10 @@ pub struct ReleaseOptions {
     pub url_base: String,
     /// The helm binary (default: the one `tests/controlplane/build.sh` builds and caches).
     pub helm: Option<PathBuf>,
+    /// The plugin's platforms beyond the images' (`build.targets`, for which it is always
+    /// built): windows, darwin ([`plugin::parse_release_platforms`]). None by default, so a
+    /// release of `build.targets` alone is what it always was.
+    pub plugin_only: Vec<PluginPlatform>,
 }
 
 impl ReleaseOptions {
@@ -70,6 +76,7 @@ impl ReleaseOptions {
             url_base: default_url_base(&build.tag),
             build,
             helm: None,
+            plugin_only: Vec::new(),
         })
     }
 }
@@ -147,7 +154,75 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released> {
     let epoch = opts.build.epoch;
     let mut files = Vec::new();
 
-    // the images (cargo rebuilds nothing when they are up to date) and their SBOMs
+    // the images (cargo rebuilds nothing when they are up to date) and their SBOMs, if the
+    // release has a linux platform
+    let mut released = Vec::new();
+    if !opts.build.targets.is_empty() {
+        released = release_images(opts, &mut files)?;
+    }
+
+    // the plugin, per platform, and its krew manifest
+    let license = root.join("LICENSE");
+    let license = license.is_file().then_some(license);
+    let platforms: Vec<PluginPlatform> = opts
+        .build
+        .targets
+        .iter()
+        .map(|&t| PluginPlatform::linux(t))
+        .chain(opts.plugin_only.iter().copied())
+        .collect();
+    let mut archives = Vec::new();
+    for platform in platforms {
+        let binary = plugin::build_plugin(&opts.build, platform)?;
+        let archive = package_plugin(
+            &binary,
+            license.as_deref(),
+            platform,
+            version,
+            &opts.out_dir,
+            epoch,
+        )?;
+        say(format_args!("plugin {}", archive.display()));
+        archives.push((platform, archive));
+    }
+    let manifest = write_krew_manifest(&archives, version, &opts.url_base, &opts.out_dir)?;
+    files.extend(archives.into_iter().map(|(_, a)| a));
+    files.push(manifest);
+
+    // the chart, last: the pinned helm may still be building (the CI prefetch builds it beside)
+    let helm = match &opts.helm {
+        Some(h) => h.clone(),
+        None => pinned_helm(root)?,
+    };
+    let tgz = package_chart(&helm, &root.join("charts/nodewarden"), &opts.out_dir, epoch)?;
+    say(format_args!("chart {}", tgz.display()));
+    let chart = write_chart_layout(&tgz, &opts.out_dir, epoch)?;
+    say(format_args!(
+        "chart OCI layout {} (manifest {})",
+        chart.archive.display(),
+        chart.manifest_digest
+    ));
+    files.push(tgz);
+    files.push(chart.archive);
+
+    files.push(write_checksums(&opts.out_dir, &files)?);
+    say(format_args!(
+        "{} files in {} ({:.0?})",
+        files.len(),
+        opts.out_dir.display(),
+        started.elapsed()
+    ));
+    Ok(Released {
+        files,
+        images: released,
+    })
+}
+
+/// The images of `opts.build.targets` and their SBOMs, into `opts.out_dir` (added to `files`).
+fn release_images(opts: &ReleaseOptions, files: &mut Vec<PathBuf>) -> Result<Vec<ReleasedImage>> {
+    let root = &opts.build.root;
+    let version = &opts.build.tag;
+    let epoch = opts.build.epoch;
     for target in &opts.build.targets {
         target.ensure_toolchain(root)?;
     }
@@ -195,55 +270,7 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released> {
         files.push(archive);
         files.push(path);
     }
-
-    // the plugin, per platform, and its krew manifest
-    let license = root.join("LICENSE");
-    let license = license.is_file().then_some(license);
-    let mut plugin = Vec::new();
-    for &target in &opts.build.targets {
-        let bins = image::build_static_binaries_for(
-            &opts.build,
-            target,
-            PLUGIN_PACKAGE,
-            &[PLUGIN_BIN],
-            PLUGIN_PROFILE,
-        )?;
-        let binary = bins.first().context("cargo built no plugin")?;
-        let archive = package_plugin(binary, license.as_deref(), target, version, &opts.out_dir, epoch)?;
-        say(format_args!("plugin {}", archive.display()));
-        plugin.push((target, archive));
-    }
-    let manifest = write_krew_manifest(&plugin, version, &opts.url_base, &opts.out_dir)?;
-    files.extend(plugin.into_iter().map(|(_, a)| a));
-    files.push(manifest);
-
-    // the chart, last: the pinned helm may still be building (the CI prefetch builds it beside)
-    let helm = match &opts.helm {
-        Some(h) => h.clone(),
-        None => pinned_helm(root)?,
-    };
-    let tgz = package_chart(&helm, &root.join("charts/nodewarden"), &opts.out_dir, epoch)?;
-    say(format_args!("chart {}", tgz.display()));
-    let chart = write_chart_layout(&tgz, &opts.out_dir, epoch)?;
-    say(format_args!(
-        "chart OCI layout {} (manifest {})",
-        chart.archive.display(),
-        chart.manifest_digest
-    ));
-    files.push(tgz);
-    files.push(chart.archive);
-
-    files.push(write_checksums(&opts.out_dir, &files)?);
-    say(format_args!(
-        "{} files in {} ({:.0?})",
-        files.len(),
-        opts.out_dir.display(),
-        started.elapsed()
-    ));
-    Ok(Released {
-        files,
-        images: released,
-    })
+    Ok(released)
 }
 
 /// The helm the tests use: `tests/controlplane/build.sh` builds it from Go modules on first use
@@ -590,39 +617,38 @@ pub fn write_chart_layout(tgz: &Path, out_dir: &Path, epoch: u64) -> Result<Char
     })
 }
 
-/// `kubectl-nodewarden_<version>_linux_<arch>.tar.gz`.
-pub fn plugin_archive_name(version: &str, target: Target) -> String {
-    format!("{PLUGIN_BIN}_{version}_linux_{}.tar.gz", target.arch)
+/// `kubectl-nodewarden_<version>_<os>_<arch>.tar.gz` (`.zip` on windows); an image [`Target`]
+/// names its linux platform.
+pub fn plugin_archive_name(version: &str, platform: impl Into<PluginPlatform>) -> String {
+    platform.into().archive_name(version)
 }
 
-/// Packs the plugin's `binary` (after checking it is a static executable of `target`) and
-/// `license` if given into `out_dir/<plugin_archive_name>`: a gzipped tar with the files at its
-/// top, owned by 0:0, dated `epoch` (the gzip header carries no date), so the same binary gives
-/// the same bytes.
+/// Packs the plugin's `binary` (after checking it is an executable of `platform`, on linux a
+/// static one) and `license` if given into `out_dir/<plugin_archive_name>`, the files at its top,
+/// dated `epoch`, so the same binary gives the same bytes ([`plugin::write_archive`]).
 pub fn package_plugin(
     binary: &Path,
     license: Option<&Path>,
-    target: Target,
+    platform: impl Into<PluginPlatform>,
     version: &str,
     out_dir: &Path,
     epoch: u64,
 ) -> Result<PathBuf> {
-    image::ensure_static(binary, target)?;
-    let mut tar_bytes = Vec::new();
+    let platform = platform.into();
     let bin = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-    tar::append(&mut tar_bytes, PLUGIN_BIN, tar::Kind::File, 0o755, epoch, &bin)?;
+    platform
+        .check(&bin)
+        .with_context(|| format!("{} is not a {} executable", binary.display(), platform.name()))?;
+    if let Some(target) = platform.image_target() {
+        image::ensure_static(binary, target)?;
+    }
+    let mut files = vec![(platform.bin, 0o755, bin)];
     if let Some(license) = license {
         let text = std::fs::read(license).with_context(|| format!("reading {}", license.display()))?;
-        tar::append(&mut tar_bytes, "LICENSE", tar::Kind::File, 0o644, epoch, &text)?;
+        files.push(("LICENSE", 0o644, text));
     }
-    tar::finish(&mut tar_bytes);
-    let path = out_dir.join(plugin_archive_name(version, target));
-    let mut gz = flate2::GzBuilder::new()
-        .mtime(0)
-        .write(Vec::new(), flate2::Compression::best());
-    gz.write_all(&tar_bytes)?;
-    std::fs::create_dir_all(out_dir)?;
-    std::fs::write(&path, gz.finish()?).with_context(|| format!("writing {}", path.display()))?;
+    let path = out_dir.join(plugin_archive_name(version, platform));
+    plugin::write_archive(&path, &files, epoch)?;
     Ok(path)
 }
 
@@ -673,11 +699,16 @@ pub struct KrewFile {
 }
 
 /// The krew manifest of the plugin `archives` (one per platform): each platform's archive at
-/// `<url_base>/<file name>` with its SHA-256; krew's `version` is `v<version>`.
-pub fn krew_manifest(archives: &[(Target, PathBuf)], version: &str, url_base: &str) -> Result<KrewPlugin> {
+/// `<url_base>/<file name>` with its SHA-256, selected by krew's `os` and `arch` labels;
+/// krew's `version` is `v<version>`.
+pub fn krew_manifest(
+    archives: &[(PluginPlatform, PathBuf)],
+    version: &str,
+    url_base: &str,
+) -> Result<KrewPlugin> {
     ensure!(!archives.is_empty(), "no plugin archive");
     let mut platforms = Vec::new();
-    for (target, archive) in archives {
+    for (platform, archive) in archives {
         let file = archive
             .file_name()
             .context("an archive without a file name")?
@@ -685,10 +716,20 @@ pub fn krew_manifest(archives: &[(Target, PathBuf)], version: &str, url_base: &s
             .into_owned();
         let data = std::fs::read(archive).with_context(|| format!("reading {}", archive.display()))?;
         let mut files = vec![KrewFile {
-            from: PLUGIN_BIN.to_string(),
+            from: platform.bin.to_string(),
             to: ".".to_string(),
         }];
-        let has_license = flate_entries(&data)?.iter().any(|n| n == "LICENSE");
+        let entries = if file.ends_with(".zip") {
+            plugin::zip_entries(&data)?
+        } else {
+            flate_entries(&data)?
+        };
+        ensure!(
+            entries.iter().any(|n| n == platform.bin),
+            "{file} has no {}",
+            platform.bin
+        );
+        let has_license = entries.iter().any(|n| n == "LICENSE");
         if has_license {
             files.push(KrewFile {
                 from: "LICENSE".to_string(),
@@ -698,14 +739,14 @@ pub fn krew_manifest(archives: &[(Target, PathBuf)], version: &str, url_base: &s
         platforms.push(KrewPlatform {
             selector: KrewSelector {
                 match_labels: BTreeMap::from([
-                    ("os".to_string(), "linux".to_string()),
-                    ("arch".to_string(), target.arch.to_string()),
+                    ("os".to_string(), platform.os.to_string()),
+                    ("arch".to_string(), platform.arch.to_string()),
                 ]),
             },
             uri: format!("{}/{file}", url_base.trim_end_matches('/')),
             sha256: sha256_hex(&data),
             files,
-            bin: PLUGIN_BIN.to_string(),
+            bin: platform.bin.to_string(),
         });
     }
     Ok(KrewPlugin {
@@ -736,7 +777,7 @@ fn flate_entries(tgz: &[u8]) -> Result<Vec<String>> {
 
 /// Writes [`krew_manifest`] as `out_dir/nodewarden.yaml`.
 pub fn write_krew_manifest(
-    archives: &[(Target, PathBuf)],
+    archives: &[(PluginPlatform, PathBuf)],
     version: &str,
     url_base: &str,
     out_dir: &Path,

@@ -1,3 +1,9 @@
+use std::io::Write as _;
+
+use super::plugin::{
+    DARWIN_AMD64, DARWIN_ARM64, Format, LINUX_AMD64, LINUX_ARM64, PLUGIN_PLATFORMS, WINDOWS_AMD64,
+    check_format, parse_release_platforms, zip_entries,
+};
 use super::*;
 use crate::image::{AMD64, ARM64, repo_root};
 
@@ -161,6 +167,7 @@ fn fake_binary(dir: &Path, target: Target) -> PathBuf {
     h[..4].copy_from_slice(b"\x7fELF");
     h[4] = 2;
     h[5] = 1;
+    h[0x10] = 2;
     h[0x12..0x14].copy_from_slice(&target.elf_machine.to_le_bytes());
     h.extend_from_slice(target.arch.as_bytes());
     let path = dir.join(format!("bin-{}", target.arch)).join(PLUGIN_BIN);
@@ -194,7 +201,7 @@ fn the_plugin_archives_and_their_krew_manifest_agree() {
         let names: Vec<(&str, u32)> = entries.iter().map(|e| (e.name.as_str(), e.mode)).collect();
         assert_eq!(names, [(PLUGIN_BIN, 0o755), ("LICENSE", 0o644)]);
         assert_eq!(entries[0].data, std::fs::read(&bin).unwrap().as_slice());
-        archives.push((target, archive));
+        archives.push((target.into(), archive));
     }
     // a binary of the other architecture is refused
     let wrong = fake_binary(&dir.path().join("wrong"), ARM64);
@@ -212,6 +219,7 @@ fn the_plugin_archives_and_their_krew_manifest_agree() {
     assert_eq!(manifest.spec.version, "v1.2.3");
     assert_eq!(manifest.spec.platforms.len(), 2);
     for ((target, archive), platform) in archives.iter().zip(&manifest.spec.platforms) {
+        let target: &PluginPlatform = target;
         assert_eq!(platform.sha256, sha256_file(archive).unwrap());
         assert_eq!(
             platform.uri,
@@ -415,4 +423,225 @@ fn a_second_release_into_a_folder_waits_for_the_first() {
     assert!(matches!(other.try_lock(), Err(std::fs::TryLockError::WouldBlock)));
     drop(held);
     assert!(other.try_lock().is_ok());
+}
+
+/// The first bytes of an executable of `format`, as its linker writes them, and some padding.
+fn fake_executable(format: Format) -> Vec<u8> {
+    let mut h = vec![0u8; 512];
+    match format {
+        Format::Elf { machine } => {
+            h[..6].copy_from_slice(b"\x7fELF\x02\x01");
+            h[0x10] = 2;
+            h[0x12..0x14].copy_from_slice(&machine.to_le_bytes());
+        }
+        Format::Pe { machine } => {
+            h[..2].copy_from_slice(b"MZ");
+            h[0x3c..0x40].copy_from_slice(&0x80u32.to_le_bytes());
+            h[0x80..0x84].copy_from_slice(b"PE\0\0");
+            h[0x84..0x86].copy_from_slice(&machine.to_le_bytes());
+            // characteristics: executable image, large address aware
+            h[0x96..0x98].copy_from_slice(&0x0022u16.to_le_bytes());
+            h[0x98..0x9a].copy_from_slice(&0x020bu16.to_le_bytes());
+        }
+        Format::MachO { cpu_type } => {
+            h[..4].copy_from_slice(&0xfeed_facfu32.to_le_bytes());
+            h[4..8].copy_from_slice(&cpu_type.to_le_bytes());
+            h[12..16].copy_from_slice(&2u32.to_le_bytes());
+        }
+    }
+    h
+}
+
+#[test]
+fn each_platform_takes_only_its_own_executables() {
+    for platform in PLUGIN_PLATFORMS {
+        for other in PLUGIN_PLATFORMS {
+            let result = check_format(&fake_executable(other.format), platform.format);
+            assert_eq!(
+                result.is_ok(),
+                platform.format == other.format,
+                "{} binary checked as {}: {result:?}",
+                other.name(),
+                platform.name()
+            );
+        }
+    }
+    assert_eq!(WINDOWS_AMD64.format, Format::Pe { machine: 0x8664 });
+    assert_eq!(
+        DARWIN_AMD64.format,
+        Format::MachO {
+            cpu_type: 0x0100_0007
+        }
+    );
+    assert_eq!(
+        DARWIN_ARM64.format,
+        Format::MachO {
+            cpu_type: 0x0100_000c
+        }
+    );
+    assert_eq!(LINUX_ARM64.format, Format::Elf { machine: 183 });
+    // a DLL, a PE32 image, a Mach-O object file, a shared object of another type and truncated
+    // headers are refused
+    let mut dll = fake_executable(WINDOWS_AMD64.format);
+    dll[0x96..0x98].copy_from_slice(&0x2022u16.to_le_bytes());
+    let mut pe32 = fake_executable(WINDOWS_AMD64.format);
+    pe32[0x98..0x9a].copy_from_slice(&0x010bu16.to_le_bytes());
+    let mut object = fake_executable(DARWIN_ARM64.format);
+    object[12] = 1;
+    let mut relocatable = fake_executable(LINUX_AMD64.format);
+    relocatable[0x10] = 1;
+    let mut far_pe = fake_executable(WINDOWS_AMD64.format);
+    far_pe[0x3c..0x40].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+    for (bad, platform) in [
+        (dll, WINDOWS_AMD64),
+        (pe32, WINDOWS_AMD64),
+        (object, DARWIN_ARM64),
+        (relocatable, LINUX_AMD64),
+        (far_pe, WINDOWS_AMD64),
+        (b"MZ".to_vec(), WINDOWS_AMD64),
+        (0xfeed_facfu32.to_le_bytes().to_vec(), DARWIN_AMD64),
+        (Vec::new(), LINUX_AMD64),
+    ] {
+        assert!(
+            platform.check(&bad).is_err(),
+            "{} took {bad:02x?}",
+            platform.name()
+        );
+    }
+}
+
+#[test]
+fn release_platforms_split_into_images_and_the_plugins_others() {
+    let (images, others) = parse_release_platforms(plugin::DEFAULT_PLATFORMS).unwrap();
+    assert_eq!(images, [AMD64, ARM64]);
+    assert_eq!(others, [WINDOWS_AMD64]);
+    let (images, others) =
+        parse_release_platforms("windows/amd64, darwin/arm64,darwin/amd64,windows/amd64").unwrap();
+    assert!(images.is_empty());
+    assert_eq!(others, [DARWIN_AMD64, DARWIN_ARM64, WINDOWS_AMD64]);
+    assert_eq!(
+        parse_release_platforms("linux/arm64").unwrap(),
+        (vec![ARM64], vec![])
+    );
+    for bad in ["", "windows/arm64", "darwin", "linux/riscv64", "freebsd/amd64"] {
+        assert!(parse_release_platforms(bad).is_err(), "{bad:?}");
+    }
+    // the CI's and the tests' calls name image targets
+    assert_eq!(
+        plugin_archive_name("1.2.3", ARM64),
+        "kubectl-nodewarden_1.2.3_linux_arm64.tar.gz"
+    );
+}
+
+/// The entries of a zip archive: (name, Unix mode, bytes), each checked to be deflated.
+fn unzip(data: &[u8]) -> Vec<(String, u32, Vec<u8>)> {
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(data)).unwrap();
+    (0..archive.len())
+        .map(|i| {
+            let mut file = archive.by_index(i).unwrap();
+            assert_eq!(file.compression(), zip::CompressionMethod::Deflated, "deflated");
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes).unwrap();
+            (
+                file.name().unwrap().to_string(),
+                file.unix_mode().unwrap() & 0o7777,
+                bytes,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_platform_has_its_archive_and_its_krew_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let license = dir.path().join("LICENSE");
+    std::fs::write(&license, "license text\n").unwrap();
+    let mut archives = Vec::new();
+    for platform in PLUGIN_PLATFORMS {
+        let bin = dir.path().join(platform.triple).join(platform.bin);
+        std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+        std::fs::write(&bin, fake_executable(platform.format)).unwrap();
+        let archive = package_plugin(&bin, Some(&license), platform, "1.2.3", &out, EPOCH).unwrap();
+        let name = archive.file_name().unwrap().to_str().unwrap().to_string();
+        let data = std::fs::read(&archive).unwrap();
+        // reproducible
+        package_plugin(&bin, Some(&license), platform, "1.2.3", &out, EPOCH).unwrap();
+        assert_eq!(std::fs::read(&archive).unwrap(), data, "{name}");
+        let entries: Vec<(String, u32, Vec<u8>)> = if platform.os == "windows" {
+            assert_eq!(name, "kubectl-nodewarden_1.2.3_windows_amd64.zip");
+            assert_eq!(zip_entries(&data).unwrap(), [platform.bin, "LICENSE"]);
+            unzip(&data)
+        } else {
+            assert_eq!(
+                name,
+                format!(
+                    "kubectl-nodewarden_1.2.3_{}_{}.tar.gz",
+                    platform.os, platform.arch
+                )
+            );
+            let mut t = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(data.as_slice()), &mut t).unwrap();
+            tar::entries(&t)
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.name, e.mode, e.data.to_vec()))
+                .collect()
+        };
+        assert_eq!(
+            entries,
+            [
+                (platform.bin.to_string(), 0o755, std::fs::read(&bin).unwrap()),
+                ("LICENSE".to_string(), 0o644, b"license text\n".to_vec()),
+            ],
+            "{name}"
+        );
+        archives.push((platform, archive));
+    }
+    // a windows binary in a darwin archive is refused
+    let exe = dir.path().join(WINDOWS_AMD64.triple).join(WINDOWS_AMD64.bin);
+    assert!(package_plugin(&exe, None, DARWIN_AMD64, "1.2.3", &out, EPOCH).is_err());
+
+    let manifest = krew_manifest(&archives, "1.2.3", "https://example.org/dl").unwrap();
+    assert_eq!(manifest.spec.platforms.len(), PLUGIN_PLATFORMS.len());
+    for ((platform, archive), entry) in archives.iter().zip(&manifest.spec.platforms) {
+        let labels: Vec<(&str, &str)> = entry
+            .selector
+            .match_labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(labels, [("arch", platform.arch), ("os", platform.os)]);
+        assert_eq!(
+            entry.uri,
+            format!(
+                "https://example.org/dl/{}",
+                archive.file_name().unwrap().to_str().unwrap()
+            )
+        );
+        assert_eq!(entry.sha256, sha256_file(archive).unwrap());
+        let from: Vec<&str> = entry.files.iter().map(|f| f.from.as_str()).collect();
+        assert_eq!(from, [platform.bin, "LICENSE"]);
+        let expected_bin = if platform.os == "windows" {
+            "kubectl-nodewarden.exe"
+        } else {
+            "kubectl-nodewarden"
+        };
+        assert_eq!(entry.bin, expected_bin);
+    }
+}
+
+#[test]
+fn zip_dates_are_ms_dos_times_of_the_epoch() {
+    let date_of = |data: &[u8]| {
+        let mut archive = zip::ZipArchive::new(std::io::Cursor::new(data)).unwrap();
+        let d = archive.by_index(0).unwrap().last_modified().unwrap();
+        (d.year(), d.month(), d.day(), d.hour(), d.minute(), d.second())
+    };
+    // 1_700_000_000 is 2023-11-14T22:13:20Z
+    let data = plugin::zip(&[("a", 0o644, b"x".to_vec())], EPOCH).unwrap();
+    assert_eq!(date_of(&data), (2023, 11, 14, 22, 13, 20));
+    // before 1980: 1980-01-01
+    let old = plugin::zip(&[("a", 0o644, Vec::new())], 0).unwrap();
+    assert_eq!(date_of(&old), (1980, 1, 1, 0, 0, 0));
 }
