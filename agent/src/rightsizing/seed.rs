@@ -183,7 +183,18 @@ async fn load_noting(
     // series), whatever the number of DaemonSets and namespaces
     for (ns, daemonsets) in &by_namespace {
         for ds in daemonsets {
-            read_one(prometheus, node, window, cfg, last_error, &labels, &wanted, (ns, ds), &mut seeded).await?;
+            read_one(
+                prometheus,
+                node,
+                window,
+                cfg,
+                last_error,
+                &labels,
+                &wanted,
+                (ns, ds),
+                &mut seeded,
+            )
+            .await?;
         }
     }
     Ok(seeded)
@@ -203,58 +214,56 @@ async fn read_one(
     (ns, ds): (&str, &str),
     seeded: &mut Seeded,
 ) -> Result<(), Error> {
-    {
-        let mut samples: BTreeMap<(&str, &str, &str), Samples> = BTreeMap::new();
-        let regex = cadvisor::daemonset_pods(ds);
-        let read = || nodewarden_history::usage::read_on(prometheus, labels, ns, &regex, Some(node), window);
-        let usage = read
-            .retry(retry_backoff())
-            .when(transient)
-            .notify(|err, after| {
-                note(last_error, err);
-                tracing::warn!(error = %err, retry_in = ?after, "reading history from Prometheus failed; trying again");
-            })
-            .await
-            .inspect_err(|err| note(last_error, err))?;
-        for c in usage {
-            if !owned_by(&c.pod, ds) {
-                continue;
-            }
-            let found = wanted
-                .keys()
-                .copied()
-                .find(|&(n, d, container)| n == ns && d == ds && container == c.container);
-            let Some(k) = found else { continue };
-            samples.entry(k).or_default().add(c.cpu, c.memory, c.oom);
+    let mut samples: BTreeMap<(&str, &str, &str), Samples> = BTreeMap::new();
+    let regex = cadvisor::daemonset_pods(ds);
+    let read = || nodewarden_history::usage::read_on(prometheus, labels, ns, &regex, Some(node), window);
+    let usage = read
+        .retry(retry_backoff())
+        .when(transient)
+        .notify(|err, after| {
+            note(last_error, err);
+            tracing::warn!(error = %err, retry_in = ?after, "reading history from Prometheus failed; trying again");
+        })
+        .await
+        .inspect_err(|err| note(last_error, err))?;
+    for c in usage {
+        if !owned_by(&c.pod, ds) {
+            continue;
         }
-        // each container's samples dropped as soon as its history is built
-        while let Some((k, mut s)) = samples.pop_first() {
-            let Some(t) = wanted.get(&k) else { continue };
-            s.merge();
-            let Some(history) = history_of(cfg, &s, t.memory_request_bytes.unwrap_or(0) as f64) else {
-                continue;
-            };
-            if history.sample_count == 0 && s.memory.is_empty() {
-                continue;
-            }
-            seeded.samples = seeded
-                .samples
-                .saturating_add((s.cpu.len() + s.memory.len()) as u64);
-            let first = s
-                .cpu
-                .first()
-                .into_iter()
-                .chain(s.memory.first())
-                .map(|p| p.0)
-                .min();
-            seeded.first_sample_ms = match (seeded.first_sample_ms, first) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            seeded
-                .histories
-                .push((t.key.clone(), history, t.containers_per_pod.max(1)));
+        let found = wanted
+            .keys()
+            .copied()
+            .find(|&(n, d, container)| n == ns && d == ds && container == c.container);
+        let Some(k) = found else { continue };
+        samples.entry(k).or_default().add(c.cpu, c.memory, c.oom);
+    }
+    // each container's samples dropped as soon as its history is built
+    while let Some((k, mut s)) = samples.pop_first() {
+        let Some(t) = wanted.get(&k) else { continue };
+        s.merge();
+        let Some(history) = history_of(cfg, &s, t.memory_request_bytes.unwrap_or(0) as f64) else {
+            continue;
+        };
+        if history.sample_count == 0 && s.memory.is_empty() {
+            continue;
         }
+        seeded.samples = seeded
+            .samples
+            .saturating_add((s.cpu.len() + s.memory.len()) as u64);
+        let first = s
+            .cpu
+            .first()
+            .into_iter()
+            .chain(s.memory.first())
+            .map(|p| p.0)
+            .min();
+        seeded.first_sample_ms = match (seeded.first_sample_ms, first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        seeded
+            .histories
+            .push((t.key.clone(), history, t.containers_per_pod.max(1)));
     }
     Ok(())
 }

@@ -178,13 +178,7 @@ mod tests {
             }}}}
         }))
         .expect("revision");
-        let containers = rev
-            .data
-            .and_then(|d| d.spec)
-            .and_then(|s| s.template)
-            .and_then(|t| t.spec)
-            .map(RevisionPodSpec::sized)
-            .expect("containers");
+        let containers = rev.sized_containers().expect("containers");
         let names: Vec<(&str, bool)> = containers.iter().map(|c| (c.name.as_str(), c.sidecar)).collect();
         assert_eq!(names, [("app", false), ("log", true)]);
         let pod = template_pod(&containers);
