@@ -90,6 +90,16 @@ enum Task {
         /// The helm binary (default: the one tests/controlplane/build.sh builds and caches).
         #[arg(long)]
         helm: Option<PathBuf>,
+        /// Only the plugin's archives for `--platform` (no images, chart, krew manifest or
+        /// SHA256SUMS): the release workflow runs this on macOS (darwin/amd64, darwin/arm64)
+        /// and Windows (windows/arm64).
+        #[arg(long, conflicts_with = "plugin_archives")]
+        plugins_only: bool,
+        /// A folder of plugin archives of this version that `--plugins-only` built on other
+        /// machines: each is checked (its binary's format) and joins the krew manifest and
+        /// SHA256SUMS.
+        #[arg(long)]
+        plugin_archives: Option<PathBuf>,
     },
 }
 
@@ -142,8 +152,12 @@ fn main() -> Result<()> {
             out,
             url_base,
             helm,
+            plugins_only,
+            plugin_archives,
         } => {
             let mut opts = xtask::release::ReleaseOptions::for_repo(&root)?;
+            opts.plugins_only = plugins_only;
+            opts.plugin_archives = plugin_archives;
             (opts.build.targets, opts.plugin_only) =
                 xtask::release::plugin::parse_release_platforms(&platform).context("--platform")?;
             if let Some(out) = out {

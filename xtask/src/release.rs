@@ -65,6 +65,12 @@ pub struct ReleaseOptions {
     /// built): windows, darwin ([`plugin::parse_release_platforms`]). None by default, so a
     /// release of `build.targets` alone is what it always was.
     pub plugin_only: Vec<PluginPlatform>,
+    /// Build the plugin archives alone (no images, chart, krew manifest or `SHA256SUMS`): what
+    /// the release workflow's macOS and Windows runners do, for the release made on Linux to take.
+    pub plugins_only: bool,
+    /// A folder of plugin archives built on other machines (`plugins_only` there) to check and
+    /// add to this release ([`adopt_plugin_archives`]).
+    pub plugin_archives: Option<PathBuf>,
 }
 
 impl ReleaseOptions {
@@ -77,6 +83,8 @@ impl ReleaseOptions {
             build,
             helm: None,
             plugin_only: Vec::new(),
+            plugins_only: false,
+            plugin_archives: None,
         })
     }
 }
@@ -156,8 +164,12 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released> {
 
     // the images (cargo rebuilds nothing when they are up to date) and their SBOMs, if the
     // release has a linux platform
+    // a platform this machine cannot link fails now, not after minutes of other builds
+    for platform in &opts.plugin_only {
+        plugin::ensure_buildable_here(*platform)?;
+    }
     let mut released = Vec::new();
-    if !opts.build.targets.is_empty() {
+    if !opts.build.targets.is_empty() && !opts.plugins_only {
         released = release_images(opts, &mut files)?;
     }
 
@@ -184,6 +196,30 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released> {
         )?;
         say(format_args!("plugin {}", archive.display()));
         archives.push((platform, archive));
+    }
+    if opts.plugins_only {
+        files.extend(archives.into_iter().map(|(_, a)| a));
+        say(format_args!(
+            "{} plugin archives in {} ({:.0?})",
+            files.len(),
+            opts.out_dir.display(),
+            started.elapsed()
+        ));
+        return Ok(Released {
+            files,
+            images: released,
+        });
+    }
+    if let Some(dir) = &opts.plugin_archives {
+        let built: Vec<PluginPlatform> = archives.iter().map(|(p, _)| *p).collect();
+        for (platform, archive) in adopt_plugin_archives(dir, version, &built, &opts.out_dir)? {
+            say(format_args!(
+                "plugin {} (built elsewhere, checked)",
+                archive.display()
+            ));
+            archives.push((platform, archive));
+        }
+        archives.sort_by_key(|(p, _)| p.name());
     }
     let manifest = write_krew_manifest(&archives, version, &opts.url_base, &opts.out_dir)?;
     files.extend(archives.into_iter().map(|(_, a)| a));
@@ -650,6 +686,58 @@ pub fn package_plugin(
     let path = out_dir.join(plugin_archive_name(version, platform));
     plugin::write_archive(&path, &files, epoch)?;
     Ok(path)
+}
+
+/// The plugin archives in `dir` built on other machines (`cargo xtask release --plugins-only`, the
+/// release workflow's macOS and Windows runners) for version `version`, each read back, its
+/// binary checked to be an executable of its platform ([`plugin::binary_in_archive`]) and the
+/// archive copied into `out_dir`. Files not named `kubectl-nodewarden_*` are left alone; one so
+/// named that is not an archive of `version` for a known platform, or one of a platform in
+/// `built` (built here too), is an error, as is a folder without any.
+pub fn adopt_plugin_archives(
+    dir: &Path,
+    version: &str,
+    built: &[PluginPlatform],
+    out_dir: &Path,
+) -> Result<Vec<(PluginPlatform, PathBuf)>> {
+    let mut adopted = Vec::new();
+    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for entry in entries {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if !name.starts_with(&format!("{PLUGIN_BIN}_")) {
+            continue;
+        }
+        let platform = plugin::PLUGIN_PLATFORMS
+            .into_iter()
+            .find(|p| p.archive_name(version) == name)
+            .with_context(|| {
+                format!(
+                    "{}: not a plugin archive of version {version} for a known platform",
+                    path.display()
+                )
+            })?;
+        ensure!(
+            !built.contains(&platform),
+            "{}: {} was built here too",
+            path.display(),
+            platform.name()
+        );
+        let data = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        plugin::binary_in_archive(&data, platform).with_context(|| path.display().to_string())?;
+        let to = out_dir.join(name);
+        std::fs::write(&to, &data).with_context(|| format!("writing {}", to.display()))?;
+        adopted.push((platform, to));
+    }
+    ensure!(
+        !adopted.is_empty(),
+        "no plugin archive of version {version} in {}",
+        dir.display()
+    );
+    adopted.sort_by_key(|(p, _)| p.name());
+    Ok(adopted)
 }
 
 /// A krew plugin manifest (`krew.googlecontainertools.github.com/v1alpha2`, kind `Plugin`).

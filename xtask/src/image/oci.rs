@@ -824,6 +824,12 @@ pub fn extract_rootfs_for(archive: &Path, platform: &Platform, dir: &Path) -> Re
     extract_impl(archive, Some(platform), dir)
 }
 
+#[cfg(not(unix))]
+fn extract_impl(_: &Path, _: Option<&Platform>, _: &Path) -> Result<()> {
+    anyhow::bail!("extracting an image's root file system needs Unix file modes and symlinks")
+}
+
+#[cfg(unix)]
 fn extract_impl(archive: &Path, platform: Option<&Platform>, dir: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let (contents, bytes) = read_impl(archive, platform, true)?;

@@ -12,7 +12,14 @@
 //!   Mach-O executable. zig brings the C library's stubs but no framework of Apple's SDK, and the
 //!   plugin's TLS clients (kube's `rustls-platform-verifier`, `rustls-native-certs`) link the
 //!   Security and CoreFoundation frameworks on macOS: the link fails ("unable to find framework
-//!   'Security'") unless `SDKROOT` names a macOS SDK. Not in the default platforms for that.
+//!   'Security'") unless `SDKROOT` names a macOS SDK. Not in the default platforms for that. On
+//!   a Mac (the release workflow's macOS runner) they are built by Apple's own toolchain instead;
+//! - windows/arm64 (`aarch64-pc-windows-msvc`): Microsoft's linker on a Windows machine (the
+//!   release workflow's `windows-11-arm` runner), the C runtime linked in; refused elsewhere.
+//!
+//! A release made on Linux takes the archives those machines built (`--plugins-only` there,
+//! `--plugin-archives` here: [`binary_in_archive`] checks each again before it joins the krew
+//! manifest and `SHA256SUMS`).
 //!
 //! Every archive has the binary and the LICENSE at its top, dated the release's epoch.
 
@@ -37,8 +44,10 @@ pub enum Linker {
         prefix: &'static str,
         package: &'static str,
     },
-    /// zig, through cargo-zigbuild ([`ensure_zig`]).
+    /// zig, through cargo-zigbuild ([`ensure_zig`]); on a Mac, Apple's toolchain.
     Zig,
+    /// Microsoft's linker: built on Windows only.
+    Msvc,
 }
 
 /// The executable format a platform's binary must have.
@@ -71,6 +80,7 @@ pub struct PluginPlatform {
 pub const ELF_X86_64: u16 = 62;
 pub const ELF_AARCH64: u16 = 183;
 pub const PE_AMD64: u16 = 0x8664;
+pub const PE_ARM64: u16 = 0xaa64;
 pub const MACHO_X86_64: u32 = 0x0100_0007;
 pub const MACHO_ARM64: u32 = 0x0100_000c;
 
@@ -108,14 +118,27 @@ pub const WINDOWS_AMD64: PluginPlatform = PluginPlatform {
     bin: "kubectl-nodewarden.exe",
 };
 
+pub const WINDOWS_ARM64: PluginPlatform = PluginPlatform {
+    os: "windows",
+    arch: "arm64",
+    triple: "aarch64-pc-windows-msvc",
+    linker: Linker::Msvc,
+    format: Format::Pe { machine: PE_ARM64 },
+    bin: "kubectl-nodewarden.exe",
+};
+
 /// Every platform the plugin can be built for, in `os/arch` order.
-pub const PLUGIN_PLATFORMS: [PluginPlatform; 5] = [
+pub const PLUGIN_PLATFORMS: [PluginPlatform; 6] = [
     DARWIN_AMD64,
     DARWIN_ARM64,
     LINUX_AMD64,
     LINUX_ARM64,
     WINDOWS_AMD64,
+    WINDOWS_ARM64,
 ];
+
+/// The most bytes read of a plugin binary out of an archive built elsewhere.
+pub const MAX_PLUGIN_BYTES: u64 = 256 << 20;
 
 /// `cargo xtask release`'s default `--platform`: the images' platforms and windows/amd64 (not
 /// darwin: see the module's documentation).
@@ -303,6 +326,12 @@ pub fn build_plugin(opts: &BuildOptions, platform: PluginPlatform) -> Result<Pat
             cmd.envs(env.into_iter().filter(|(k, _)| std::env::var_os(k).is_none()));
             run_build(opts, platform, cmd)?
         }
+        // on a Mac: Apple's toolchain and SDK link both architectures
+        Linker::Zig if cfg!(target_os = "macos") => {
+            ensure_std(&opts.root, platform.triple)?;
+            let cmd = cargo_command(opts, platform, "cargo", &flags_without_crt_static());
+            run_build(opts, platform, cmd)?
+        }
         Linker::Zig => {
             ensure_std(&opts.root, platform.triple)?;
             let venv = ensure_zig()?;
@@ -311,14 +340,13 @@ pub fn build_plugin(opts: &BuildOptions, platform: PluginPlatform) -> Result<Pat
             path.extend(std::env::split_paths(
                 &std::env::var_os("PATH").unwrap_or_default(),
             ));
-            // no `+crt-static` (macOS has no static C library); the registry's paths remapped
-            let flags: Vec<String> = image::static_rustflags()
-                .split('\x1f')
-                .filter(|f| !f.contains("crt-static"))
-                .map(str::to_string)
-                .collect();
             let zigbuild = bin.join("cargo-zigbuild");
-            let mut cmd = cargo_command(opts, platform, &zigbuild.to_string_lossy(), &flags.join("\x1f"));
+            let mut cmd = cargo_command(
+                opts,
+                platform,
+                &zigbuild.to_string_lossy(),
+                &flags_without_crt_static(),
+            );
             cmd.env("PATH", std::env::join_paths(path)?);
             run_build(opts, platform, cmd).map_err(|e| {
                 if std::env::var_os("SDKROOT").is_some() {
@@ -332,12 +360,79 @@ pub fn build_plugin(opts: &BuildOptions, platform: PluginPlatform) -> Result<Pat
                 ))
             })?
         }
+        Linker::Msvc => {
+            ensure_buildable_here(platform)?;
+            ensure_std(&opts.root, platform.triple)?;
+            // `+crt-static`: the C runtime linked in, nothing to install beside the .exe
+            let cmd = cargo_command(opts, platform, "cargo", &image::static_rustflags());
+            run_build(opts, platform, cmd)?
+        }
     };
     let data = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     platform
         .check(&data)
         .with_context(|| format!("{} is not a {} executable", path.display(), platform.name()))?;
     Ok(path)
+}
+
+/// Fails for a platform this machine cannot link at all (windows/arm64 off Windows), naming
+/// where it is built.
+pub fn ensure_buildable_here(platform: PluginPlatform) -> Result<()> {
+    ensure!(
+        platform.linker != Linker::Msvc || cfg!(windows),
+        "{} is linked by Microsoft's linker on Windows (the release workflow builds it on a \
+         windows-11-arm runner: `cargo xtask release --plugins-only --platform {}`), not on this \
+         machine",
+        platform.name(),
+        platform.name()
+    );
+    Ok(())
+}
+
+/// The static builds' RUSTFLAGS without `+crt-static` (macOS has no static C library), the
+/// registry's paths still remapped.
+fn flags_without_crt_static() -> String {
+    image::static_rustflags()
+        .split('\x1f')
+        .filter(|f| !f.contains("crt-static"))
+        .collect::<Vec<_>>()
+        .join("\x1f")
+}
+
+/// The plugin's binary out of one of its archives (`.zip` on windows, `.tar.gz` elsewhere, as
+/// [`write_archive`] writes them), checked to be an executable of `platform`; at most
+/// [`MAX_PLUGIN_BYTES`] of it are read.
+pub fn binary_in_archive(data: &[u8], platform: PluginPlatform) -> Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bin = Vec::new();
+    if platform.archive_ext() == "zip" {
+        let mut archive = zip::ZipArchive::new(std::io::Cursor::new(data)).context("not a zip archive")?;
+        let file = archive
+            .by_name(platform.bin)
+            .with_context(|| format!("no {} in the archive", platform.bin))?;
+        file.take(MAX_PLUGIN_BYTES + 1).read_to_end(&mut bin)?;
+    } else {
+        let mut tar_bytes = Vec::new();
+        flate2::read::GzDecoder::new(data)
+            .take(2 * MAX_PLUGIN_BYTES)
+            .read_to_end(&mut tar_bytes)
+            .context("not a gzip file")?;
+        bin = tar::entries(&tar_bytes)?
+            .into_iter()
+            .find(|e| e.name == platform.bin)
+            .map(|e| e.data.to_vec())
+            .with_context(|| format!("no {} in the archive", platform.bin))?;
+    }
+    ensure!(
+        bin.len() as u64 <= MAX_PLUGIN_BYTES,
+        "{} is over {} MiB",
+        platform.bin,
+        MAX_PLUGIN_BYTES >> 20
+    );
+    platform
+        .check(&bin)
+        .with_context(|| format!("its {} is not a {} executable", platform.bin, platform.name()))?;
+    Ok(bin)
 }
 
 /// Makes sure the standard library of `platform` and Debian's mingw-w64 (`package`, tools

@@ -1,8 +1,8 @@
 use std::io::Write as _;
 
 use super::plugin::{
-    DARWIN_AMD64, DARWIN_ARM64, Format, LINUX_AMD64, LINUX_ARM64, PLUGIN_PLATFORMS, WINDOWS_AMD64,
-    check_format, parse_release_platforms, zip_entries,
+    DARWIN_AMD64, DARWIN_ARM64, Format, LINUX_AMD64, LINUX_ARM64, PLUGIN_PLATFORMS, PluginPlatform,
+    WINDOWS_AMD64, WINDOWS_ARM64, check_format, parse_release_platforms, zip_entries,
 };
 use super::*;
 use crate::image::{AMD64, ARM64, repo_root};
@@ -467,6 +467,7 @@ fn each_platform_takes_only_its_own_executables() {
         }
     }
     assert_eq!(WINDOWS_AMD64.format, Format::Pe { machine: 0x8664 });
+    assert_eq!(WINDOWS_ARM64.format, Format::Pe { machine: 0xaa64 });
     assert_eq!(
         DARWIN_AMD64.format,
         Format::MachO {
@@ -523,7 +524,7 @@ fn release_platforms_split_into_images_and_the_plugins_others() {
         parse_release_platforms("linux/arm64").unwrap(),
         (vec![ARM64], vec![])
     );
-    for bad in ["", "windows/arm64", "darwin", "linux/riscv64", "freebsd/amd64"] {
+    for bad in ["", "windows/386", "darwin", "linux/riscv64", "freebsd/amd64"] {
         assert!(parse_release_platforms(bad).is_err(), "{bad:?}");
     }
     // the CI's and the tests' calls name image targets
@@ -568,8 +569,17 @@ fn every_platform_has_its_archive_and_its_krew_entry() {
         // reproducible
         package_plugin(&bin, Some(&license), platform, "1.2.3", &out, EPOCH).unwrap();
         assert_eq!(std::fs::read(&archive).unwrap(), data, "{name}");
+        // the binary read back out of it, as a release does with an archive built elsewhere
+        assert_eq!(
+            plugin::binary_in_archive(&data, platform).unwrap(),
+            std::fs::read(&bin).unwrap(),
+            "{name}"
+        );
         let entries: Vec<(String, u32, Vec<u8>)> = if platform.os == "windows" {
-            assert_eq!(name, "kubectl-nodewarden_1.2.3_windows_amd64.zip");
+            assert_eq!(
+                name,
+                format!("kubectl-nodewarden_1.2.3_windows_{}.zip", platform.arch)
+            );
             assert_eq!(zip_entries(&data).unwrap(), [platform.bin, "LICENSE"]);
             unzip(&data)
         } else {
@@ -644,4 +654,70 @@ fn zip_dates_are_ms_dos_times_of_the_epoch() {
     // before 1980: 1980-01-01
     let old = plugin::zip(&[("a", 0o644, Vec::new())], 0).unwrap();
     assert_eq!(date_of(&old), (1980, 1, 1, 0, 0, 0));
+}
+
+/// Archives another machine built (`--plugins-only` on macOS and Windows) join a release only
+/// when each holds an executable of its platform, is of this version and was not built here.
+#[test]
+fn plugin_archives_built_elsewhere_are_checked_before_they_join_the_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let pack = |platform: PluginPlatform, format: Format, version: &str| {
+        let bin = dir
+            .path()
+            .join(format!("{}-{version}", platform.triple))
+            .join(platform.bin);
+        std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+        std::fs::write(&bin, fake_executable(format)).unwrap();
+        package_plugin_unchecked(&bin, platform, version, &elsewhere)
+    };
+    for platform in [DARWIN_AMD64, DARWIN_ARM64, WINDOWS_ARM64] {
+        pack(platform, platform.format, "1.2.3");
+    }
+    // another file of the runner's folder is left alone
+    std::fs::write(elsewhere.join("SHA256SUMS"), "").unwrap();
+    let adopted = adopt_plugin_archives(&elsewhere, "1.2.3", &[LINUX_AMD64, WINDOWS_AMD64], &out).unwrap();
+    let platforms: Vec<PluginPlatform> = adopted.iter().map(|(p, _)| *p).collect();
+    assert_eq!(platforms, [DARWIN_AMD64, DARWIN_ARM64, WINDOWS_ARM64]);
+    for (platform, archive) in &adopted {
+        assert_eq!(archive.parent(), Some(out.as_path()));
+        assert_eq!(
+            std::fs::read(archive).unwrap(),
+            std::fs::read(elsewhere.join(platform.archive_name("1.2.3"))).unwrap()
+        );
+    }
+
+    // built here too; another version; a windows/amd64 binary in the windows/arm64 archive
+    let err = adopt_plugin_archives(&elsewhere, "1.2.3", &[DARWIN_ARM64], &out).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("darwin/arm64 was built here too"),
+        "{err:#}"
+    );
+    let err = adopt_plugin_archives(&elsewhere, "1.2.4", &[], &out).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("not a plugin archive of version 1.2.4"),
+        "{err:#}"
+    );
+    std::fs::remove_dir_all(&elsewhere).unwrap();
+    pack(WINDOWS_ARM64, WINDOWS_AMD64.format, "1.2.3");
+    let err = adopt_plugin_archives(&elsewhere, "1.2.3", &[], &out).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("is not a windows/arm64 executable"),
+        "{err:#}"
+    );
+    // a folder without any
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = adopt_plugin_archives(&empty, "1.2.3", &[], &out).unwrap_err();
+    assert!(format!("{err:#}").contains("no plugin archive"), "{err:#}");
+}
+
+/// An archive as [`package_plugin`] lays it out, without its check (to make bad ones).
+fn package_plugin_unchecked(bin: &Path, platform: PluginPlatform, version: &str, out_dir: &Path) -> PathBuf {
+    let path = out_dir.join(platform.archive_name(version));
+    let files = [(platform.bin, 0o755, std::fs::read(bin).unwrap())];
+    plugin::write_archive(&path, &files, EPOCH).unwrap();
+    path
 }
