@@ -9,23 +9,28 @@
 //! - NodeRecommendation updates: every simulated node's figures move every 20 s, as an agent's do;
 //! - claims: every half second a valid ClusterClaim created (and deleted) and a bad `id.k8s.io`
 //!   claim refused, through the webhook (`failurePolicy: Fail`);
+//! - feature writes: two Features own fields of Leases in the soak's namespace (the chart's
+//!   `features.ownedResources`), `soak-glow` off and `soak-shine` on; every half second a Lease
+//!   setting the on feature's field is created (and deleted) and one setting the off feature's
+//!   field is refused with the feature's reason (`failurePolicy: Fail`);
 //! - disruptions, one every `min(duration/6, 3 min)`, in turn: a webhook pod deleted (graceful),
 //!   a webhook process killed with SIGKILL (the kubelet restarts it), a `helm upgrade` (a new
 //!   ReplicaSet rolls out);
 //! - an attacker on the host, from an address of its own, opening silent TCP connections to one
-//!   webhook replica at about 500 a second and holding the last 400.
+//!   webhook replica at about 500 a second and holding the last 400, and from the same address
+//!   four HTTP/2 connections each holding as many reviews open without a body as the replica
+//!   allows (opened again as the replica answers or closes them).
 //!
 //! What a user would notice is asserted: every pod the DaemonSet controller made carries its own
 //! node's figures (each node's are unique, so another node's or the template's are caught), every
-//! valid claim was allowed and every bad one refused with the webhook's reason, except within
-//! 20 s of a replica's SIGKILL: the reviews in flight on the killed process's connections, and
-//! those sent to its endpoint before the readiness probe takes it out, fail, so a pod may get the
-//! template's requests (`failurePolicy: Ignore`) and a claim be refused (`Fail`), as
-//! docs/server.md ("Faults") says. The same 20 s after a graceful delete or a `helm upgrade` are
-//! counted apart too: the hour-long run lost one pod in 18,216 after one of those (the endpoint's
-//! removal reaching the API server after the old process stopped serving; not explained yet).
-//! Those are counted and printed, and the API server's fail-open count must not exceed the pods
-//! they explain. What is recorded, per minute (printed, and a CSV under
+//! valid claim and feature write was allowed and every bad one refused with the webhook's reason,
+//! except within 20 s of a replica's SIGKILL: the reviews in flight on the killed process's
+//! connections, and those sent to its endpoint before the readiness probe takes it out, fail, so
+//! a pod may get the template's requests (`failurePolicy: Ignore`) and a claim or a feature write
+//! be refused (`Fail`), as docs/server.md ("Faults") says. Those are counted and printed, and the
+//! API server's fail-open count must not exceed the pods they explain. A graceful delete or a
+//! `helm upgrade` must lose nothing: a replica retires during its shutdown delay (docs/server.md,
+//! "Faults"; docs/benchmarks.md, "Soak", for the runs that showed it). What is recorded, per minute (printed, and a CSV under
 //! `target/soak/`): pods, claims, the API server's p99 for nodewarden's webhooks, the webhook
 //! processes' resident memory and open files, the agent's resident memory, the attacker's
 //! connections.
@@ -47,10 +52,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use nodewarden_api::features::Feature;
 use nodewarden_api::rightsizing::{NodeRecommendation, NodeRecommendationSpec};
 use nodewarden_tests::helm::Helm;
 use nodewarden_tests::shipper::{NAMESPACE, RELEASE, container_requests, install_chart, running_pods};
@@ -66,6 +73,12 @@ const SOAK_NS: &str = "soak";
 const CHURN: &str = "churn";
 const SIMULATED_LABEL: &str = "soak.nodewarden.io/simulated";
 const MIB: u64 = 1024 * 1024;
+/// The Feature that is off; writes setting its field (a Lease's `spec.holderIdentity`) are refused.
+const GLOW: &str = "soak-glow";
+/// The start of the features guard's denial for [`GLOW`]'s field.
+const GLOW_DENIED: &str = "feature soak/soak-glow is";
+/// The Lease that sets [`GLOW`]'s field.
+const HELD: &str = "soak-held";
 
 /// Every figure (CPU millicores, memory bytes) published for each simulated node so far.
 type Published = Arc<Mutex<HashMap<String, BTreeSet<(u64, u64)>>>>;
@@ -149,6 +162,12 @@ async fn soak(
         "certificates.managed.certValidity=4m",
         "certificates.managed.renewBefore=2m",
         "certificates.managed.checkInterval=5s",
+        // the feature writes: Leases are owned resources, in the soak's namespace only (a
+        // node's or a controller's own Lease must never wait for this webhook)
+        "features.ownedResources[0].apiGroups[0]=coordination.k8s.io",
+        "features.ownedResources[0].apiVersions[0]=v1",
+        "features.ownedResources[0].resources[0]=leases",
+        "features.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=soak",
     ]
     .map(String::from)
     .to_vec();
@@ -195,6 +214,31 @@ async fn soak(
             }))?,
         )
         .await?;
+    // the Features, and the off one's guard in force before anything is counted
+    create_features(&client).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SOAK_NS);
+    let waited = Instant::now();
+    loop {
+        match leases
+            .create(
+                &PostParams::default(),
+                &lease(HELD, json!({"holderIdentity": "soak"}))?,
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains(GLOW_DENIED) => break,
+            Ok(_) => {
+                let _ = leases.delete(HELD, &DeleteParams::default()).await;
+            }
+            Err(_) => {}
+        }
+        ensure!(
+            waited.elapsed() < Duration::from_secs(60),
+            "the webhook did not refuse a write to {GLOW}'s field within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
     let checked = Arc::new(Checked::default());
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -212,8 +256,10 @@ async fn soak(
     let apiserver_before = apiserver_webhook_metrics(&client).await?;
     let started = Instant::now();
     let started_wall = std::time::SystemTime::now();
-    let claims = Arc::new(ClaimCounts::default());
+    let claims = Arc::new(Decisions::default());
+    let feature_writes = Arc::new(Decisions::default());
     let attacks = Arc::new(AtomicU64::new(0));
+    let streams = Arc::new(AtomicU64::new(0));
     tasks.spawn(churn(client.clone(), rate, stop.clone()));
     tasks.spawn(move_figures(
         client.clone(),
@@ -224,7 +270,18 @@ async fn soak(
     ));
     tasks.spawn(claims_loop(client.clone(), claims.clone(), stop.clone()));
     let source = IpAddr::V4(cluster.nodes[0].ip);
+    tasks.spawn(features_loop(
+        client.clone(),
+        feature_writes.clone(),
+        stop.clone(),
+    ));
     tasks.spawn(attack(client.clone(), source, attacks.clone(), stop.clone()));
+    tasks.spawn(stream_attack(
+        client.clone(),
+        source,
+        streams.clone(),
+        stop.clone(),
+    ));
     let rotations = Arc::new(Mutex::new(BTreeSet::new()));
     tasks.spawn(watch_ca(client.clone(), rotations.clone(), stop.clone()));
 
@@ -241,6 +298,7 @@ async fn soak(
     let mut minute_started = Instant::now();
     let mut metrics_at_minute = apiserver_before.clone();
     let (mut pods_at_minute, mut claims_at_minute, mut attacks_at_minute) = (0, 0, 0);
+    let (mut features_at_minute, mut streams_at_minute) = (0, 0);
     let mut rollout = 0;
     while started.elapsed() < duration {
         if let Some(e) = tasks.try_join_next() {
@@ -261,10 +319,6 @@ async fn soak(
                 }
             };
             eprintln!("soak: {:>4.0}s {what}", started.elapsed().as_secs_f64());
-            // a graceful delete or rollout may also lose a review when the endpoint's removal
-            // reaches the API server after the old process stopped serving: the hour-long run
-            // saw one such pod in 18,216 (docs/benchmarks.md, "Soak"); counted apart, printed
-            kills.push(Instant::now());
             disruptions.push(what);
             next_disruption += interval;
         }
@@ -280,6 +334,11 @@ async fn soak(
             minute.pods = pods - pods_at_minute;
             minute.claims = claim_total - claims_at_minute;
             minute.connections = attack_total - attacks_at_minute;
+            let feature_total = feature_writes.total();
+            let stream_total = streams.load(Ordering::Relaxed);
+            minute.feature_writes = feature_total - features_at_minute;
+            minute.streams = stream_total - streams_at_minute;
+            (features_at_minute, streams_at_minute) = (feature_total, stream_total);
             eprintln!("soak: minute {}: {}", minutes.len() + 1, minute.line());
             (pods_at_minute, claims_at_minute, attacks_at_minute) = (pods, claim_total, attack_total);
             metrics_at_minute = now;
@@ -298,15 +357,18 @@ async fn soak(
     let (lost_after_kill, lost) = after_kills(checked.lost(), &kills, started);
     let wrong = claims.wrong.lock().map(|w| w.clone()).unwrap_or_default();
     let (refused_after_kill, wrong) = after_kills(wrong, &kills, started);
+    let feature_wrong = feature_writes.wrong.lock().map(|w| w.clone()).unwrap_or_default();
+    let (features_after_kill, feature_wrong) = after_kills(feature_wrong, &kills, started);
     let reports = refused_reports.lock().map(|r| r.clone()).unwrap_or_default();
     let (reports_after_kill, reports_refused) = after_kills(reports, &kills, started);
     let made = good + (lost_after_kill.len() + lost.len()) as u64;
     let failed_open = after.failed_open - apiserver_before.failed_open;
     eprintln!(
         "soak: {:.0}s, {made} pods made by the DaemonSet controller, {good} with their node's figures, {} without \
-         within {}s of a disruption, {} otherwise; claims {} allowed, {} refused as they should, {} refused \
-         within {}s of a disruption; {} CA rotations seen; {} connections from the attacker; API server: {} reviews, \
-         {failed_open} failed open, p99 at most {:.0} ms (its histogram bucket); per minute: {}",
+         within {}s of a SIGKILL, {} otherwise; claims {} allowed, {} refused as they should, {} refused \
+         within {}s of a SIGKILL; feature writes {} allowed, {} refused as they should, {} refused within {}s of \
+         a SIGKILL; {} CA rotations seen; {} connections and {} held HTTP/2 streams from the attacker; API \
+         server: {} reviews, {failed_open} failed open, p99 at most {:.0} ms (its histogram bucket); per minute: {}",
         started.elapsed().as_secs_f64(),
         lost_after_kill.len(),
         KILL_WINDOW.as_secs(),
@@ -315,8 +377,13 @@ async fn soak(
         claims.refused.load(Ordering::Relaxed),
         refused_after_kill.len(),
         KILL_WINDOW.as_secs(),
+        feature_writes.allowed.load(Ordering::Relaxed),
+        feature_writes.refused.load(Ordering::Relaxed),
+        features_after_kill.len(),
+        KILL_WINDOW.as_secs(),
         rotations.lock().map(|r| r.len().saturating_sub(1)).unwrap_or(0),
         attacks.load(Ordering::Relaxed),
+        streams.load(Ordering::Relaxed),
         after.reviews - apiserver_before.reviews,
         after.p99_ms_since(&apiserver_before),
         csv.display()
@@ -324,13 +391,16 @@ async fn soak(
     // an API error repeats the message three times: the first 200 characters say it
     let short = |s: &String| s.chars().take(200).collect::<String>();
     for l in &lost_after_kill {
-        eprintln!("soak: without figures after a disruption: {l}");
+        eprintln!("soak: without figures after a SIGKILL: {l}");
     }
     for r in &refused_after_kill {
-        eprintln!("soak: claim refused after a disruption: {}", short(r));
+        eprintln!("soak: claim refused after a SIGKILL: {}", short(r));
+    }
+    for r in &features_after_kill {
+        eprintln!("soak: feature write refused after a SIGKILL: {}", short(r));
     }
     for r in &reports_after_kill {
-        eprintln!("soak: write refused after a disruption (retried): {}", short(r));
+        eprintln!("soak: write refused after a SIGKILL (retried): {}", short(r));
     }
     // why the API server failed a call: its own words, with their time since the start
     let apiserver_log = std::fs::read_to_string(cp.dir().join("kube-apiserver.log")).unwrap_or_default();
@@ -347,25 +417,34 @@ async fn soak(
     );
     ensure!(
         lost.is_empty(),
-        "{} of {made} pods were created without their node's figures away from any disruption: {lost:?}",
+        "{} of {made} pods were created without their node's figures away from any SIGKILL: {lost:?}",
         lost.len()
     );
     ensure!(
         failed_open <= lost_after_kill.len() as u64,
-        "the API server failed open on {failed_open} reviews, more than the {} pods a disruption explains",
+        "the API server failed open on {failed_open} reviews, more than the {} pods a SIGKILL explains",
         lost_after_kill.len()
     );
     ensure!(
         wrong.is_empty(),
-        "claims wrongly decided away from any disruption: {wrong:?}"
+        "claims wrongly decided away from any SIGKILL: {wrong:?}"
+    );
+    ensure!(
+        feature_wrong.is_empty(),
+        "feature writes wrongly decided away from any SIGKILL: {feature_wrong:?}"
     );
     ensure!(
         reports_refused.is_empty(),
-        "NodeRecommendation writes refused away from any disruption: {reports_refused:?}"
+        "NodeRecommendation writes refused away from any SIGKILL: {reports_refused:?}"
     );
     ensure!(
         claims.allowed.load(Ordering::Relaxed) > 0 && claims.refused.load(Ordering::Relaxed) > 0,
         "claims were written"
+    );
+    ensure!(
+        feature_writes.allowed.load(Ordering::Relaxed) > 0
+            && feature_writes.refused.load(Ordering::Relaxed) > 0,
+        "feature writes were made"
     );
     let seen = rotations.lock().map(|r| r.len()).unwrap_or(0);
     ensure!(seen >= 2, "the managed CA rotated at least once: {seen} CAs seen");
@@ -641,14 +720,16 @@ async fn churn(client: Client, rate: u64, stop: CancellationToken) -> Result<()>
     }
 }
 
+/// Writes through a guard with `failurePolicy: Fail`: the good ones allowed, the bad ones
+/// refused with the guard's reason, and any other outcome with its time.
 #[derive(Default)]
-struct ClaimCounts {
+struct Decisions {
     allowed: AtomicU64,
     refused: AtomicU64,
     wrong: Mutex<Vec<(Instant, String)>>,
 }
 
-impl ClaimCounts {
+impl Decisions {
     fn total(&self) -> u64 {
         self.allowed.load(Ordering::Relaxed) + self.refused.load(Ordering::Relaxed)
     }
@@ -662,7 +743,7 @@ impl ClaimCounts {
 }
 
 /// Every half second: a valid claim created then deleted, a bad one refused by the webhook.
-async fn claims_loop(client: Client, counts: Arc<ClaimCounts>, stop: CancellationToken) -> Result<()> {
+async fn claims_loop(client: Client, counts: Arc<Decisions>, stop: CancellationToken) -> Result<()> {
     let claims: Api<nodewarden_api::ClusterClaim> = Api::all(client);
     let claim = |name: &str, value: &str| -> Result<nodewarden_api::ClusterClaim> {
         Ok(serde_json::from_value(json!({
@@ -704,6 +785,84 @@ async fn claims_loop(client: Client, counts: Arc<ClaimCounts>, stop: Cancellatio
                 counts.refused.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => counts.wrong(format!("the bad claim refused without the webhook's reason: {e}")),
+        }
+    }
+}
+
+/// `soak-glow` (off, owning a Lease's `spec.holderIdentity`) and `soak-shine` (on, owning
+/// `spec.leaseDurationSeconds`). Their gates are reported by no node, so each settles at once.
+async fn create_features(client: &Client) -> Result<()> {
+    let features: Api<Feature> = Api::namespaced(client.clone(), SOAK_NS);
+    for (name, gate, desired, path) in [
+        (GLOW, "SoakGlow", "Off", "spec.holderIdentity"),
+        ("soak-shine", "SoakShine", "On", "spec.leaseDurationSeconds"),
+    ] {
+        let feature: Feature = serde_json::from_value(json!({
+            "apiVersion": "nodewarden.io/v1alpha1",
+            "kind": "Feature",
+            "metadata": {"name": name},
+            "spec": {"desired": desired, "gate": gate, "fields": [{
+                "group": "coordination.k8s.io", "version": "v1", "resource": "leases", "path": path
+            }]},
+        }))?;
+        features
+            .create(&PostParams::default(), &feature)
+            .await
+            .with_context(|| format!("creating the Feature {name}"))?;
+    }
+    Ok(())
+}
+
+fn lease(name: &str, spec: serde_json::Value) -> Result<Lease> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))?)
+}
+
+/// Every half second: a Lease setting the on feature's field created then deleted, and one
+/// setting the off feature's field refused with the guard's reason.
+async fn features_loop(client: Client, counts: Arc<Decisions>, stop: CancellationToken) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client, SOAK_NS);
+    let held = lease(HELD, json!({"holderIdentity": "soak"}))?;
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        n += 1;
+        let name = format!("soak-lease-{}", n % 8);
+        match leases
+            .create(
+                &PostParams::default(),
+                &lease(&name, json!({"leaseDurationSeconds": 15}))?,
+            )
+            .await
+        {
+            Ok(_) => {
+                counts.allowed.fetch_add(1, Ordering::Relaxed);
+                let _ = leases.delete(&name, &DeleteParams::default()).await;
+            }
+            // left over from a create whose answer was lost: not the webhook's doing
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let _ = leases.delete(&name, &DeleteParams::default()).await;
+            }
+            Err(e) => counts.wrong(format!("a write to the on feature's field refused: {e}")),
+        }
+        match leases.create(&PostParams::default(), &held).await {
+            Ok(_) => {
+                counts.wrong(format!("a write setting {GLOW}'s field was allowed"));
+                let _ = leases.delete(HELD, &DeleteParams::default()).await;
+            }
+            Err(kube::Error::Api(s)) if s.message.contains(GLOW_DENIED) => {
+                counts.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => counts.wrong(format!(
+                "a write setting {GLOW}'s field refused without its reason: {e}"
+            )),
         }
     }
 }
@@ -770,6 +929,136 @@ async fn attack(
             // refused or silent: the replica is gone, or at its limit; look again
             _ => target = None,
         }
+    }
+}
+
+/// HTTP/2 from `source` to a webhook replica: four connections, each holding as many reviews
+/// open as the replica allows, their headers sent and their bodies never, each opened again as
+/// the replica answers it (`--request-timeout`) or closes the connection. `held` counts the
+/// streams opened.
+async fn stream_attack(
+    client: Client,
+    source: IpAddr,
+    held: Arc<AtomicU64>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let mut connections = tokio::task::JoinSet::new();
+    let mut target = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        while connections.try_join_next().is_some() {}
+        if connections.len() >= 4 {
+            continue;
+        }
+        let Some(addr) = target else {
+            target = webhook_pod_address(&client).await.ok();
+            continue;
+        };
+        let connect = async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(SocketAddr::new(source, 0))?;
+            let tcp = socket.connect(addr).await?;
+            let name = rustls::pki_types::ServerName::try_from("nodewarden-webhook")?;
+            let io = tls.connect(name, tcp).await?;
+            let (sender, connection) = h2::client::handshake(io).await?;
+            anyhow::Ok((sender, connection))
+        };
+        match tokio::time::timeout(Duration::from_secs(2), connect).await {
+            Ok(Ok((sender, connection))) => {
+                let held = held.clone();
+                connections.spawn(async move {
+                    // the connection's driver on a task of its own (stopped with this one), so
+                    // that opening streams never keeps it from reading and writing
+                    let mut driver = tokio::task::JoinSet::new();
+                    driver.spawn(connection);
+                    hold_streams(sender, held).await;
+                });
+            }
+            // refused, at its limit, or gone: look for a replica again
+            _ => target = None,
+        }
+    }
+}
+
+/// Opens reviews on `sender` without their bodies as fast as the server's stream limit lets
+/// it (at most 64 waiting for an answer at once), until the connection ends.
+async fn hold_streams(mut sender: h2::client::SendRequest<bytes::Bytes>, held: Arc<AtomicU64>) {
+    let mut open = tokio::task::JoinSet::new();
+    loop {
+        while open.try_join_next().is_some() {}
+        if open.len() >= 64 {
+            open.join_next().await;
+        }
+        tokio::task::yield_now().await;
+        sender = match sender.ready().await {
+            Ok(ready) => ready,
+            Err(_) => return,
+        };
+        let Ok(request) = http::Request::post("https://nodewarden-webhook/mutate/pods")
+            .header("content-type", "application/json")
+            .body(())
+        else {
+            return;
+        };
+        let Ok((response, body)) = sender.send_request(request, false) else {
+            return;
+        };
+        held.fetch_add(1, Ordering::Relaxed);
+        // the body's sender kept (never written) until the server answers or resets
+        open.spawn(async move {
+            let _body = body;
+            let _ = response.await;
+        });
+    }
+}
+
+/// The attacker's TLS: any server certificate will do.
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -874,12 +1163,14 @@ fn sample_processes(cluster: &RealCluster) -> Sample {
 struct Minute {
     pods: u64,
     claims: u64,
+    feature_writes: u64,
     reviews: u64,
     p99_ms: f64,
     webhook_rss_max: u64,
     webhook_fds_max: u64,
     agent_rss_max: u64,
     connections: u64,
+    streams: u64,
 }
 
 impl Minute {
@@ -895,16 +1186,18 @@ impl Minute {
 
     fn line(&self) -> String {
         format!(
-            "{} pods, {} claims, {} reviews (p99 ≤ {:.0} ms), webhook RSS max {:.1} MiB, fds max {}, agent RSS max {:.1} MiB, \
-             attacker {} connections",
+            "{} pods, {} claims, {} feature writes, {} reviews (p99 ≤ {:.0} ms), webhook RSS max {:.1} MiB, fds max {}, \
+             agent RSS max {:.1} MiB, attacker {} connections and {} HTTP/2 streams",
             self.pods,
             self.claims,
+            self.feature_writes,
             self.reviews,
             self.p99_ms,
             self.webhook_rss_max as f64 / MIB as f64,
             self.webhook_fds_max,
             self.agent_rss_max as f64 / MIB as f64,
-            self.connections
+            self.connections,
+            self.streams
         )
     }
 }
@@ -918,20 +1211,23 @@ fn write_csv(minutes: &[Minute]) -> Result<std::path::PathBuf> {
         .unwrap_or_default();
     let path = dir.join(format!("soak-{stamp}.csv"));
     let mut text = String::from(
-        "minute,pods,claims,reviews,p99_ms,webhook_rss_max_mib,webhook_fds_max,agent_rss_max_mib,attacker_connections\n",
+        "minute,pods,claims,feature_writes,reviews,p99_ms,webhook_rss_max_mib,webhook_fds_max,agent_rss_max_mib,\
+         attacker_connections,attacker_streams\n",
     );
     for (i, m) in minutes.iter().enumerate() {
         text.push_str(&format!(
-            "{},{},{},{},{:.1},{:.2},{},{:.2},{}\n",
+            "{},{},{},{},{},{:.1},{:.2},{},{:.2},{},{}\n",
             i + 1,
             m.pods,
             m.claims,
+            m.feature_writes,
             m.reviews,
             m.p99_ms,
             m.webhook_rss_max as f64 / MIB as f64,
             m.webhook_fds_max,
             m.agent_rss_max as f64 / MIB as f64,
-            m.connections
+            m.connections,
+            m.streams
         ));
     }
     std::fs::write(&path, text)?;
