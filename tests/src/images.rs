@@ -4,11 +4,14 @@
 //! burner), built the same way. Nothing is pulled: the archives are imported into each node's
 //! containerd, and the chart is installed with `pullPolicy: Never`.
 //!
-//! nodewarden's archives hold both platforms, linux/amd64 and linux/arm64, exactly as users get
-//! them: the nodes (amd64) import the multi-platform archives, so a real-node run shows that
-//! containerd and the kubelet pick the amd64 image out of the index. That costs the arm64
-//! release builds once per target folder (`tests/tests/images.rs` needs them anyway, to run
-//! the arm64 programs under qemu-user); the test image stays amd64-only.
+//! nodewarden's archives hold both platforms, linux/amd64 and linux/arm64, as users get them:
+//! the nodes (amd64) import the multi-platform archives, so a real-node run shows that
+//! containerd and the kubelet pick the amd64 image out of the index. This machine's platform is
+//! built exactly as a release builds it (its profiles, whole-program LTO); the other one under
+//! `image-check` (`xtask::image::CHECK_PROFILE`: the same code without LTO, both programs in
+//! one cargo run), which is enough for `tests/tests/images.rs` to run its programs under
+//! qemu-user and saves minutes of CI per program. `cargo xtask release` builds every platform with
+//! the real profiles. The test image stays amd64-only.
 //!
 //! The first build compiles the release binaries (minutes on two cores); later ones find them
 //! current in seconds.
@@ -61,8 +64,12 @@ impl TestImages {
     }
 }
 
-fn options() -> Result<BuildOptions> {
-    BuildOptions::for_repo(&image::repo_root()).context("image build options")
+/// The image build's options of the tests: the repository's, the other platform under
+/// [`image::CHECK_PROFILE`].
+pub fn options() -> Result<BuildOptions> {
+    let mut opts = BuildOptions::for_repo(&image::repo_root()).context("image build options")?;
+    opts.cross_profile = Some(image::CHECK_PROFILE.to_string());
+    Ok(opts)
 }
 
 /// Builds nodewarden's two images and the test image.

@@ -3,9 +3,10 @@
 //! the same files, modes, owners, user, entrypoint, environment and labels, and the linux/arm64
 //! image of each archive holds aarch64 programs that run (under qemu-user, on this machine).
 //!
-//! The tests build the release binaries for linux/amd64 and linux/arm64 (minutes on a cold
-//! target folder; arm64 is cross-compiled, its Rust target and Debian's cross linker installed
-//! when missing). Under `CI=true` a missing buildah or qemu-user-static fails the test;
+//! The tests build the images as the other real-node tests do (`nodewarden_tests::images`): this
+//! machine's platform with the release profiles, the other one under `image-check` (minutes on a
+//! cold target folder; arm64 is cross-compiled, its Rust target and Debian's cross linker
+//! installed when missing). Under `CI=true` a missing buildah or qemu-user-static fails the test;
 //! elsewhere it is skipped with a loud line (`tests/node/packages.sh buildah qemu-user-static`
 //! installs them).
 
@@ -20,7 +21,7 @@ use xtask::image::{self, AMD64, ARM64, BuildOptions, BuiltImage, COMPONENTS, FsE
 fn images() -> &'static (BuildOptions, Vec<BuiltImage>) {
     static BUILT: OnceLock<(BuildOptions, Vec<BuiltImage>)> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let opts = BuildOptions::for_repo(&image::repo_root()).expect("build options");
+        let opts = nodewarden_tests::images::options().expect("build options");
         let built = image::build_nodewarden_images(&opts).expect("cargo xtask image");
         (opts, built)
     })

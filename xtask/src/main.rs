@@ -69,6 +69,11 @@ enum Task {
         /// Image tag (default: the chart's appVersion).
         #[arg(long)]
         tag: Option<String>,
+        /// Build both programs for the platforms other than this machine's with this cargo
+        /// profile, in one cargo run (the tests' images use `image-check`: the same code,
+        /// without whole-program LTO). Not for images anyone runs: a release never does this.
+        #[arg(long)]
+        cross_profile: Option<String>,
     },
     /// Package a release into `<target>/release-artifacts` (publishes nothing): the chart
     /// (`helm package`, and its OCI layout as `helm push` uploads it), both image archives with
@@ -133,8 +138,14 @@ fn main() -> Result<()> {
             },
         ),
         Task::Fuzz { seconds, targets } => fuzz::fuzz(&root, &fuzz::FuzzOptions { seconds, targets }),
-        Task::Image { platform, out, tag } => {
+        Task::Image {
+            platform,
+            out,
+            tag,
+            cross_profile,
+        } => {
             let mut opts = xtask::image::BuildOptions::for_repo(&root)?;
+            opts.cross_profile = cross_profile;
             opts.targets = xtask::image::target::parse_platforms(&platform).context("--platform")?;
             if let Some(out) = out {
                 opts.out_dir = out;
@@ -460,10 +471,15 @@ fn host_release(root: &Path) -> Option<(String, PathBuf)> {
     ))
 }
 
-/// The prefetch's command beside the scripts: `xtask image`, then, if it succeeded and `host`
-/// names a platform and a folder, `xtask release` of that platform into that folder.
+/// The prefetch's command beside the scripts: `xtask image` as the tests build the images (the
+/// other platform under [`xtask::image::CHECK_PROFILE`]), then, if it succeeded and `host` names
+/// a platform and a folder, `xtask release` of that platform into that folder.
 fn beside_command(xtask: &Path, host: Option<&(String, PathBuf)>) -> String {
-    let image = format!("'{}' image", xtask.display());
+    let image = format!(
+        "'{}' image --cross-profile {}",
+        xtask.display(),
+        xtask::image::CHECK_PROFILE
+    );
     match host {
         Some((platform, dir)) => format!(
             "{image} && '{}' release --platform {platform} --out '{}'",
@@ -734,16 +750,16 @@ mod tests {
             (
                 true,
                 format!(
-                    "image\nrelease --platform linux/amd64 --out {}\n",
+                    "image --cross-profile image-check\nrelease --platform linux/amd64 --out {}\n",
                     out_dir.display()
                 )
             )
         );
         std::fs::write(dir.path().join("fail"), "").unwrap();
-        assert_eq!(run(), (false, "image\n".to_string()));
+        assert_eq!(run(), (false, "image --cross-profile image-check\n".to_string()));
         assert_eq!(
             beside_command(&xtask, None),
-            format!("'{}' image", xtask.display())
+            format!("'{}' image --cross-profile image-check", xtask.display())
         );
     }
 

@@ -61,6 +61,12 @@ pub const AGENT: Component = Component {
 };
 pub const COMPONENTS: [Component; 2] = [WEBHOOK, AGENT];
 
+/// The tests' profile for the platforms other than this machine's ([`BuildOptions::cross_profile`]):
+/// the release profile without whole-program LTO, both programs in one cargo run sharing their
+/// dependencies. The same code, built for a check that the images hold programs of that platform
+/// which run (under qemu-user); the images a release ships never use it. See Cargo.toml.
+pub const CHECK_PROFILE: &str = "image-check";
+
 /// Where a release publishes the images (`.github/workflows/release.yml`), and the chart's
 /// default `global.imageRegistry`.
 pub const REGISTRY: &str = "ghcr.io";
@@ -113,6 +119,10 @@ pub struct BuildOptions {
     pub progress: bool,
     /// The platforms of nodewarden's images (default: [`TARGETS`], amd64 and arm64).
     pub targets: Vec<Target>,
+    /// The cargo profile of both programs for the platforms other than this machine's, built in
+    /// one cargo run (the tests' [`CHECK_PROFILE`]). None (the default, and always in a release):
+    /// each program's own profile on every platform.
+    pub cross_profile: Option<String>,
 }
 
 impl BuildOptions {
@@ -147,6 +157,7 @@ impl BuildOptions {
             epoch,
             progress: true,
             targets: TARGETS.to_vec(),
+            cross_profile: None,
             root: root.to_path_buf(),
         })
     }
@@ -231,12 +242,26 @@ pub fn build_static_binaries_for(
     bins: &[&str],
     profile: &str,
 ) -> Result<Vec<PathBuf>> {
+    build_static_binaries_of(opts, target, &[package], bins, profile)
+}
+
+/// [`build_static_binaries_for`] of several packages in one cargo run (their dependencies
+/// built once).
+pub fn build_static_binaries_of(
+    opts: &BuildOptions,
+    target: Target,
+    packages: &[&str],
+    bins: &[&str],
+    profile: &str,
+) -> Result<Vec<PathBuf>> {
     let triple = target.triple;
+    let package = packages.join(" -p ");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut cmd = Command::new(&cargo);
     clean_cargo_env(&mut cmd);
     cmd.current_dir(&opts.root)
-        .args(["build", "--locked", "--profile", profile, "-p", package])
+        .args(["build", "--locked", "--profile", profile])
+        .args(packages.iter().flat_map(|p| ["-p", p]))
         .args(bins.iter().flat_map(|b| ["--bin", b]))
         .args(["--target", triple])
         .env("CARGO_TARGET_DIR", &opts.target_dir)
@@ -415,10 +440,22 @@ pub fn build_nodewarden_images(opts: &BuildOptions) -> Result<Vec<BuiltImage>> {
     for target in &opts.targets {
         target.ensure_toolchain(&opts.root)?;
     }
+    // the other platforms' programs under the cross profile, if any: one cargo run for both
+    let host = Target::host()?;
+    let mut cross: Vec<(Target, Vec<PathBuf>)> = Vec::new();
+    if let Some(profile) = &opts.cross_profile {
+        let packages: Vec<&str> = COMPONENTS.iter().map(|c| c.package).collect();
+        let bins: Vec<&str> = COMPONENTS.iter().flat_map(|c| c.bins()).collect();
+        for &target in opts.targets.iter().filter(|t| **t != host) {
+            let built = build_static_binaries_of(opts, target, &packages, &bins, profile)?;
+            cross.push((target, built));
+        }
+    }
+    let cross = &cross;
     let specs = std::thread::scope(|scope| {
         let builds: Vec<_> = COMPONENTS
             .iter()
-            .map(|&component| scope.spawn(move || component_specs(opts, component)))
+            .map(|&component| scope.spawn(move || component_specs(opts, component, cross)))
             .collect();
         builds
             .into_iter()
@@ -458,10 +495,28 @@ pub fn build_nodewarden_images(opts: &BuildOptions) -> Result<Vec<BuiltImage>> {
     Ok(built)
 }
 
-/// One program's binaries for every platform of `opts.targets`, in that order, as image specs.
-fn component_specs(opts: &BuildOptions, component: Component) -> Result<Vec<(Platform, ImageSpec)>> {
+/// One program's binaries for every platform of `opts.targets`, in that order, as image specs;
+/// those of a platform in `cross` (every program's binaries built already, in the order of
+/// [`COMPONENTS`] and their [`Component::bins`]) are taken from there.
+fn component_specs(
+    opts: &BuildOptions,
+    component: Component,
+    cross: &[(Target, Vec<PathBuf>)],
+) -> Result<Vec<(Platform, ImageSpec)>> {
     let mut specs = Vec::new();
     for &target in &opts.targets {
+        if let Some((_, built)) = cross.iter().find(|(t, _)| *t == target) {
+            let binaries: Vec<PathBuf> = built
+                .iter()
+                .filter(|path| {
+                    path.file_name()
+                        .is_some_and(|n| component.bins().iter().any(|b| n == *b))
+                })
+                .cloned()
+                .collect();
+            specs.push((target.platform(), nodewarden_spec(opts, component, &binaries)));
+            continue;
+        }
         let platform_started = Instant::now();
         let binaries = build_static_binaries_for(
             opts,
