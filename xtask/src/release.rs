@@ -164,9 +164,17 @@ pub fn release(opts: &ReleaseOptions) -> Result<Released> {
 
     // the images (cargo rebuilds nothing when they are up to date) and their SBOMs, if the
     // release has a linux platform
-    // a platform this machine cannot link fails now, not after minutes of other builds
+    // a platform this machine cannot link, or a folder of archives that is not there, fails
+    // now, not after minutes of other builds
     for platform in &opts.plugin_only {
         plugin::ensure_buildable_here(*platform)?;
+    }
+    if let Some(dir) = &opts.plugin_archives {
+        ensure!(
+            dir.is_dir(),
+            "--plugin-archives {}: no such folder",
+            dir.display()
+        );
     }
     let mut released = Vec::new();
     if !opts.build.targets.is_empty() && !opts.plugins_only {
