@@ -46,6 +46,9 @@ pub(crate) struct FuzzOptions {
     pub(crate) seconds: u64,
     /// Targets to run; empty: all of [`TARGETS`].
     pub(crate) targets: Vec<String>,
+    /// Build the targets and stop (`cargo xtask ci` builds them in its background prefetch,
+    /// beside the tests, and runs them at the end).
+    pub(crate) build_only: bool,
 }
 
 /// What one target did.
@@ -188,6 +191,9 @@ pub(crate) fn fuzz(root: &Path, options: &FuzzOptions) -> Result<()> {
         bail!("building the fuzz targets failed ({status})");
     }
     eprintln!("==> fuzz: built in {:.0?}", build.elapsed());
+    if options.build_only {
+        return Ok(());
+    }
 
     let seeds = fuzz_target_dir.join("seeds");
     write_seeds(root, &seeds)?;

@@ -34,6 +34,9 @@ enum Task {
         seconds: u64,
         /// Targets to run (default: all).
         targets: Vec<String>,
+        /// Only build the targets (with cargo-fuzz installed first if missing); run nothing.
+        #[arg(long)]
+        build_only: bool,
     },
     /// The Kubernetes version matrix: for each version, build its kube-apiserver and
     /// kube-controller-manager (tests/controlplane/build-version.sh, cached per version), run the
@@ -137,7 +140,18 @@ fn main() -> Result<()> {
                 write_only,
             },
         ),
-        Task::Fuzz { seconds, targets } => fuzz::fuzz(&root, &fuzz::FuzzOptions { seconds, targets }),
+        Task::Fuzz {
+            seconds,
+            targets,
+            build_only,
+        } => fuzz::fuzz(
+            &root,
+            &fuzz::FuzzOptions {
+                seconds,
+                targets,
+                build_only,
+            },
+        ),
         Task::Image {
             platform,
             out,
@@ -373,25 +387,29 @@ fn is_root() -> bool {
 }
 
 /// The builds the tests need that do not depend on the Rust build, in the order the tests ask for
-/// them: VPA's recommender model (the agent's differential test), the control plane and Helm,
-/// (as root on Linux, the cgroup v2 node's disk image: [`PREFETCH_ROOT_SCRIPTS`], next), then
-/// the registry (the cgroup v2 node's test pushes the release into it) and promtool (the
-/// alert-rule tests). Each script caches its result and lets one
+/// them ([`test_phases`]): VPA's recommender model (the estimator's differential test), the
+/// control plane and Helm (nearly every test file), promtool (the alert-rule and history tests),
+/// then for the last test files (as root on Linux, the cgroup v2 node's disk image:
+/// [`PREFETCH_ROOT_SCRIPTS`]) the registry (the cgroup v2 node's test pushes the release into
+/// it). Each script caches its result and lets one
 /// build run at a time, so a test that asks before the background got there waits for it, and
 /// nothing is built twice.
 const PREFETCH_SCRIPTS: &[&str] = &[
     "tests/vpa/build-recommend.sh",
     "tests/controlplane/build.sh",
-    "tests/registry/build.sh",
     "tests/promtool/build.sh",
+    "tests/registry/build.sh",
 ];
 const PREFETCH_ROOT_SCRIPTS: &[&str] = &["tests/node/vm/build.sh"];
 
-/// The Go builds, the VM image and the release images (`cargo xtask image`, beside the scripts),
-/// started in the background when `cargo xtask ci` begins, at a low priority (`nice 10`): on a
-/// fresh machine their downloads (Go modules, Debian's archive) overlap with the Rust steps,
-/// and their compiles take the cores those leave idle (the fuzz runs use one, the release
-/// builds' LTO tails one). Nothing waits for it; the tests call the same scripts. Dropped, it stops the
+/// The Go builds and the VM image (`nice 5`), the release images (`cargo xtask image`, beside
+/// the scripts, `nice 10`) and the fuzz targets (beside them too, `nice 19`), started in the
+/// background when `cargo xtask ci` begins, in the order the tests need them: the first test
+/// files need the control plane, the last ones the images, and only the step after the tests
+/// the fuzz build. On a fresh machine their downloads (Go modules, Debian's archive) overlap
+/// with the Rust steps, and their compiles take the cores those leave idle (the tests waiting
+/// on nodes and API servers, the release builds' LTO tails). Nothing waits for it; the tests
+/// call the same scripts, and the fuzz step at the end the same build. Dropped, it stops the
 /// scripts if they still run (each builds beside its cache folder and renames the result into
 /// place, so a stopped build leaves nothing half made) and says how it ended. Its output is in
 /// `target/ci-prefetch.log`.
@@ -408,14 +426,19 @@ impl Prefetch {
         // node's test runs early in the tests' order, the alert-rule tests late
         let mut scripts: Vec<&str> = PREFETCH_SCRIPTS.to_vec();
         if cfg!(target_os = "linux") && is_root() {
-            scripts.splice(2..2, PREFETCH_ROOT_SCRIPTS.iter().copied());
+            scripts.splice(3..3, PREFETCH_ROOT_SCRIPTS.iter().copied());
         }
         // the release images too (what the real-node tests and the demo import), then a release
         // of this machine's platform (what the cgroup v2 node's test installs: its plugin is one
         // more release build): cargo's lock on their build folders, and the release's lock on
         // its folder, make a test that asks early wait for these builds, not repeat them
         let beside: Vec<String> = std::env::current_exe()
-            .map(|xtask| vec![beside_command(&xtask, host_release(root).as_ref())])
+            .map(|xtask| {
+                vec![
+                    beside_command(&xtask, host_release(root).as_ref()),
+                    fuzz_build_command(&xtask),
+                ]
+            })
             .unwrap_or_default();
         let script = prefetch_script(&beside, &scripts);
         let child = std::fs::create_dir_all(root.join("target"))
@@ -424,7 +447,7 @@ impl Prefetch {
                 let err = out.try_clone()?;
                 let mut command = Command::new("nice");
                 command
-                    .args(["-n", "10", "bash", "-c", &script])
+                    .args(["-n", "5", "bash", "-c", &script])
                     .current_dir(root)
                     .stdin(std::process::Stdio::null())
                     .stdout(out)
@@ -473,21 +496,29 @@ fn host_release(root: &Path) -> Option<(String, PathBuf)> {
 
 /// The prefetch's command beside the scripts: `xtask image` as the tests build the images (the
 /// other platform under [`xtask::image::CHECK_PROFILE`]), then, if it succeeded and `host` names
-/// a platform and a folder, `xtask release` of that platform into that folder.
+/// a platform and a folder, `xtask release` of that platform into that folder; both at `nice 10`
+/// (the prefetch's 5 and 5 more: after the Go builds, which the first test files need).
 fn beside_command(xtask: &Path, host: Option<&(String, PathBuf)>) -> String {
     let image = format!(
-        "'{}' image --cross-profile {}",
+        "nice -n 5 '{}' image --cross-profile {}",
         xtask.display(),
         xtask::image::CHECK_PROFILE
     );
     match host {
         Some((platform, dir)) => format!(
-            "{image} && '{}' release --platform {platform} --out '{}'",
+            "{image} && nice -n 5 '{}' release --platform {platform} --out '{}'",
             xtask.display(),
             dir.display()
         ),
         None => image,
     }
+}
+
+/// The prefetch's fuzz build (`xtask fuzz --build-only`), at the lowest priority (`nice 19`
+/// with the prefetch's own 5): nothing waits for it until the fuzz step at the end of `cargo xtask ci`, so it
+/// takes only what the tests and the other builds leave of the cores.
+fn fuzz_build_command(xtask: &Path) -> String {
+    format!("nice -n 14 '{}' fuzz --build-only", xtask.display())
 }
 
 /// One shell command running `scripts` in order with bash, and beside them (started first) each
@@ -552,6 +583,88 @@ impl Drop for Prefetch {
             }
         }
     }
+}
+
+/// The tests crate's files that need the images (`cargo xtask image`, a release of this
+/// machine's platform) or the cgroup v2 node's VM image, which the prefetch builds last: the
+/// tests step runs them after every other test file.
+const LATE_TESTS: &[&str] = &["cgroupv2_node", "images", "realnode", "soak"];
+
+/// The tests step of `cargo xtask ci`: what each `cargo test` run is called and its arguments, in
+/// order. Together they are `cargo test --workspace --no-fail-fast` split in four, every run with
+/// the whole workspace selected, so that each resolves the same features and they share one
+/// build: the unit tests and every integration test file but [`LATE_TESTS`]; those; the doc
+/// tests; the examples built, not run (as a plain `cargo test` does).
+fn test_phases(root: &Path) -> Result<Vec<(String, Vec<String>)>> {
+    let out = Command::new(cargo())
+        .args(["metadata", "--no-deps", "--format-version", "1", "--locked"])
+        .current_dir(root)
+        .output()
+        .context("starting cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("cargo metadata's output")?;
+    split_test_phases(&integration_tests(&metadata))
+}
+
+/// The names of the workspace's integration test targets, from `cargo metadata --no-deps`.
+fn integration_tests(metadata: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter(|t| {
+            t["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "test"))
+        })
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// [`test_phases`] from the integration test names; a name of [`LATE_TESTS`] that is not among
+/// them is an error (a renamed file would otherwise run nowhere).
+fn split_test_phases(tests: &[String]) -> Result<Vec<(String, Vec<String>)>> {
+    if let Some(missing) = LATE_TESTS.iter().find(|l| !tests.iter().any(|t| t == *l)) {
+        bail!("no integration test {missing:?} in the workspace (xtask's LATE_TESTS names it)");
+    }
+    let common = ["test", "--workspace", "--locked", "--no-fail-fast"];
+    let with =
+        |extra: Vec<String>| -> Vec<String> { common.iter().map(|a| a.to_string()).chain(extra).collect() };
+    let tests_of = |late: bool| -> Vec<String> {
+        tests
+            .iter()
+            .filter(|t| LATE_TESTS.contains(&t.as_str()) == late)
+            .flat_map(|t| ["--test".to_string(), t.clone()])
+            .collect()
+    };
+    let mut first = vec!["--lib".to_string(), "--bins".to_string()];
+    first.extend(tests_of(false));
+    Ok(vec![
+        (
+            "tests (unit tests, then every file that needs no image)".to_string(),
+            with(first),
+        ),
+        (
+            format!("tests (those that need the images: {})", LATE_TESTS.join(", ")),
+            with(tests_of(true)),
+        ),
+        ("tests (doc tests)".to_string(), with(vec!["--doc".to_string()])),
+        (
+            "tests (examples built)".to_string(),
+            with(vec!["--examples".to_string(), "--no-run".to_string()]),
+        ),
+    ])
 }
 
 /// Free space a run of `cargo xtask ci` on a fresh clone needs, caches included (README, Disk).
@@ -630,15 +743,6 @@ fn ci(root: &Path) -> Result<()> {
             started.elapsed()
         );
     }
-    // every decoder of outside input, fuzzed for a short bound (no nightly toolchain: fails
-    // under CI=true, skipped loudly elsewhere)
-    fuzz::fuzz(
-        root,
-        &fuzz::FuzzOptions {
-            seconds: fuzz::CI_SECONDS,
-            targets: Vec::new(),
-        },
-    )?;
     // Debian packages the tests use (buildah: tests/tests/images.rs builds the Containerfile;
     // the real-node tier's containerd, runc, CNI plugins, iptables, conntrack).
     // packages.sh installs only what is missing; without root it just names what is missing
@@ -658,12 +762,19 @@ fn ci(root: &Path) -> Result<()> {
     } else if cfg!(target_os = "linux") {
         run(root, "packages", "bash", &packages)?;
     }
-    run(
-        root,
-        "tests",
-        &cargo,
-        &["test", "--workspace", "--locked", "--no-fail-fast"],
-    )?;
+    // every test, those that need the images or the cgroup v2 node's VM last, so that on a fresh
+    // machine the rest runs while the prefetch still builds those ([`test_phases`])
+    let mut failed = Vec::new();
+    for (what, args) in test_phases(root)? {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if let Err(e) = run(root, &what, &cargo, &args) {
+            eprintln!("==> {e:#}");
+            failed.push(what);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("tests failed: {}", failed.join("; "));
+    }
     arm64_tests(root)?;
     // the benchmarks' load generator is behind a feature the workspace's tests leave off: its
     // own tests (the open loop's clock) run here
@@ -682,6 +793,18 @@ fn ci(root: &Path) -> Result<()> {
             "loadgen::",
         ],
     )?;
+    // every decoder of outside input, fuzzed for a short bound (no nightly toolchain: fails
+    // under CI=true, skipped loudly elsewhere). The targets' build (10+ CPU minutes cold) ran in
+    // the prefetch beside the tests at the lowest priority; if it has not finished, cargo's
+    // lock on the fuzz build folder makes this wait for it rather than build twice
+    fuzz::fuzz(
+        root,
+        &fuzz::FuzzOptions {
+            seconds: fuzz::CI_SECONDS,
+            targets: Vec::new(),
+            build_only: false,
+        },
+    )?;
     // last, the README's other command: the demo on a real control plane and, where the machine
     // allows, real nodes. Nothing else runs it, and a change of behaviour once left it waiting
     // for a figure that could no longer come.
@@ -690,7 +813,7 @@ fn ci(root: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{available_bytes, beside_command, prefetch_script};
+    use super::{available_bytes, beside_command, integration_tests, prefetch_script, split_test_phases};
     use std::process::Command;
 
     #[test]
@@ -698,6 +821,40 @@ mod tests {
         let out = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n\
                    overlay          263174212  93000000   3000000      97% /\n";
         assert_eq!(available_bytes(out), Some(3_000_000 * 1024));
+    }
+
+    #[test]
+    fn the_tests_run_in_phases_that_together_are_every_target_once() {
+        let metadata = serde_json::json!({"packages": [
+            {"targets": [{"kind": ["lib"], "name": "a"}, {"kind": ["test"], "name": "soak"},
+                         {"kind": ["test"], "name": "claims"}, {"kind": ["example"], "name": "bench"}]},
+            {"targets": [{"kind": ["bin"], "name": "b"}, {"kind": ["test"], "name": "images"},
+                         {"kind": ["test"], "name": "realnode"}, {"kind": ["test"], "name": "cgroupv2_node"},
+                         {"kind": ["test"], "name": "agent"}]},
+        ]});
+        let tests = integration_tests(&metadata);
+        assert_eq!(
+            tests,
+            ["agent", "cgroupv2_node", "claims", "images", "realnode", "soak"]
+        );
+        let phases = split_test_phases(&tests).unwrap();
+        let args: Vec<String> = phases.iter().map(|(_, a)| a.join(" ")).collect();
+        let common = "test --workspace --locked --no-fail-fast";
+        assert_eq!(
+            args,
+            [
+                format!("{common} --lib --bins --test agent --test claims"),
+                format!("{common} --test cgroupv2_node --test images --test realnode --test soak"),
+                format!("{common} --doc"),
+                format!("{common} --examples --no-run"),
+            ]
+        );
+        // a late file renamed away is an error, not a file that runs nowhere
+        let err = split_test_phases(&["agent".to_string(), "images".to_string()]).unwrap_err();
+        assert!(
+            err.to_string().contains("no integration test \"cgroupv2_node\""),
+            "{err}"
+        );
     }
 
     #[test]
@@ -759,7 +916,10 @@ mod tests {
         assert_eq!(run(), (false, "image --cross-profile image-check\n".to_string()));
         assert_eq!(
             beside_command(&xtask, None),
-            format!("'{}' image --cross-profile image-check", xtask.display())
+            format!(
+                "nice -n 5 '{}' image --cross-profile image-check",
+                xtask.display()
+            )
         );
     }
 
