@@ -268,10 +268,14 @@ async fn soak(
         refused_reports.clone(),
         stop.clone(),
     ));
-    tasks.spawn(claims_loop(client.clone(), claims.clone(), stop.clone()));
+    tasks.spawn(decisions_loop(
+        claim_writes(client.clone())?,
+        claims.clone(),
+        stop.clone(),
+    ));
     let source = IpAddr::V4(cluster.nodes[0].ip);
-    tasks.spawn(features_loop(
-        client.clone(),
+    tasks.spawn(decisions_loop(
+        lease_writes(client.clone())?,
         feature_writes.clone(),
         stop.clone(),
     ));
@@ -742,18 +746,36 @@ impl Decisions {
     }
 }
 
-/// Every half second: a valid claim created then deleted, a bad one refused by the webhook.
-async fn claims_loop(client: Client, counts: Arc<Decisions>, stop: CancellationToken) -> Result<()> {
-    let claims: Api<nodewarden_api::ClusterClaim> = Api::all(client);
-    let claim = |name: &str, value: &str| -> Result<nodewarden_api::ClusterClaim> {
-        Ok(serde_json::from_value(json!({
-            "apiVersion": "nodewarden.io/v1alpha1",
-            "kind": "ClusterClaim",
-            "metadata": {"name": name},
-            "spec": {"value": value},
-        }))?)
-    };
-    let bad = claim("id.k8s.io", "Cluster_A")?;
+/// One guard's writes for [`decisions_loop`]: the n-th allowed object, the refused one, and
+/// what the guard's refusal says.
+struct Guarded<K> {
+    api: Api<K>,
+    /// The n-th write the guard allows, created then deleted (eight names in turn).
+    good: fn(u64) -> Result<K>,
+    /// The write the guard refuses.
+    bad: K,
+    /// Part of the guard's reason, in the refusal's message.
+    reason: &'static str,
+    /// What the two writes are, for the messages of what went wrong.
+    good_is: &'static str,
+    bad_is: &'static str,
+}
+
+/// Every half second, until `stop`: the guard's good write created then deleted, its bad
+/// write refused with the guard's reason; each decided right is counted, anything else kept.
+async fn decisions_loop<K>(writes: Guarded<K>, counts: Arc<Decisions>, stop: CancellationToken) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let Guarded {
+        api,
+        good,
+        bad,
+        reason,
+        good_is,
+        bad_is,
+    } = writes;
     let mut n = 0u64;
     loop {
         tokio::select! {
@@ -761,32 +783,51 @@ async fn claims_loop(client: Client, counts: Arc<Decisions>, stop: CancellationT
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
         n += 1;
-        let name = format!("zone{}.soak.example", n % 8);
-        match claims
-            .create(&PostParams::default(), &claim(&name, "eu-1")?)
-            .await
-        {
+        let object = good(n)?;
+        let name = object.name_any();
+        match api.create(&PostParams::default(), &object).await {
             Ok(_) => {
                 counts.allowed.fetch_add(1, Ordering::Relaxed);
-                let _ = claims.delete(&name, &DeleteParams::default()).await;
+                let _ = api.delete(&name, &DeleteParams::default()).await;
             }
             // left over from a create whose answer was lost: not the webhook's doing
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                let _ = claims.delete(&name, &DeleteParams::default()).await;
+                let _ = api.delete(&name, &DeleteParams::default()).await;
             }
-            Err(e) => counts.wrong(format!("valid claim {name} refused: {e}")),
+            Err(e) => counts.wrong(format!("{good_is} ({name}) refused: {e}")),
         }
-        match claims.create(&PostParams::default(), &bad).await {
+        match api.create(&PostParams::default(), &bad).await {
             Ok(_) => {
-                counts.wrong("a bad id.k8s.io claim was allowed".to_string());
-                let _ = claims.delete("id.k8s.io", &DeleteParams::default()).await;
+                counts.wrong(format!("{bad_is} was allowed"));
+                let _ = api.delete(&bad.name_any(), &DeleteParams::default()).await;
             }
-            Err(kube::Error::Api(s)) if s.message.contains("id-format") => {
+            Err(kube::Error::Api(s)) if s.message.contains(reason) => {
                 counts.refused.fetch_add(1, Ordering::Relaxed);
             }
-            Err(e) => counts.wrong(format!("the bad claim refused without the webhook's reason: {e}")),
+            Err(e) => counts.wrong(format!("{bad_is} refused without the guard's reason: {e}")),
         }
     }
+}
+
+fn claim(name: &str, value: &str) -> Result<nodewarden_api::ClusterClaim> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "nodewarden.io/v1alpha1",
+        "kind": "ClusterClaim",
+        "metadata": {"name": name},
+        "spec": {"value": value},
+    }))?)
+}
+
+/// The claims guard's writes: a valid claim, and an `id.k8s.io` claim of the wrong format.
+fn claim_writes(client: Client) -> Result<Guarded<nodewarden_api::ClusterClaim>> {
+    Ok(Guarded {
+        api: Api::all(client),
+        good: |n| claim(&format!("zone{}.soak.example", n % 8), "eu-1"),
+        bad: claim("id.k8s.io", "Cluster_A")?,
+        reason: "id-format",
+        good_is: "a valid claim",
+        bad_is: "a bad id.k8s.io claim",
+    })
 }
 
 /// `soak-glow` (off, owning a Lease's `spec.holderIdentity`) and `soak-shine` (on, owning
@@ -822,49 +863,22 @@ fn lease(name: &str, spec: serde_json::Value) -> Result<Lease> {
     }))?)
 }
 
-/// Every half second: a Lease setting the on feature's field created then deleted, and one
-/// setting the off feature's field refused with the guard's reason.
-async fn features_loop(client: Client, counts: Arc<Decisions>, stop: CancellationToken) -> Result<()> {
-    let leases: Api<Lease> = Api::namespaced(client, SOAK_NS);
-    let held = lease(HELD, json!({"holderIdentity": "soak"}))?;
-    let mut n = 0u64;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-        }
-        n += 1;
-        let name = format!("soak-lease-{}", n % 8);
-        match leases
-            .create(
-                &PostParams::default(),
-                &lease(&name, json!({"leaseDurationSeconds": 15}))?,
+/// The feature guard's writes: a Lease setting the on feature's field, and one setting the off
+/// feature's field.
+fn lease_writes(client: Client) -> Result<Guarded<Lease>> {
+    Ok(Guarded {
+        api: Api::namespaced(client, SOAK_NS),
+        good: |n| {
+            lease(
+                &format!("soak-lease-{}", n % 8),
+                json!({"leaseDurationSeconds": 15}),
             )
-            .await
-        {
-            Ok(_) => {
-                counts.allowed.fetch_add(1, Ordering::Relaxed);
-                let _ = leases.delete(&name, &DeleteParams::default()).await;
-            }
-            // left over from a create whose answer was lost: not the webhook's doing
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                let _ = leases.delete(&name, &DeleteParams::default()).await;
-            }
-            Err(e) => counts.wrong(format!("a write to the on feature's field refused: {e}")),
-        }
-        match leases.create(&PostParams::default(), &held).await {
-            Ok(_) => {
-                counts.wrong(format!("a write setting {GLOW}'s field was allowed"));
-                let _ = leases.delete(HELD, &DeleteParams::default()).await;
-            }
-            Err(kube::Error::Api(s)) if s.message.contains(GLOW_DENIED) => {
-                counts.refused.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => counts.wrong(format!(
-                "a write setting {GLOW}'s field refused without its reason: {e}"
-            )),
-        }
-    }
+        },
+        bad: lease(HELD, json!({"holderIdentity": "soak"}))?,
+        reason: GLOW_DENIED,
+        good_is: "a write to the on feature's field",
+        bad_is: "a write setting soak-glow's field",
+    })
 }
 
 /// One webhook pod's address and admission port.
