@@ -339,8 +339,11 @@ pub fn render(results: &Results, old: &str) -> String {
          (etcd and helm are the pinned build's), then the API-server tier's test files run against \
          them with `NODEWARDEN_KUBE_VERSION` set. A cell is the file's tests passed, or which failed and \
          what the first one said. `cargo xtask compat --versions v1.30.14,v1.37.2 --files claims,features` \
-         runs a part of the matrix; `--write-only` writes this page from the results kept.\n\n",
+         runs a part of the matrix; `--write-only` writes this page from the results kept. A \
+         version with no run in that file (run on another machine) keeps its rows as this page had \
+         them.\n\n",
     );
+    let kept = KeptRows::from_page(old, results);
     let mut header = "| version |".to_string();
     let mut rule = "|---|".to_string();
     for (_, title) in CAPABILITIES {
@@ -348,13 +351,14 @@ pub fn render(results: &Results, old: &str) -> String {
         rule.push_str("---|");
     }
     s.push_str(&format!("{header}\n{rule}\n"));
-    for version in DEFAULT_VERSIONS.iter().map(|v| v.to_string()).chain(
-        results
-            .versions
-            .keys()
-            .filter(|v| !DEFAULT_VERSIONS.contains(&v.as_str()))
-            .cloned(),
-    ) {
+    let others: std::collections::BTreeSet<String> = results
+        .versions
+        .keys()
+        .chain(kept.matrix.keys())
+        .filter(|v| !DEFAULT_VERSIONS.contains(&v.as_str()))
+        .cloned()
+        .collect();
+    for version in DEFAULT_VERSIONS.iter().map(|v| v.to_string()).chain(others) {
         let mut row = format!(
             "| {version}{} |",
             if version.contains('-') {
@@ -364,6 +368,7 @@ pub fn render(results: &Results, old: &str) -> String {
             }
         );
         match results.versions.get(&version) {
+            None if kept.matrix.contains_key(&version) => row = kept.matrix[&version].clone(),
             None => {
                 for _ in CAPABILITIES {
                     row.push_str(" not run yet |");
@@ -386,7 +391,8 @@ pub fn render(results: &Results, old: &str) -> String {
     s.push_str("\n## What each run cost\n\n");
     s.push_str("Build: kube-apiserver and kube-controller-manager from a warm Go module cache where noted in the notes below; disk: the version's folder under `${NODEWARDEN_CACHE:-$HOME/.cache/nodewarden}/controlplane` (its Go module and binaries; Go's own module and build caches grow beside it). Test times include each file's control-plane start.\n\n");
     s.push_str("| version | run ended | build | disk | tests (per file) |\n|---|---|---|---|---|\n");
-    let mut total = 0;
+    let mut total = kept.seconds;
+    let mut cost_rows = kept.cost.clone();
     for (version, run) in &results.versions {
         let files: Vec<String> = run
             .files
@@ -394,32 +400,39 @@ pub fn render(results: &Results, old: &str) -> String {
             .map(|(f, r)| format!("{f} {}s", r.seconds))
             .collect();
         total += run.build_seconds + run.files.values().map(|r| r.seconds).sum::<u64>();
-        s.push_str(&format!(
-            "| {version} | {} | {} | {} | {} |\n",
-            run.date,
-            match &run.build_error {
-                Some(e) => format!("failed after {}s: {}", run.build_seconds, e.replace('|', "\\|")),
-                // the script only checked the binaries it built earlier
-                None if run.build_seconds < 5 => "cached".to_string(),
-                None => format!("{}s", run.build_seconds),
-            },
-            if run.build_bytes > 0 {
-                format!("{:.0} MiB", run.build_bytes as f64 / 1048576.0)
-            } else {
-                "-".to_string()
-            },
-            if files.is_empty() {
-                "-".to_string()
-            } else {
-                files.join(", ")
-            },
-        ));
+        cost_rows.insert(
+            version.clone(),
+            format!(
+                "| {version} | {} | {} | {} | {} |",
+                run.date,
+                match &run.build_error {
+                    Some(e) => format!("failed after {}s: {}", run.build_seconds, e.replace('|', "\\|")),
+                    // the script only checked the binaries it built earlier
+                    None if run.build_seconds < 5 => "cached".to_string(),
+                    None => format!("{}s", run.build_seconds),
+                },
+                if run.build_bytes > 0 {
+                    format!("{:.0} MiB", run.build_bytes as f64 / 1048576.0)
+                } else {
+                    "-".to_string()
+                },
+                if files.is_empty() {
+                    "-".to_string()
+                } else {
+                    files.join(", ")
+                },
+            ),
+        );
+    }
+    for row in cost_rows.values() {
+        s.push_str(row);
+        s.push('\n');
     }
     s.push_str(&format!(
         "\nThe versions above together: {} min of builds and test runs.\n",
         total.div_ceil(60)
     ));
-    let failures: Vec<String> = results
+    let mut failures: Vec<String> = results
         .versions
         .iter()
         .flat_map(|(v, run)| {
@@ -430,6 +443,7 @@ pub fn render(results: &Results, old: &str) -> String {
             })
         })
         .collect();
+    failures.extend(kept.failed.iter().cloned());
     if !failures.is_empty() {
         s.push_str("\n## Failed tests\n\n");
         s.push_str(&failures.join("\n"));
@@ -442,6 +456,74 @@ pub fn render(results: &Results, old: &str) -> String {
         s.push_str(notes.trim_start_matches('\n'));
     }
     s
+}
+
+/// The rows an earlier page holds for versions that have no run in the results here (runs made
+/// on another machine, whose `results.json` is not here): kept as they were, and their minutes
+/// counted in the total.
+#[derive(Default)]
+struct KeptRows {
+    /// The matrix's row of each such version, if any of its cells says more than "not run yet".
+    matrix: BTreeMap<String, String>,
+    /// The cost table's row of each such version.
+    cost: BTreeMap<String, String>,
+    /// Their lines in "Failed tests".
+    failed: Vec<String>,
+    /// Their builds' and test files' seconds, from the cost rows.
+    seconds: u64,
+}
+
+impl KeptRows {
+    fn from_page(old: &str, results: &Results) -> KeptRows {
+        let body = old.split(NOTES_MARKER).next().unwrap_or("");
+        let (matrix, costs) = body.split_once("## What each run cost").unwrap_or((body, ""));
+        let kept_version = |first_cell: &str| -> Option<String> {
+            let v = first_cell.trim().trim_end_matches(" (look-ahead)");
+            (v.starts_with("v1.") && normalize(v).is_ok() && !results.versions.contains_key(v))
+                .then(|| v.to_string())
+        };
+        let cells = |line: &str| -> Vec<String> {
+            line.trim()
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_string())
+                .collect()
+        };
+        let mut kept = KeptRows::default();
+        for line in matrix.lines().filter(|l| l.starts_with("| v1.")) {
+            let cells = cells(line);
+            if let Some(v) = cells.first().and_then(|c| kept_version(c))
+                && cells[1..].iter().any(|c| c != "not run yet")
+            {
+                kept.matrix.insert(v, line.to_string());
+            }
+        }
+        for line in costs.lines() {
+            if line.starts_with("| v1.") {
+                let cells = cells(line);
+                let Some(v) = cells.first().and_then(|c| kept_version(c)) else {
+                    continue;
+                };
+                let seconds_in = |text: &str| -> u64 {
+                    text.split(|c: char| !c.is_ascii_alphanumeric())
+                        .filter_map(|w| w.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()))
+                        .sum()
+                };
+                // the build ("600s", "cached", "failed after 12s: …") and the files ("claims 28s, …")
+                let build = cells
+                    .get(2)
+                    .map_or(0, |b| seconds_in(b.split(':').next().unwrap_or_default()));
+                kept.seconds += build + cells.get(4).map_or(0, |f| seconds_in(f));
+                kept.cost.insert(v, line.to_string());
+            } else if let Some(rest) = line.strip_prefix("- ")
+                && let Some((v, _)) = rest.split_once(", ")
+                && kept_version(v).is_some()
+            {
+                kept.failed.push(line.to_string());
+            }
+        }
+        kept
+    }
 }
 
 fn cell(run: Option<&FileRun>) -> String {
@@ -590,5 +672,62 @@ not json
         assert!(page.ends_with("In-place resize on 1.30: ...\n"), "{page}");
         assert!(!page.contains("old table"));
         assert_eq!(page.matches(NOTES_MARKER).count(), 1);
+    }
+
+    #[test]
+    fn rows_of_versions_run_elsewhere_are_kept_and_a_new_run_replaces_its_own() {
+        let mut results = Results::default();
+        results.versions.insert(
+            "v1.32.13".into(),
+            VersionRun {
+                build_seconds: 900,
+                date: "2026-02-02T00:00:00Z".into(),
+                files: BTreeMap::from([(
+                    "claims".to_string(),
+                    FileRun {
+                        outcome: "passed".into(),
+                        passed: vec!["a".into()],
+                        seconds: 30,
+                        ..Default::default()
+                    },
+                )]),
+                ..Default::default()
+            },
+        );
+        // a page written on another machine: 1.30 passed there, 1.32 had failed, 1.31 never ran
+        let old = format!(
+            "# Kubernetes versions\n\n| version | claims | features |\n|---|---|---|\n\
+             | v1.30.14 | pass (1 test) | pass (2 tests) | pass (4 tests) | pass (3 tests) | pass (3 tests) |\n\
+             | v1.31.14 | not run yet | not run yet | not run yet | not run yet | not run yet |\n\
+             | v1.32.13 | **fail**: 1 of 1 (`a`) | not run yet | not run yet | not run yet | not run yet |\n\
+             \n## What each run cost\n\n| version | run ended | build | disk | tests (per file) |\n|---|---|---|---|---|\n\
+             | v1.30.14 | 2026-01-01T00:00:00Z | 600s | 304 MiB | agent 29s, claims 31s |\n\
+             | v1.32.13 | 2026-01-01T00:00:00Z | cached | 272 MiB | claims 28s |\n\
+             \nThe versions above together: 12 min of builds and test runs.\n\n## Failed tests\n\n\
+             - v1.32.13, `claims.rs`, `a`: it failed\n\n{NOTES_MARKER}\nnotes\n"
+        );
+        let page = render(&results, &old);
+        assert!(
+            page.contains("| v1.30.14 | pass (1 test) | pass (2 tests) | pass (4 tests) | pass (3 tests) | pass (3 tests) |\n"),
+            "{page}"
+        );
+        assert!(page.contains("| v1.31.14 | not run yet |"), "{page}");
+        assert!(
+            page.contains("| v1.32.13 | pass (1 test) | not run yet |"),
+            "{page}"
+        );
+        assert!(
+            page.contains("| v1.30.14 | 2026-01-01T00:00:00Z | 600s | 304 MiB | agent 29s, claims 31s |\n")
+        );
+        assert!(
+            page.contains("| v1.32.13 | 2026-02-02T00:00:00Z | 900s | - | claims 30s |\n"),
+            "{page}"
+        );
+        assert!(!page.contains("it failed"), "{page}");
+        // 600 + 29 + 31 kept, 900 + 30 run here: 1,590 s
+        assert!(page.contains("together: 27 min"), "{page}");
+        assert!(page.ends_with("notes\n"), "{page}");
+        // the page written again from the same results is the same page
+        assert_eq!(render(&results, &page), page);
     }
 }
