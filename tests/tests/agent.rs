@@ -86,8 +86,35 @@ fn synthetic_cgroup_tree(root: &Path, pod_uid: &str, n: usize) -> Result<()> {
 async fn node_with_an_agent_token(env: &TestEnv) -> Result<(String, String)> {
     apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
     let node = env.create_nodes(1).await?.remove(0);
-    let (_, token) = agent_identity(env, &node, chart_agent_rules().await?).await?;
+    // where InPlace falls back to eviction, the agent takes a disruption lease first
+    let rules = if env.cp.kube_version().resize_by_default() {
+        chart_agent_rules().await?
+    } else {
+        agent_rules_with_leases().await?
+    };
+    let (_, token) = agent_identity(env, &node, rules).await?;
     Ok((node, token))
+}
+
+/// Where the API server serves no `pods/resize` with its default gates (before 1.33), `InPlace`
+/// acts as `Recreate`: the pod with `pod_uid` is evicted, and its Event says why, naming the version.
+async fn evicted_for_want_of_resize(env: &TestEnv, pod_uid: &str) -> Result<()> {
+    let pods = env.api::<Pod>();
+    let name = pods
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.uid().as_deref() == Some(pod_uid))
+        .map(|p| p.name_any())
+        .context("the DaemonSet pod")?;
+    let note = env.wait_for_event("Pod", &name, "Evicted").await?;
+    let version = env.cp.kube_version().to_string();
+    anyhow::ensure!(
+        note.contains("not in place") && note.contains(&version),
+        "the eviction names the missing resize and {version}: {note}"
+    );
+    Ok(())
 }
 
 /// Creates the agent's service account bound to a ClusterRole `<id>-agent` with `rules`, and
@@ -865,6 +892,12 @@ async fn nothing_is_published_or_resized_before_the_first_cpu_sample() {
 
         // its CPU becomes readable: figures, then the pod follows them
         cgroupfs::write_container(&agent.scope(&pod_uid, 0), 5_000_000, 300 * MIB)?;
+        if !cp.kube_version().resize_by_default() {
+            evicted_for_want_of_resize(&env, &pod_uid).await?;
+            stop.cancel();
+            agent.task.await??;
+            return Ok(());
+        }
         let resized = cp
             .poll("the pod resized to its first figures", || async {
                 let pod = find().await?;
@@ -898,6 +931,12 @@ async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
         let stop = CancellationToken::new();
         let kube = cp.config_with_token(&token).await?;
         let agent = start_agent_with(&env, &node, &pod_uid, kube, &stop, "24h")?;
+        if !cp.kube_version().resize_by_default() {
+            evicted_for_want_of_resize(&env, &pod_uid).await?;
+            stop.cancel();
+            agent.task.await??;
+            return Ok(());
+        }
 
         let pods = env.api::<Pod>();
         let resized = cp
