@@ -86,28 +86,36 @@ fn synthetic_cgroup_tree(root: &Path, pod_uid: &str, n: usize) -> Result<()> {
 async fn node_with_an_agent_token(env: &TestEnv) -> Result<(String, String)> {
     apply_crds(env.cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
     let node = env.create_nodes(1).await?.remove(0);
-    // where InPlace falls back to eviction, the agent takes a disruption lease first
-    let rules = if env.cp.kube_version().resize_by_default() {
-        chart_agent_rules().await?
-    } else {
-        agent_rules_with_leases().await?
-    };
-    let (_, token) = agent_identity(env, &node, rules).await?;
+    let (_, token) = agent_identity(env, &node, agent_rules_for(env).await?).await?;
     Ok((node, token))
+}
+
+/// The chart's rules for the agent, and where `InPlace` falls back to eviction (no `pods/resize`)
+/// the disruption lease's too: the agent takes one before it evicts.
+async fn agent_rules_for(env: &TestEnv) -> Result<Vec<PolicyRule>> {
+    if env.cp.kube_version().resize_by_default() {
+        chart_agent_rules().await
+    } else {
+        agent_rules_with_leases().await
+    }
+}
+
+/// The name of the pod with `uid` in the test's namespace.
+async fn pod_name_of(env: &TestEnv, uid: &str) -> Result<String> {
+    env.api::<Pod>()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.uid().as_deref() == Some(uid))
+        .map(|p| p.name_any())
+        .ok_or_else(|| anyhow!("the DaemonSet pod is gone"))
 }
 
 /// Where the API server serves no `pods/resize` with its default gates (before 1.33), `InPlace`
 /// acts as `Recreate`: the pod with `pod_uid` is evicted, and its Event says why, naming the version.
 async fn evicted_for_want_of_resize(env: &TestEnv, pod_uid: &str) -> Result<()> {
-    let pods = env.api::<Pod>();
-    let name = pods
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .find(|p| p.uid().as_deref() == Some(pod_uid))
-        .map(|p| p.name_any())
-        .context("the DaemonSet pod")?;
+    let name = pod_name_of(env, pod_uid).await?;
     let note = env.wait_for_event("Pod", &name, "Evicted").await?;
     let version = env.cp.kube_version().to_string();
     anyhow::ensure!(
@@ -708,13 +716,7 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
         let cp = env.cp;
         apply_crds(cp, &env.client, &read_crds(&chart_crd_files()?)?).await?;
         let node = env.create_nodes(1).await?.remove(0);
-        // where InPlace falls back to eviction, the agent takes a disruption lease first
-        let rules = if cp.kube_version().resize_by_default() {
-            chart_agent_rules().await?
-        } else {
-            agent_rules_with_leases().await?
-        };
-        let (_, token) = agent_identity(&env, &node, rules).await?;
+        let (_, token) = agent_identity(&env, &node, agent_rules_for(&env).await?).await?;
         let pod_uid = autoscaled_pod_on(&env, &node, 1).await?;
         let stop = CancellationToken::new();
         let kube = cp.config_with_token(&token).await?;
@@ -734,14 +736,7 @@ async fn in_place_mode_resizes_the_running_pod_to_its_nodes_figures_and_initial_
             .await?;
         let target = rec.spec.recommendations[0].target.clone().unwrap_or_default();
         let pods = env.api::<Pod>();
-        let pod_name = pods
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .find(|p| p.uid().as_deref() == Some(pod_uid.as_str()))
-            .map(|p| p.name_any())
-            .ok_or_else(|| anyhow!("the DaemonSet pod is gone"))?;
+        let pod_name = pod_name_of(&env, &pod_uid).await?;
 
         // Initial: several update rounds pass, the running pod keeps its requests.
         let rounds = agent_counter(agent.admin, "nodewarden_agent_update_rounds_total", &[]).await?;
