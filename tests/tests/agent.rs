@@ -113,10 +113,10 @@ async fn pod_name_of(env: &TestEnv, uid: &str) -> Result<String> {
 }
 
 /// Where the API server serves no `pods/resize` with its default gates (before 1.33), `InPlace`
-/// acts as `Recreate`: the pod with `pod_uid` is evicted, and its Event says why, naming the version.
-async fn evicted_for_want_of_resize(env: &TestEnv, pod_uid: &str) -> Result<()> {
-    let name = pod_name_of(env, pod_uid).await?;
-    let note = env.wait_for_event("Pod", &name, "Evicted").await?;
+/// acts as `Recreate`: the pod `name` (taken before the agent could act) is evicted, and its Event
+/// says why, naming the version.
+async fn evicted_for_want_of_resize(env: &TestEnv, name: &str) -> Result<()> {
+    let note = env.wait_for_event("Pod", name, "Evicted").await?;
     let version = env.cp.kube_version().to_string();
     anyhow::ensure!(
         note.contains("not in place") && note.contains(&version),
@@ -843,6 +843,7 @@ async fn nothing_is_published_or_resized_before_the_first_cpu_sample() {
         let cp = env.cp;
         let (node, token) = node_with_an_agent_token(&env).await?;
         let pod_uid = autoscaled_pod_with_mode(&env, &node, 1, "InPlace").await?;
+        let pod_name = pod_name_of(&env, &pod_uid).await?;
         let tmp = tempfile::tempdir()?;
         synthetic_cgroup_tree(&tmp.path().join("cgroup"), &pod_uid, 1)?;
         std::fs::remove_file(scope(&tmp.path().join("cgroup"), &pod_uid, 0).join("cpu.stat"))?;
@@ -888,7 +889,7 @@ async fn nothing_is_published_or_resized_before_the_first_cpu_sample() {
         // its CPU becomes readable: figures, then the pod follows them
         cgroupfs::write_container(&agent.scope(&pod_uid, 0), 5_000_000, 300 * MIB)?;
         if !cp.kube_version().resize_by_default() {
-            evicted_for_want_of_resize(&env, &pod_uid).await?;
+            evicted_for_want_of_resize(&env, &pod_name).await?;
             stop.cancel();
             agent.task.await??;
             return Ok(());
@@ -923,11 +924,12 @@ async fn in_place_on_a_short_history_raises_memory_and_keeps_the_cpu_request() {
         let cp = env.cp;
         let (node, token) = node_with_an_agent_token(&env).await?;
         let pod_uid = autoscaled_pod_with_mode(&env, &node, 1, "InPlace").await?;
+        let pod_name = pod_name_of(&env, &pod_uid).await?;
         let stop = CancellationToken::new();
         let kube = cp.config_with_token(&token).await?;
         let agent = start_agent_with(&env, &node, &pod_uid, kube, &stop, "24h")?;
         if !cp.kube_version().resize_by_default() {
-            evicted_for_want_of_resize(&env, &pod_uid).await?;
+            evicted_for_want_of_resize(&env, &pod_name).await?;
             stop.cancel();
             agent.task.await??;
             return Ok(());
