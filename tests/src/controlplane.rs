@@ -27,6 +27,10 @@ pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
 const CERT_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How long start-up may take once the binaries are built.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
+/// Starts of a control plane tried when one of its processes finds its port taken.
+const START_TRIES: u32 = 3;
+/// What etcd, kube-apiserver and kube-controller-manager log when their port is taken.
+const PORT_TAKEN: &str = "address already in use";
 
 /// Binaries the control plane needs, from one folder.
 #[derive(Clone, Debug)]
@@ -312,25 +316,39 @@ impl ControlPlane {
             options,
             version: KubeVersion::pinned(),
         };
-        match cp.boot(&pki).await {
-            Ok(()) => {
-                eprintln!(
-                    "nodewarden-tests: control plane (Kubernetes {}) ready at {} in {:.1}s (folder {})",
-                    cp.version,
-                    cp.apiserver_url,
-                    began.elapsed().as_secs_f64(),
-                    root.display()
-                );
-                Ok(cp)
-            }
-            Err(e) => {
-                let logs = cp.log_tails(60);
-                cp.lock_processes().kill_all();
-                Err(crate::failure_with(
-                    e,
-                    "control plane start-up failed",
-                    &format!("last log lines:\n{logs}"),
-                ))
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match cp.boot(&pki).await {
+                Ok(()) => {
+                    eprintln!(
+                        "nodewarden-tests: control plane (Kubernetes {}) ready at {} in {:.1}s (folder {})",
+                        cp.version,
+                        cp.apiserver_url,
+                        began.elapsed().as_secs_f64(),
+                        root.display()
+                    );
+                    return Ok(cp);
+                }
+                // a port chosen free was bound by someone else before the process bound it
+                // (`free_ports` makes that rare): the same start again on other ports
+                Err(e) if tries < START_TRIES && cp.log_tails(5).contains(PORT_TAKEN) => {
+                    eprintln!(
+                        "nodewarden-tests: control plane start-up: a port was taken ({e:#}); \
+                         starting again on other ports ({tries} of {START_TRIES})"
+                    );
+                    cp.lock_processes().kill_children();
+                    let _ = std::fs::remove_dir_all(root.join("etcd"));
+                }
+                Err(e) => {
+                    let logs = cp.log_tails(60);
+                    cp.lock_processes().kill_all();
+                    return Err(crate::failure_with(
+                        e,
+                        "control plane start-up failed",
+                        &format!("last log lines:\n{logs}"),
+                    ));
+                }
             }
         }
     }

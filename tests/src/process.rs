@@ -200,14 +200,20 @@ impl Processes {
         out
     }
 
-    /// Kills the children, newest first, and waits for them; then, when a real node recorded
-    /// the host's state in `<dir>/host-state`, puts the host back as it was.
-    pub fn kill_all(&mut self) {
+    /// Kills the children, newest first, and waits for them; the watchdog and the host's
+    /// recorded state stay (a start tried again).
+    pub fn kill_children(&mut self) {
         for c in self.children.iter_mut().rev() {
             let _ = c.child.kill();
             let _ = c.child.wait();
         }
         self.children.clear();
+    }
+
+    /// Kills the children, newest first, and waits for them; then, when a real node recorded
+    /// the host's state in `<dir>/host-state`, puts the host back as it was.
+    pub fn kill_all(&mut self) {
+        self.kill_children();
         crate::node::restore_host_state(&self.dir);
         if let Some(mut w) = self.watchdog.take() {
             let _ = w.kill();
@@ -274,10 +280,41 @@ pub fn tail(path: &Path, lines: usize) -> String {
     out
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port that was free a moment ago on 127.0.0.1 and every address, for a process about to
+/// listen on it.
+///
+/// Chosen at random below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`, where
+/// outgoing connections take their source ports) and tried with a bind first. A port from
+/// binding port 0 lies inside that range, so any outgoing connection (the tests open thousands)
+/// could take it between the choice and the program's bind: once an API server's start ended
+/// with `address already in use` that way. (The webhook's test files choose theirs the same way,
+/// `webhook/tests/common`.)
 pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    let below = ephemeral_low().unwrap_or(32768);
+    let (low, high) = if below > 12_000 {
+        (10_000, below)
+    } else {
+        (1024, below.max(1025))
+    };
+    for _ in 0..200 {
+        let port = fastrand::u16(low..high);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
+        {
+            return Ok(port);
+        }
+    }
+    bail!("no free TCP port in {low}..{high} after 200 tries")
+}
+
+/// The first port of `net.ipv4.ip_local_port_range`.
+fn ephemeral_low() -> Option<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The first global IPv4 address of this host: the API server reaches webhooks behind a
@@ -299,13 +336,21 @@ pub fn host_address() -> Result<String> {
         })
 }
 
-/// `n` distinct free ports (held open together while choosing, so they differ).
+/// `n` distinct ports of [`free_port`].
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("binding 127.0.0.1:0")?;
-    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
+    // a port chosen twice is chosen again; bounded, though a repeat is rare
+    for _ in 0..n * 20 {
+        if ports.len() == n {
+            break;
+        }
+        let port = free_port()?;
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+    anyhow::ensure!(ports.len() == n, "could not choose {n} distinct free ports");
+    Ok(ports)
 }
 
 /// Writes `contents` to `path` with mode 0600 (keys) or 0644.

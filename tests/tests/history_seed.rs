@@ -273,10 +273,6 @@ async fn oversized_prometheus() -> Result<(String, Arc<AtomicUsize>)> {
     Ok((url, sent))
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// (millicores, bytes) of a figure of the NodeRecommendation.
 fn pair(
     list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
@@ -590,7 +586,7 @@ async fn an_agent_without_a_checkpoint_seeds_from_prometheus_and_agrees_with_the
         let (big_url, taken) = oversized_prometheus().await?;
         let big = tempfile::tempdir()?;
         cgroup_tree(big.path(), &pod_uid)?;
-        let admin = free_port()?;
+        let admin = nodewarden_tests::process::free_port()?;
         let admin_addr = format!("127.0.0.1:{admin}");
         let config = agent_config(
             &node,

@@ -32,6 +32,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
+mod common;
+use common::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_nodewarden-webhook");
 const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");
 const MEMORY_LIMIT_KIB: u64 = 256 * 1024;
@@ -52,14 +55,6 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Ten seconds at one review each 100 ms: 100 reviews, so the p99 is the second slowest.
 const RAMP: Duration = Duration::from_secs(2);
 const MEASURED: Duration = Duration::from_secs(10);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 struct Webhook {
     child: Child,

@@ -7,15 +7,10 @@ use std::time::{Duration, Instant};
 
 use nodewarden_certs::{Ca, CaConfig, ServingSpec};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nodewarden-webhook");
+mod common;
+use common::free_port;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+const BIN: &str = env!("CARGO_BIN_EXE_nodewarden-webhook");
 
 /// Status line and body of a plain-HTTP GET.
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
