@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask <task>`.
 
+mod ci_watch;
 mod compat;
 mod fuzz;
 
@@ -264,16 +265,46 @@ fn run_with_env(
 ) -> Result<()> {
     eprintln!("==> {what}: {program} {}", args.join(" "));
     let started = std::time::Instant::now();
+    let status = step_command(root, program, args)
+        .envs(env.iter().cloned())
+        .status()
+        .with_context(|| format!("starting {program}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status}) after {:.0?}", started.elapsed());
+    }
+    eprintln!("==> {what}: done in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// A step's command: `program args` in `root`.
+fn step_command(root: &Path, program: &str, args: &[&str]) -> Command {
     let mut command = Command::new(program);
-    command.args(args).current_dir(root).envs(env.iter().cloned());
+    command.args(args).current_dir(root);
     if std::env::var("CI").as_deref() == Ok("true") {
         // a fresh clone builds once: incremental state (gigabytes for the test binaries) would
         // only fill the disk the real-node tests' kubelets and containerd share
         command.env("CARGO_INCREMENTAL", "0");
     }
-    let status = command.status().with_context(|| format!("starting {program}"))?;
+    command
+}
+
+/// [`run`] of a `cargo test`, whose failures (each failed test's message, cargo's errors) come
+/// back as a digest in the error.
+fn run_tests(root: &Path, what: &str, program: &str, args: &[&str]) -> Result<()> {
+    eprintln!("==> {what}: {program} {}", args.join(" "));
+    let started = std::time::Instant::now();
+    let (status, digest) = ci_watch::run_tests(&mut step_command(root, program, args), true)
+        .with_context(|| format!("starting {program}"))?;
     if !status.success() {
-        bail!("{what} failed ({status}) after {:.0?}", started.elapsed());
+        let failures = if digest.is_empty() {
+            "(no test or cargo error named in the output: see above)\n".to_string()
+        } else {
+            digest.report()
+        };
+        bail!(
+            "{what} failed ({status}) after {:.0?}; what failed:\n{failures}",
+            started.elapsed()
+        );
     }
     eprintln!("==> {what}: done in {:.0?}", started.elapsed());
     Ok(())
@@ -565,10 +596,16 @@ impl Drop for Prefetch {
                     self.log.display()
                 )
             }
-            Ok(Some(status)) => eprintln!(
-                "==> prefetch: {status}; the tests built what they needed themselves (see {})",
-                self.log.display()
-            ),
+            Ok(Some(status)) => {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let last = lines[lines.len().saturating_sub(PREFETCH_TAIL_LINES)..].join("\n    ");
+                eprintln!(
+                    "==> prefetch: {status}; the tests built what they needed themselves (see {}); \
+                     its last lines:\n    {last}",
+                    self.log.display()
+                )
+            }
             Ok(None) | Err(_) => {
                 // the whole process group: bash, the build script and its `go build`
                 let _ = Command::new("kill")
@@ -584,6 +621,9 @@ impl Drop for Prefetch {
         }
     }
 }
+
+/// Lines of the prefetch's log said when it failed.
+const PREFETCH_TAIL_LINES: usize = 12;
 
 /// The tests crate's files that need the images (`cargo xtask image`, a release of this
 /// machine's platform) or the cgroup v2 node's VM image, which the prefetch builds last: the
@@ -681,7 +721,7 @@ fn available_bytes(df_out: &str) -> Option<u64> {
 /// Says so when the build directory's filesystem has less free space than a fresh run needs:
 /// a full disk otherwise shows up as a linker crash in the middle of the tests. Only a warning,
 /// since a run that finds its caches warm needs much less.
-fn check_disk(root: &Path) {
+fn check_disk(root: &Path) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let probe = if target.exists() {
         target
@@ -705,10 +745,13 @@ fn check_disk(root: &Path) {
         Some(free) => eprintln!("==> disk: {:.1} GiB free", free as f64 / f64::from(1u32 << 30)),
         None => eprintln!("==> disk: could not read the free space (df -Pk)"),
     }
+    probe
 }
 
 fn ci(root: &Path) -> Result<()> {
-    check_disk(root);
+    let probe = check_disk(root);
+    // how low free disk and memory went, said at the very end (after the prefetch's state)
+    let _watch = ci_watch::ResourceWatch::start(probe);
     // stopped (if still running) and reported when `ci` returns, whichever way
     let _prefetch = Prefetch::start(root);
     let cargo = cargo();
@@ -767,13 +810,14 @@ fn ci(root: &Path) -> Result<()> {
     let mut failed = Vec::new();
     for (what, args) in test_phases(root)? {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        if let Err(e) = run(root, &what, &cargo, &args) {
+        if let Err(e) = run_tests(root, &what, &cargo, &args) {
             eprintln!("==> {e:#}");
-            failed.push(what);
+            failed.push(format!("{e:#}"));
         }
     }
     if !failed.is_empty() {
-        bail!("tests failed: {}", failed.join("; "));
+        // the failures again, together at the end, where a reader of a long log looks first
+        bail!("tests failed:\n{}", failed.join("\n"));
     }
     arm64_tests(root)?;
     // the benchmarks' load generator is behind a feature the workspace's tests leave off: its

@@ -280,9 +280,13 @@ pub fn build_static_binaries_of(
         target.platform()
     ));
     let started = Instant::now();
-    let status = cmd.status().with_context(|| format!("starting {cargo}"))?;
+    let (status, tail) =
+        status_keeping_tail(&mut cmd, ERROR_TAIL_LINES).with_context(|| format!("starting {cargo}"))?;
     if !status.success() {
-        bail!("building {names} for {} failed ({status})", target.platform());
+        bail!(
+            "building {names} for {} failed ({status}); cargo's last lines:\n{tail}",
+            target.platform()
+        );
     }
     let dir = if profile == "dev" { "debug" } else { profile };
     let mut paths = Vec::new();
@@ -298,6 +302,40 @@ pub fn build_static_binaries_of(
         paths.push(path);
     }
     Ok(paths)
+}
+
+/// Lines of a failed build's output kept in its error.
+const ERROR_TAIL_LINES: usize = 25;
+
+/// Runs `cmd` with its standard error passed on line by line as it comes (cargo's progress) and
+/// returns its exit status and the last `lines` of that output. A failed build's error carries
+/// them: the caller's error (in a test's panic message, say) is then enough to see why, where
+/// the output itself went to a log nobody keeps.
+pub fn status_keeping_tail(
+    cmd: &mut Command,
+    lines: usize,
+) -> std::io::Result<(std::process::ExitStatus, String)> {
+    use std::io::{BufRead, Write};
+    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn()?;
+    let mut tail = std::collections::VecDeque::with_capacity(lines);
+    if let Some(err) = child.stderr.take() {
+        let mut reader = std::io::BufReader::new(err);
+        let mut line = Vec::new();
+        let stderr = std::io::stderr();
+        // bytes, not strings: cargo's output is not always UTF-8 (a path, a compiler message)
+        while reader.read_until(b'\n', &mut line)? > 0 {
+            let _ = stderr.lock().write_all(&line);
+            if tail.len() == lines {
+                tail.pop_front();
+            }
+            // one line is bounded too: a runaway line without a newline is cut
+            line.truncate(4096);
+            tail.push_back(String::from_utf8_lossy(&line).trim_end().to_string());
+            line.clear();
+        }
+    }
+    let status = child.wait()?;
+    Ok((status, Vec::from(tail).join("\n")))
 }
 
 /// RUSTFLAGS of the static builds, as `CARGO_ENCODED_RUSTFLAGS`: glibc linked in
@@ -539,6 +577,20 @@ fn component_specs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_commands_last_lines_are_kept_for_its_error() {
+        let (status, tail) = status_keeping_tail(
+            Command::new("sh").args(["-c", "for i in 1 2 3 4; do echo \"line $i\" >&2; done; exit 3"]),
+            2,
+        )
+        .unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(tail, "line 3\nline 4");
+        let (status, tail) = status_keeping_tail(Command::new("sh").args(["-c", "true"]), 2).unwrap();
+        assert!(status.success());
+        assert_eq!(tail, "");
+    }
 
     fn spec(epoch: u64) -> ImageSpec {
         let mut s = ImageSpec::new("nodewarden/test", "1")
