@@ -194,7 +194,8 @@ pub fn run_tests(command: &mut Command, echo: bool) -> std::io::Result<(ExitStat
 }
 
 /// The lowest free disk and available memory seen while it lives, sampled every few seconds,
-/// and the kernel's OOM kills in that time; said when dropped.
+/// and the kernel's OOM kills in that time (`oom_kill` of `/proc/vmstat`, which counts a memory
+/// cgroup's kills too); said when dropped.
 pub struct ResourceWatch {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Lows>>,
@@ -263,7 +264,12 @@ impl Drop for ResourceWatch {
             None => format!("{what} not read"),
         };
         let ooms = match (self.oom_kills_before, oom_kills()) {
-            (Some(before), Some(after)) => format!("{} OOM kills", after.saturating_sub(before)),
+            // memory cgroups' kills count too: the OOM-loop tests' pods are killed on purpose
+            (Some(before), Some(after)) => format!(
+                "{} OOM kills by the kernel (a memory cgroup's included: the OOM-loop tests' pods \
+                 are killed on purpose)",
+                after.saturating_sub(before)
+            ),
             _ => "OOM kills not read".to_string(),
         };
         eprintln!(

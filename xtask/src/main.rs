@@ -439,8 +439,10 @@ const PREFETCH_ROOT_SCRIPTS: &[&str] = &["tests/node/vm/build.sh"];
 /// files need the control plane, the last ones the images, and only the step after the tests
 /// the fuzz build. On a fresh machine their downloads (Go modules, Debian's archive) overlap
 /// with the Rust steps, and their compiles take the cores those leave idle (the tests waiting
-/// on nodes and API servers, the release builds' LTO tails). Nothing waits for it; the tests
-/// call the same scripts, and the fuzz step at the end the same build. Dropped, it stops the
+/// on nodes and API servers, the release builds' LTO tails). The tests that need the images
+/// start when its images and release have finished ([`Prefetch::wait_for_images`]); the other
+/// tests call the same scripts (each locks its cache folder), and the fuzz step at the end the
+/// same build (cargo's lock on the fuzz build folder). Dropped, it stops the
 /// scripts if they still run (each builds beside its cache folder and renames the result into
 /// place, so a stopped build leaves nothing half made) and says how it ended. Its output is in
 /// `target/ci-prefetch.log`.
@@ -448,6 +450,8 @@ struct Prefetch {
     child: Option<std::process::Child>,
     log: PathBuf,
     started: std::time::Instant,
+    /// Written with the exit status of the images and the release when they have finished.
+    images_done: PathBuf,
 }
 
 impl Prefetch {
@@ -461,12 +465,14 @@ impl Prefetch {
         }
         // the release images too (what the real-node tests and the demo import), then a release
         // of this machine's platform (what the cgroup v2 node's test installs: its plugin is one
-        // more release build): cargo's lock on their build folders, and the release's lock on
-        // its folder, make a test that asks early wait for these builds, not repeat them
+        // more release build). The tests that need them start after these have finished
+        // ([`Prefetch::wait_for_images`]), so no test builds them at the same time
+        let images_done = root.join("target").join("ci-prefetch-images.status");
+        let _ = std::fs::remove_file(&images_done);
         let beside: Vec<String> = std::env::current_exe()
             .map(|xtask| {
                 vec![
-                    beside_command(&xtask, host_release(root).as_ref()),
+                    beside_command(&xtask, host_release(root).as_ref(), &images_done),
                     fuzz_build_command(&xtask),
                 ]
             })
@@ -510,9 +516,55 @@ impl Prefetch {
             child,
             log,
             started: std::time::Instant::now(),
+            images_done,
+        }
+    }
+
+    /// Waits (at most `limit`) until the prefetch's images and release have finished, well or
+    /// not, or the prefetch has ended. Then the tests that need them find them built (or build
+    /// them alone, if the prefetch failed), rather than building them at the same time: two
+    /// builds of one cargo target folder rely on cargo's file lock, which not every filesystem
+    /// gives, and a test that fails while the prefetch still builds tells nothing.
+    fn wait_for_images(&mut self, limit: std::time::Duration) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        let began = std::time::Instant::now();
+        let mut said = false;
+        loop {
+            if let Ok(status) = std::fs::read_to_string(&self.images_done) {
+                if said {
+                    eprintln!(
+                        "==> prefetch: images and release finished (exit {}), waited {:.0?}",
+                        status.trim(),
+                        began.elapsed()
+                    );
+                }
+                return;
+            }
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            if began.elapsed() > limit {
+                eprintln!("==> prefetch: images and release still building after {limit:?}; the tests go on");
+                return;
+            }
+            if !said {
+                eprintln!(
+                    "==> prefetch: waiting for its images and release (they are {}s in; log: {})",
+                    self.started.elapsed().as_secs(),
+                    self.log.display()
+                );
+                said = true;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
         }
     }
 }
+
+/// The longest `cargo xtask ci` waits for the prefetch's images before the tests that need them:
+/// a cold build of both platforms and the release takes about 25 minutes on two busy cores.
+const IMAGES_WAIT: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 /// This machine's platform and the folder of its release ([`xtask::release::host_release_dir`]),
 /// if the images are built for it.
@@ -529,20 +581,21 @@ fn host_release(root: &Path) -> Option<(String, PathBuf)> {
 /// other platform under [`xtask::image::CHECK_PROFILE`]), then, if it succeeded and `host` names
 /// a platform and a folder, `xtask release` of that platform into that folder; both at `nice 10`
 /// (the prefetch's 5 and 5 more: after the Go builds, which the first test files need).
-fn beside_command(xtask: &Path, host: Option<&(String, PathBuf)>) -> String {
+fn beside_command(xtask: &Path, host: Option<&(String, PathBuf)>, done: &Path) -> String {
     let image = format!(
         "nice -n 5 '{}' image --cross-profile {}",
         xtask.display(),
         xtask::image::CHECK_PROFILE
     );
-    match host {
+    let chain = match host {
         Some((platform, dir)) => format!(
             "{image} && nice -n 5 '{}' release --platform {platform} --out '{}'",
             xtask.display(),
             dir.display()
         ),
         None => image,
-    }
+    };
+    format!("{chain}; rc=$?; echo $rc > '{}'; exit $rc", done.display())
 }
 
 /// The prefetch's fuzz build (`xtask fuzz --build-only`), at the lowest priority (`nice 19`
@@ -753,7 +806,7 @@ fn ci(root: &Path) -> Result<()> {
     // how low free disk and memory went, said at the very end (after the prefetch's state)
     let _watch = ci_watch::ResourceWatch::start(probe);
     // stopped (if still running) and reported when `ci` returns, whichever way
-    let _prefetch = Prefetch::start(root);
+    let mut prefetch = Prefetch::start(root);
     let cargo = cargo();
     run(root, "format", &cargo, &["fmt", "--all", "--", "--check"])?;
     run(
@@ -810,6 +863,9 @@ fn ci(root: &Path) -> Result<()> {
     let mut failed = Vec::new();
     for (what, args) in test_phases(root)? {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if args.iter().any(|a| LATE_TESTS.contains(a)) {
+            prefetch.wait_for_images(IMAGES_WAIT);
+        }
         if let Err(e) = run_tests(root, &what, &cargo, &args) {
             eprintln!("==> {e:#}");
             failed.push(format!("{e:#}"));
@@ -857,7 +913,9 @@ fn ci(root: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{available_bytes, beside_command, integration_tests, prefetch_script, split_test_phases};
+    use super::{
+        Prefetch, available_bytes, beside_command, integration_tests, prefetch_script, split_test_phases,
+    };
     use std::process::Command;
 
     #[test]
@@ -939,32 +997,79 @@ mod tests {
         std::fs::set_permissions(&xtask, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let out_dir = dir.path().join("release out");
         let host = ("linux/amd64".to_string(), out_dir.clone());
-        let command = beside_command(&xtask, Some(&host));
-        let run = || {
-            let status = Command::new("bash").args(["-c", &command]).status().unwrap();
+        let done = dir.path().join("images done");
+        let command = beside_command(&xtask, Some(&host), &done);
+        let run = |command: &str| {
+            let status = Command::new("bash").args(["-c", command]).status().unwrap();
             let ran = std::fs::read_to_string(dir.path().join("ran")).unwrap();
             std::fs::remove_file(dir.path().join("ran")).unwrap();
-            (status.success(), ran)
+            // the end is written, with the chain's status, whichever way it went
+            let done = std::fs::read_to_string(&done).unwrap();
+            (status.success(), ran, done)
         };
         assert_eq!(
-            run(),
+            run(&command),
             (
                 true,
                 format!(
                     "image --cross-profile image-check\nrelease --platform linux/amd64 --out {}\n",
                     out_dir.display()
-                )
+                ),
+                "0\n".to_string()
             )
         );
         std::fs::write(dir.path().join("fail"), "").unwrap();
-        assert_eq!(run(), (false, "image --cross-profile image-check\n".to_string()));
         assert_eq!(
-            beside_command(&xtask, None),
-            format!(
-                "nice -n 5 '{}' image --cross-profile image-check",
-                xtask.display()
+            run(&command),
+            (
+                false,
+                "image --cross-profile image-check\n".to_string(),
+                "1\n".to_string()
             )
         );
+        std::fs::remove_file(dir.path().join("fail")).unwrap();
+        assert_eq!(
+            run(&beside_command(&xtask, None, &done)),
+            (
+                true,
+                "image --cross-profile image-check\n".to_string(),
+                "0\n".to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn the_tests_that_need_images_wait_for_the_prefetchs_images_or_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = dir.path().join("images done");
+        let prefetch = |child: std::process::Child| Prefetch {
+            child: Some(child),
+            log: dir.path().join("log"),
+            started: std::time::Instant::now(),
+            images_done: done.clone(),
+        };
+        // the images finish while the prefetch goes on: the wait ends with them
+        let mut running = prefetch(Command::new("sleep").arg("600").spawn().unwrap());
+        let writer = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                std::fs::write(done, "0\n").unwrap();
+            })
+        };
+        running.wait_for_images(std::time::Duration::from_secs(600));
+        assert!(done.exists());
+        let child = running.child.as_mut().unwrap();
+        assert!(child.try_wait().unwrap().is_none(), "the prefetch still runs");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        writer.join().unwrap();
+        // the prefetch ended without writing it (stopped, or the images' command never ran)
+        std::fs::remove_file(&done).unwrap();
+        let mut ended = prefetch(Command::new("true").spawn().unwrap());
+        ended.wait_for_images(std::time::Duration::from_secs(600));
+        assert!(!done.exists());
+        assert!(ended.child.as_mut().unwrap().try_wait().unwrap().is_some());
     }
 
     #[test]
