@@ -9,7 +9,8 @@
 //! - [`client`]: the API server client and the backoff of its retries,
 //! - [`discovery`]: what the API server serves that the update modes lean on (`pods/resize`),
 //! - [`events`]: Events on the objects acted on (one publisher, notes kept within the API's limit),
-//! - [`process`]: the standard `process_*` metrics (CPU, memory, open files, threads, start time).
+//! - [`process`]: the standard `process_*` metrics (CPU, memory, open files, threads, start time),
+//! - `testing` (feature `test-util`, for tests only): free ports for the programs tests start.
 
 #![warn(missing_docs)]
 
@@ -21,6 +22,8 @@ pub mod events;
 pub mod process;
 pub mod signals;
 pub mod telemetry;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

@@ -280,41 +280,10 @@ pub fn tail(path: &Path, lines: usize) -> String {
     out
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1 and every address, for a process about to
-/// listen on it.
-///
-/// Chosen at random below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`, where
-/// outgoing connections take their source ports) and tried with a bind first. A port from
-/// binding port 0 lies inside that range, so any outgoing connection (the tests open thousands)
-/// could take it between the choice and the program's bind: once an API server's start ended
-/// with `address already in use` that way. (The webhook's test files choose theirs the same way,
-/// `webhook/tests/common`.)
+/// A TCP port that was free a moment ago, for a process about to listen on it: chosen below the
+/// kernel's ephemeral range (`nodewarden_runtime::testing::free_port`, which says why).
 pub fn free_port() -> Result<u16> {
-    let below = ephemeral_low().unwrap_or(32768);
-    let (low, high) = if below > 12_000 {
-        (10_000, below)
-    } else {
-        (1024, below.max(1025))
-    };
-    for _ in 0..200 {
-        let port = fastrand::u16(low..high);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
-            && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
-        {
-            return Ok(port);
-        }
-    }
-    bail!("no free TCP port in {low}..{high} after 200 tries")
-}
-
-/// The first port of `net.ipv4.ip_local_port_range`.
-fn ephemeral_low() -> Option<u16> {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    nodewarden_runtime::testing::free_port().context("no free TCP port below the ephemeral range")
 }
 
 /// The first global IPv4 address of this host: the API server reaches webhooks behind a
@@ -338,19 +307,7 @@ pub fn host_address() -> Result<String> {
 
 /// `n` distinct ports of [`free_port`].
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let mut ports: Vec<u16> = Vec::with_capacity(n);
-    // a port chosen twice is chosen again; bounded, though a repeat is rare
-    for _ in 0..n * 20 {
-        if ports.len() == n {
-            break;
-        }
-        let port = free_port()?;
-        if !ports.contains(&port) {
-            ports.push(port);
-        }
-    }
-    anyhow::ensure!(ports.len() == n, "could not choose {n} distinct free ports");
-    Ok(ports)
+    nodewarden_runtime::testing::free_ports(n).with_context(|| format!("no {n} distinct free TCP ports"))
 }
 
 /// Writes `contents` to `path` with mode 0600 (keys) or 0644.

@@ -32,8 +32,10 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-mod common;
-use common::free_port;
+/// A port for the webhook binary to listen on (below the ephemeral range: see the function).
+fn free_port() -> u16 {
+    nodewarden_runtime::testing::free_port().expect("a free port")
+}
 
 const BIN: &str = env!("CARGO_BIN_EXE_nodewarden-webhook");
 const POD_REVIEW: &str = include_str!("../../tests/fixtures/admission/daemonset-pod-create.json");

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use nodewarden_certs::{Ca, CaConfig, ServingSpec};
 
-mod common;
-use common::free_port;
+/// A port for the webhook binary to listen on (below the ephemeral range: see the function).
+fn free_port() -> u16 {
+    nodewarden_runtime::testing::free_port().expect("a free port")
+}
 
 const BIN: &str = env!("CARGO_BIN_EXE_nodewarden-webhook");
 

@@ -8,8 +8,10 @@ use nodewarden_webhook::config::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-mod common;
-use common::free_port;
+/// A port for the webhook binary to listen on (below the ephemeral range: see the function).
+fn free_port() -> u16 {
+    nodewarden_runtime::testing::free_port().expect("a free port")
+}
 
 async fn get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
