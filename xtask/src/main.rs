@@ -686,8 +686,9 @@ const LATE_TESTS: &[&str] = &["cgroupv2_node", "images", "realnode", "soak"];
 /// The tests step of `cargo xtask ci`: what each `cargo test` run is called and its arguments, in
 /// order. Together they are `cargo test --workspace --no-fail-fast` split in four, every run with
 /// the whole workspace selected, so that each resolves the same features and they share one
-/// build: the unit tests and every integration test file but [`LATE_TESTS`]; those; the doc
-/// tests; the examples built, not run (as a plain `cargo test` does).
+/// build: the unit tests and every integration test file but [`LATE_TESTS`]; the doc tests; the
+/// examples built, not run (as a plain `cargo test` does); last those of [`LATE_TESTS`], which
+/// wait for the prefetch's images.
 fn test_phases(root: &Path) -> Result<Vec<(String, Vec<String>)>> {
     let out = Command::new(cargo())
         .args(["metadata", "--no-deps", "--format-version", "1", "--locked"])
@@ -748,14 +749,14 @@ fn split_test_phases(tests: &[String]) -> Result<Vec<(String, Vec<String>)>> {
             "tests (unit tests, then every file that needs no image)".to_string(),
             with(first),
         ),
-        (
-            format!("tests (those that need the images: {})", LATE_TESTS.join(", ")),
-            with(tests_of(true)),
-        ),
         ("tests (doc tests)".to_string(), with(vec!["--doc".to_string()])),
         (
             "tests (examples built)".to_string(),
             with(vec!["--examples".to_string(), "--no-run".to_string()]),
+        ),
+        (
+            format!("tests (those that need the images: {})", LATE_TESTS.join(", ")),
+            with(tests_of(true)),
         ),
     ])
 }
@@ -861,38 +862,42 @@ fn ci(root: &Path) -> Result<()> {
     // every test, those that need the images or the cgroup v2 node's VM last, so that on a fresh
     // machine the rest runs while the prefetch still builds those ([`test_phases`])
     let mut failed = Vec::new();
-    for (what, args) in test_phases(root)? {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        if args.iter().any(|a| LATE_TESTS.contains(a)) {
-            prefetch.wait_for_images(IMAGES_WAIT);
-        }
-        if let Err(e) = run_tests(root, &what, &cargo, &args) {
+    let mut note = |result: Result<()>| {
+        if let Err(e) = result {
             eprintln!("==> {e:#}");
             failed.push(format!("{e:#}"));
         }
+    };
+    for (what, args) in test_phases(root)? {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if args.iter().any(|a| LATE_TESTS.contains(a)) {
+            // what needs no image runs while the prefetch finishes them
+            note(arm64_tests(root));
+            // the benchmarks' load generator is behind a feature the workspace's tests leave
+            // off: its own tests (the open loop's clock) run here
+            note(run(
+                root,
+                "load generator tests",
+                &cargo,
+                &[
+                    "test",
+                    "--locked",
+                    "-p",
+                    "nodewarden-webhook",
+                    "--features",
+                    "loadgen",
+                    "--lib",
+                    "loadgen::",
+                ],
+            ));
+            prefetch.wait_for_images(IMAGES_WAIT);
+        }
+        note(run_tests(root, &what, &cargo, &args));
     }
     if !failed.is_empty() {
         // the failures again, together at the end, where a reader of a long log looks first
         bail!("tests failed:\n{}", failed.join("\n"));
     }
-    arm64_tests(root)?;
-    // the benchmarks' load generator is behind a feature the workspace's tests leave off: its
-    // own tests (the open loop's clock) run here
-    run(
-        root,
-        "load generator tests",
-        &cargo,
-        &[
-            "test",
-            "--locked",
-            "-p",
-            "nodewarden-webhook",
-            "--features",
-            "loadgen",
-            "--lib",
-            "loadgen::",
-        ],
-    )?;
     // every decoder of outside input, fuzzed for a short bound (no nightly toolchain: fails
     // under CI=true, skipped loudly elsewhere). The targets' build (10+ CPU minutes cold) ran in
     // the prefetch beside the tests at the lowest priority; if it has not finished, cargo's
@@ -946,9 +951,9 @@ mod tests {
             args,
             [
                 format!("{common} --lib --bins --test agent --test claims"),
-                format!("{common} --test cgroupv2_node --test images --test realnode --test soak"),
                 format!("{common} --doc"),
                 format!("{common} --examples --no-run"),
+                format!("{common} --test cgroupv2_node --test images --test realnode --test soak"),
             ]
         );
         // a late file renamed away is an error, not a file that runs nowhere
