@@ -323,10 +323,8 @@ impl Prometheus {
         }
         let config = dir.path().join("prometheus.yml");
         write_file(&config, config_yaml.as_bytes(), false)?;
-        let port = std::net::TcpListener::bind((listen, 0))
-            .and_then(|l| l.local_addr())
-            .with_context(|| format!("finding a free port on {listen}"))?
-            .port();
+        // free on every address, so on `listen` too; below the ephemeral range (see free_port)
+        let port = crate::process::free_port()?;
         let mut args = vec![
             format!("--config.file={}", config.display()),
             format!("--storage.tsdb.path={}", tsdb.display()),
